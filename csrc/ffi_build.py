@@ -1,0 +1,29 @@
+# ffi_build.py — the cffi API-mode build of pi2's C core into the extension module pi2._pi2.
+# Reads csrc/pi2.h (minus preprocessor lines) as the cdef and compiles every C source directly.
+import os
+import re
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+
+SOURCES = ["pi2.c"]
+
+
+def _cdef(header: str) -> str:
+    return "\n".join(line for line in header.splitlines() if not line.lstrip().startswith("#"))
+
+
+ffi = FFI()
+ffi.cdef(_cdef((HERE / "pi2.h").read_text()))
+ffi.set_source(
+    "pi2._pi2",
+    '#include "pi2.h"',
+    sources=[os.path.relpath(HERE / s) for s in SOURCES],
+    include_dirs=[os.path.relpath(HERE)],
+    extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wno-unused-function"],
+)
+
+if __name__ == "__main__":
+    ffi.compile(tmpdir=str(HERE.parent), verbose=True)

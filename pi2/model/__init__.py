@@ -1,0 +1,1 @@
+"""pi2.model — reading models: GGUF container, ModelConfig, tokenizer, chat template."""

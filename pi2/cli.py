@@ -1,0 +1,150 @@
+"""cli.py — the `pi2` command line (Typer). Each command parses llama.cpp-style flags and calls a library
+function; errors become one `pi2: error: ...` line on stderr (exit 1, or 2 for usage errors).
+Heavy imports (numpy, the engine) happen inside the commands so `--help` stays fast.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from pi2.errors import Pi2Error, UsageError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="pi2: LLM inference that computes only the neurons a token activates.")
+
+_VERBOSE = False
+ModelArg = typer.Argument(None, metavar="[MODEL]", help="GGUF model file", show_default=False)
+ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as the positional MODEL)")
+
+
+def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
+    if pos and opt and pos != opt:
+        raise UsageError("give the model once (positional MODEL or -m)")
+    path = pos or opt
+    if path is None:
+        raise UsageError("no model given", hint="pi2 run MODEL.gguf -p 'text'")
+    return path
+
+
+def _read_prompt(prompt: Optional[str], file: Optional[Path], escape: bool) -> Optional[str]:
+    from pi2.runtime import process_escapes
+    if prompt is not None and file is not None:
+        raise UsageError("give the prompt once (-p or -f)")
+    if file is not None:
+        try:
+            return file.read_bytes().decode("utf-8", "surrogateescape")
+        except OSError as e:
+            raise UsageError(f"cannot read prompt file {file}: {e.strerror}") from None
+    if prompt is not None:
+        return process_escapes(prompt) if escape else prompt
+    return None
+
+
+@app.command()
+def run(
+    model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text (escapes like \\n processed)"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file, byte for byte"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end)"),
+    threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size (0 = the model's)"),
+    temp: float = typer.Option(0.8, "--temp", help="temperature (<= 0: greedy)"),
+    top_k: int = typer.Option(40, "--top-k", help="top-k (0 = off)"),
+    top_p: float = typer.Option(0.95, "--top-p", help="top-p (1.0 = off)"),
+    min_p: float = typer.Option(0.05, "--min-p", help="min-p (0 = off)"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="repeat penalty (1.0 = off)"),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="penalty window (0 = off, -1 = context)"),
+    seed: int = typer.Option(-1, "-s", "--seed", help="RNG seed (-1 = random)"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-generation tokens"),
+    no_escape: bool = typer.Option(False, "--no-escape", help="do not process escape sequences in -p"),
+    no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="do not echo the prompt"),
+    conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
+    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks"),
+):
+    """Generate text from a prompt (like llama-completion), or chat with -cnv."""
+    from pi2 import commands
+    global _VERBOSE
+    _VERBOSE = verbose
+    text = _read_prompt(prompt, file, not no_escape)
+    opts = commands.RunOptions(
+        model=_model_path(model, model_opt), prompt=text, n_predict=n_predict, threads=threads, ctx_size=ctx_size,
+        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n, seed=seed, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
+        json_out=json_out, engine=engine)
+    if conversation:
+        commands.chat(opts)
+    else:
+        commands.run(opts)
+
+
+@app.command()
+def tokenize(
+    model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="text to tokenize"),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="tokenize a file's content"),
+    ids: bool = typer.Option(False, "--ids", help="print only a JSON list of ids"),
+    no_bos: bool = typer.Option(False, "--no-bos", help="do not add BOS/EOS even if the model does"),
+    no_parse_special: bool = typer.Option(False, "--no-parse-special", help="treat special-token text as text"),
+    no_escape: bool = typer.Option(False, "--no-escape", help="do not process escape sequences in -p"),
+    show_count: bool = typer.Option(False, "--show-count", help="print the number of tokens"),
+):
+    """Tokenize text with the model's tokenizer (like llama-tokenize)."""
+    from pi2 import commands
+    text = _read_prompt(prompt, file, not no_escape)
+    if text is None:
+        raise UsageError("nothing to tokenize: pass -p TEXT or -f FILE")
+    commands.tokenize(_model_path(model, model_opt), text, ids_only=ids, add_special=not no_bos,
+                      parse_special=not no_parse_special, show_count=show_count)
+
+
+@app.command()
+def info(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+         tensors: bool = typer.Option(False, "--tensors", help="list every tensor")):
+    """Describe a model: architecture, parameters, tensor types and sizes, tokenizer, context."""
+    from pi2 import commands
+    commands.info(_model_path(model, model_opt), list_tensors=tensors)
+
+
+@app.command()
+def perplexity(
+    model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+    file: Path = typer.Option(..., "-f", "--file", help="text file to score"),
+    ctx_size: int = typer.Option(512, "-c", "--ctx-size", help="chunk size in tokens"),
+    chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
+    threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
+    engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
+):
+    """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
+    from pi2 import commands
+    commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, threads, engine)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    try:
+        app(args=argv, standalone_mode=False)
+    except Pi2Error as e:
+        print(f"pi2: error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"  hint: {e.hint}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("\npi2: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except (typer.Abort,):
+        sys.exit(130)
+    except Exception as e:  # click usage errors and unexpected failures
+        import click
+        if isinstance(e, click.exceptions.ClickException):
+            print(f"pi2: error: {e.format_message()}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        if _VERBOSE:
+            raise
+        print(f"pi2: error: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)

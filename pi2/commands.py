@@ -1,0 +1,162 @@
+"""commands.py — the library functions behind each CLI command (run, chat, tokenize, info, perplexity).
+
+Owns: what each command prints and where (generated text on stdout, diagnostics and timings on stderr).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from pi2.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    model: Path
+    prompt: Optional[str]
+    n_predict: int = -1
+    threads: int = 0
+    ctx_size: int = 4096
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int = -1
+    ignore_eos: bool = False
+    display_prompt: bool = True
+    json_out: bool = False
+    engine: str = "auto"
+
+
+def _open(opts: RunOptions):
+    from pi2.generate import Timings
+    from pi2.runtime import RunConfig, open_context, open_model
+    from pi2.sampling import Sampler, SamplerParams
+    timings = Timings()
+    model = open_model(opts.model)
+    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine))
+    sp = SamplerParams(temp=opts.temp, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
+                       repeat_penalty=opts.repeat_penalty, repeat_last_n=opts.repeat_last_n, seed=opts.seed)
+    sampler = Sampler(sp, model.config.n_vocab, ctx.n_ctx)
+    return model, ctx, sampler, timings
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run(opts: RunOptions) -> None:
+    """One prompt in, tokens out; text streams to stdout, timings to stderr (or one JSON object)."""
+    from pi2.generate import check_prompt, generate
+    if opts.prompt is None:
+        raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
+    model, ctx, sampler, timings = _open(opts)
+    tok = model.tokenizer
+    prompt_tokens = tok.encode(opts.prompt, add_special=None, parse_special=True)
+    check_prompt(prompt_tokens, ctx.n_ctx)
+    if not opts.json_out and opts.display_prompt:
+        _write(opts.prompt)
+    gen = generate(ctx, tok, prompt_tokens, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
+                   on_text=None if opts.json_out else _write)
+    if opts.json_out:
+        print(json.dumps({"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text,
+                          "stop_reason": gen.stop_reason, "seed": sampler.seed, "timings": timings.as_dict()},
+                         ensure_ascii=False))
+    else:
+        _write("\n")
+        print(timings.report(), file=sys.stderr)
+
+
+def chat(opts: RunOptions) -> None:
+    """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
+    from pi2.generate import check_prompt, generate, timed_decode
+    from pi2.model.chat import render_chat
+    model, ctx, sampler, timings = _open(opts)
+    tok = model.tokenizer
+    template = model.file.kv.get("tokenizer.chat_template")
+    if not template:
+        raise UsageError("this model has no chat template (tokenizer.chat_template)", hint="use pi2 run -p instead")
+    bos = tok.token_to_piece(tok.bos_id).decode("utf-8", "replace") if tok.bos_id is not None else ""
+    eos = tok.token_to_piece(tok.eos_id).decode("utf-8", "replace") if tok.eos_id is not None else ""
+    messages = [{"role": "system", "content": opts.prompt}] if opts.prompt else []
+    cached = ""     # the text whose tokens are in the KV cache
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("\n> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        user = line.rstrip("\n")
+        if user in ("/exit", "/quit"):
+            break
+        if not user.strip():
+            continue
+        messages.append({"role": "user", "content": user})
+        full = render_chat(template, messages, True, bos, eos)
+        if not full.startswith(cached):     # the template rewrote history: start the cache over
+            ctx.reset()
+            cached = ""
+        new_tokens = tok.encode(full[len(cached):], add_special=(cached == ""), parse_special=True)
+        check_prompt(new_tokens, ctx.n_ctx - ctx.n_past)
+        gen = generate(ctx, tok, new_tokens, opts.n_predict, sampler, timings, on_text=_write, special=False)
+        _write("\n")
+        messages.append({"role": "assistant", "content": gen.text})
+        cached = full + gen.text
+        if gen.eog_token is not None and ctx.n_past < ctx.n_ctx:
+            timed_decode(ctx, [gen.eog_token], timings)
+            cached += tok.token_to_piece(gen.eog_token, special=True).decode("utf-8", "replace")
+        if gen.stop_reason == "context" or ctx.n_past >= ctx.n_ctx:
+            print("pi2: the context is full; ending the chat", file=sys.stderr)
+            break
+    print(timings.report(), file=sys.stderr)
+
+
+def tokenize(model_path: Path, text: str, ids_only: bool, add_special: bool, parse_special: bool,
+             show_count: bool) -> None:
+    from pi2.model.loader import load_model
+    model = load_model(model_path)
+    tok = model.tokenizer
+    ids = tok.encode(text, add_special=None if add_special else False, parse_special=parse_special)
+    if ids_only:
+        print("[" + ", ".join(str(i) for i in ids) + "]")
+    else:
+        for i in ids:
+            piece = tok.token_to_piece(i, special=True).decode("utf-8", "replace")
+            print(f"{i:6d} -> '{piece}'")
+    if show_count:
+        print(f"Total number of tokens: {len(ids)}")
+
+
+def info(model_path: Path, list_tensors: bool = False) -> None:
+    from pi2.model.info import describe
+    describe(model_path, list_tensors)
+
+
+def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str) -> None:
+    from pi2.perplexity import format_final, perplexity as ppl
+    from pi2.runtime import RunConfig, open_context, open_model
+    try:
+        text = file.read_bytes().decode("utf-8", "replace")
+    except OSError as e:
+        raise UsageError(f"cannot read {file}: {e.strerror}") from None
+    model = open_model(model_path)
+    tok = model.tokenizer
+    print("perplexity: tokenizing the input ..", file=sys.stderr)
+    tokens = tok.encode(text, add_special=None, parse_special=False)
+    ctx = open_context(model, RunConfig(n_ctx, threads, engine))
+
+    def eval_chunk(chunk):
+        ctx.reset()
+        return ctx.decode(chunk, all_logits=True)
+
+    result = ppl(eval_chunk, tokens, n_ctx, n_chunks=n_chunks, bos_id=tok.bos_id, add_bos=tok.add_bos,
+                 progress=lambda s: print(s, end="", file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    print(format_final(result))

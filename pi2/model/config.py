@@ -1,0 +1,123 @@
+"""config.py — ModelConfig: the one place that reads a model's `{arch}.*` hyper-parameters.
+
+Owns: architecture support checks and the per-architecture deltas (RoPE variant, biases, extra norms,
+FFN activation, embedding scale, sliding-window layers). Does not: read tensors or the tokenizer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pi2.errors import ModelFormatError, UnsupportedError
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int                  # key length per head
+    head_dim_v: int                # value length per head
+    n_rot: int                     # rotated dimensions per head
+    rms_eps: float
+    rope_base: float
+    rope_neox: bool                # NEOX (half split) rope, else NORM (adjacent pairs)
+    rope_freq_scale: float = 1.0   # 1 / linear scaling factor
+    rope_base_local: float = 0.0   # gemma3: base of the sliding-window layers
+    qkv_bias: bool = False
+    qk_norm: bool = False          # gemma3 per-head RMSNorm of q and k
+    post_norms: bool = False       # gemma3 post-attention and post-FFN norms
+    ffn_act: str = "silu"          # silu | gelu (tanh approximation) | relu
+    embd_scale: float = 1.0        # gemma3: sqrt(n_embd)
+    attn_scale: float = 0.0        # scale of q·k; 1/sqrt(head_dim) unless the architecture says otherwise
+    q_prescale: bool = False       # gemma3 scales q before the K·Q product instead of inside the softmax
+    logit_softcap: float = 0.0     # logits = c·tanh(logits/c) when set
+    sliding_window: int = 0        # 0 = full attention on every layer
+    swa_period: int = 0            # gemma3: layer il is global when il % swa_period == swa_period - 1
+    sparse: bool = False           # a PowerInfer PWRI file
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.head_dim * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.head_dim_v * self.n_head_kv
+
+    def is_swa_layer(self, il: int) -> bool:
+        """True when layer il attends only over the last `sliding_window` positions."""
+        return bool(self.sliding_window) and bool(self.swa_period) and il % self.swa_period != self.swa_period - 1
+
+    def layer_rope_base(self, il: int) -> float:
+        return self.rope_base_local if self.rope_base_local and self.is_swa_layer(il) else self.rope_base
+
+    @classmethod
+    def from_gguf(cls, kv: dict, tensors: dict, magic: str = "GGUF") -> "ModelConfig":
+        arch = kv.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelFormatError("general.architecture is missing")
+        if arch not in SUPPORTED_ARCHS:
+            raise UnsupportedError(f"architecture '{arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+
+        def get(key, default=None, required=False):
+            v = kv.get(f"{arch}.{key}", default)
+            if v is None and required:
+                raise ModelFormatError(f"required key {arch}.{key} is missing")
+            if hasattr(v, "shape"):  # per-layer arrays: pi2 needs them uniform
+                if len(set(int(x) for x in v)) > 1:
+                    raise UnsupportedError(f"{arch}.{key} varies per layer, which is not supported")
+                v = type(v[0].item())(v[0]) if len(v) else default
+            return v
+
+        n_embd = int(get("embedding_length", required=True))
+        n_layer = int(get("block_count", required=True))
+        n_head = int(get("attention.head_count", required=True))
+        n_head_kv = int(get("attention.head_count_kv", n_head))
+        if n_embd <= 0 or n_layer <= 0 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
+            raise ModelFormatError(f"inconsistent hyper-parameters: n_embd {n_embd}, n_layer {n_layer}, "
+                                   f"n_head {n_head}, n_head_kv {n_head_kv}")
+        head_dim = int(get("attention.key_length", n_embd // n_head))
+        head_dim_v = int(get("attention.value_length", head_dim))
+        n_rot = int(get("rope.dimension_count", head_dim))
+        if n_rot > head_dim or n_rot % 2:
+            raise ModelFormatError(f"rope.dimension_count {n_rot} does not fit head_dim {head_dim}")
+        if arch == "llama" and n_rot != head_dim:
+            raise ModelFormatError(f"llama.rope.dimension_count {n_rot} must equal head_dim {head_dim}")
+        emb = tensors.get("token_embd.weight")
+        if emb is None:
+            raise ModelFormatError("tensor token_embd.weight is missing")
+        n_vocab = int(get("vocab_size", 0) or len(kv.get("tokenizer.ggml.tokens", [])) or emb.ne[1])
+        n_ff = get("feed_forward_length")
+        if n_ff is None:
+            gate = tensors.get("blk.0.ffn_up.weight")
+            n_ff = gate.ne[1] if gate is not None else 0
+        eps = get("attention.layer_norm_rms_epsilon", required=(arch == "llama"))
+        scaling = get("rope.scaling.type", "none")
+        factor = float(get("rope.scaling.factor", 0.0) or 0.0)
+        if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
+            raise UnsupportedError(f"rope scaling '{scaling}' is not supported yet (linear is)")
+        freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+
+        common = dict(arch=arch, n_vocab=n_vocab, n_ctx_train=int(get("context_length", required=True)),
+                      n_embd=n_embd, n_layer=n_layer, n_ff=int(n_ff), n_head=n_head, n_head_kv=n_head_kv,
+                      head_dim=head_dim, head_dim_v=head_dim_v, n_rot=n_rot,
+                      rms_eps=float(eps if eps is not None else 1e-6),
+                      rope_base=float(get("rope.freq_base", 10000.0)), rope_freq_scale=freq_scale,
+                      attn_scale=1.0 / math.sqrt(head_dim), sparse=(magic == "PWRI"))
+        if arch == "llama":
+            return cls(rope_neox=False, ffn_act="relu" if magic == "PWRI" else "silu", **common)
+        if arch == "qwen2":
+            return cls(rope_neox=True, qkv_bias=True, **common)
+        # gemma3
+        common["logit_softcap"] = float(get("final_logit_softcapping", 0.0) or 0.0)
+        return cls(rope_neox=True, qk_norm=True, post_norms=True, ffn_act="gelu", embd_scale=math.sqrt(n_embd),
+                   q_prescale=True,
+                   sliding_window=int(get("attention.sliding_window", 0) or 0), swa_period=6,
+                   rope_base_local=10000.0, **common)

@@ -1,0 +1,64 @@
+"""runtime.py — opening a model and an evaluation context for a chosen engine, with the run's settings.
+
+Owns: engine selection (`reference` now; the C engine plugs in here), the context size rule
+(-c 0 = the model's training context; default 4096 capped at it), and prompt preparation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pi2.errors import UsageError
+from pi2.model.loader import Model, load_model
+
+ENGINES = ("auto", "reference")
+DEFAULT_CTX = 4096
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    n_ctx: int = DEFAULT_CTX      # 0 = the model's training context
+    n_threads: int = 0            # 0 = all cores
+    engine: str = "auto"
+
+
+def resolve_ctx(model: Model, n_ctx: int) -> int:
+    if n_ctx < 0:
+        raise UsageError(f"invalid context size {n_ctx}")
+    train = model.config.n_ctx_train
+    return train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+
+
+def open_context(model: Model, cfg: RunConfig):
+    """A fresh evaluation context on `model` for the configured engine."""
+    if cfg.engine not in ENGINES:
+        raise UsageError(f"unknown engine '{cfg.engine}' (choose from {', '.join(ENGINES)})")
+    from pi2.reference import ReferenceContext
+    return ReferenceContext(model, resolve_ctx(model, cfg.n_ctx))
+
+
+def open_model(path) -> Model:
+    return load_model(path)
+
+
+def process_escapes(s: str) -> str:
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH; other escapes stay as written."""
+    b = s.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i, n = 0, len(b)
+    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+    while i < n:
+        c = b[i]
+        if c == 0x5C and i + 1 < n:
+            i += 1
+            e = b[i]
+            if e in simple:
+                out += simple[e]
+            elif e == ord("x") and i + 2 < n and all(chr(h) in "0123456789abcdefABCDEF" for h in b[i + 1:i + 3]):
+                out.append(int(b[i + 1:i + 3], 16))
+                i += 2
+            else:
+                out += b"\\" + bytes([e])
+        else:
+            out.append(c)
+        i += 1
+    return out.decode("utf-8", "surrogateescape")

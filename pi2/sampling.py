@@ -162,9 +162,11 @@ class Sampler:
                 del self._count[old]
 
     def reset(self) -> None:
-        """Forget the history (the RNG keeps its state, as a fresh llama.cpp sampler would re-seed)."""
+        """llama_sampler_reset: forget the history and re-seed (a new random seed when the seed is -1)."""
         self._prev.clear()
         self._count.clear()
+        self.seed = resolve_seed(self.params.seed)
+        self._rng = np.random.Generator(np.random.PCG64(self.seed))
 
     # -- the chain -----------------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class TensorInfo:
     @property
     def row_bytes(self) -> int:
         _, block, size = GGML_TYPES[self.type]
-        return self.ne[0] // block * size
+        return (self.ne[0] if self.ne else 1) // block * size
 
 
 class _Cursor:
@@ -152,6 +152,8 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: no such file")
         if p.is_dir():
             raise ModelFormatError(f"{self.path}: is a directory, not a model file")
+        if not p.is_file():  # a FIFO or device would block or have no size
+            raise ModelFormatError(f"{self.path}: not a regular file")
         try:
             self._f = open(p, "rb")
         except OSError as e:
@@ -176,10 +178,13 @@ class GGUFFile:
         self.magic = MAGICS[magic]
         cur.pos = 4
         self.version = cur.unpack("<I", "version")
+        if self.version not in (2, 3) and self.version & 0xFFFF == 0:
+            raise UnsupportedError(f"{self.path}: big-endian GGUF files are not supported")
         if self.version not in (2, 3):
             raise UnsupportedError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
         n_tensors, n_kv = cur.unpack("<qq", "counts")
-        if n_tensors < 0 or n_kv < 0 or n_tensors > self.file_size // 32 or n_kv > self.file_size // 16:
+        # smallest possible entries: a tensor info is 25 bytes, a KV pair 14 (1-byte key, u8 value)
+        if n_tensors < 0 or n_kv < 0 or n_tensors > self.file_size // 25 or n_kv > self.file_size // 14:
             raise ModelFormatError(f"{self.path}: corrupted GGUF header "
                                    f"({n_tensors} tensors, {n_kv} keys in a {self.file_size}-byte file)")
         self.kv: dict = {}
@@ -240,7 +245,8 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 array of shape (rows, row_bytes), zero-copy."""
         t = self.tensors[name]
-        rows = t.n_elements // t.ne[0] if t.ne and t.ne[0] else 0
+        ne0 = t.ne[0] if t.ne else 1
+        rows = t.n_elements // ne0 if ne0 else 0
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset).reshape(rows, t.row_bytes)
 
     def get(self, key: str, default=None):

@@ -8,7 +8,7 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
-SOURCES = ["pi2.c"]
+SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/api.c"]
 
 
 def _cdef(header: str) -> str:
@@ -22,7 +22,7 @@ ffi.set_source(
     '#include "pi2.h"',
     sources=[os.path.relpath(HERE / s) for s in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wno-unused-function"],
+    extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function"],
 )
 
 if __name__ == "__main__":

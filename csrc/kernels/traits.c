@@ -1,0 +1,34 @@
+/* traits.c — the dispatch tables: filled once from CPU features, then read-only.
+ * Does: hold the reference, baseline-SIMD and auto tables, fill them on first use
+ *       (pthread_once), answer pi2_traits(type, impl).
+ * Does not: contain kernels (ref.c, x86.c, neon.c) or read the environment; tests select the
+ *       reference by passing impl = PI2_K_IMPL_REF, never through a global switch. */
+#include "traits.h"
+
+#include <pthread.h>
+
+static pi2_type_traits tables[3][PI2_T_COUNT];  /* [impl][type]; written once, inside init_once */
+static uint32_t auto_isa;                       /* written once, inside init_once */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void init_once(void) {
+    pi2_kernels_fill_ref(tables[PI2_K_IMPL_REF]);
+    memcpy(tables[PI2_K_IMPL_BASE], tables[PI2_K_IMPL_REF], sizeof tables[0]);
+    memcpy(tables[PI2_K_IMPL_AUTO], tables[PI2_K_IMPL_REF], sizeof tables[0]);
+    pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0);
+    pi2_kernels_install_neon(tables[PI2_K_IMPL_BASE], 0);
+    auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], 1)
+             | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], 1);
+}
+
+const pi2_type_traits *pi2_traits(int32_t type, int32_t impl) {
+    pthread_once(&once, init_once);
+    if (type < 0 || type >= PI2_T_COUNT || impl < 0 || impl > 2) return NULL;
+    if (tables[PI2_K_IMPL_REF][type].block_size == 0) return NULL;
+    return &tables[impl][type];
+}
+
+uint32_t pi2_kernels_isa(void) {
+    pthread_once(&once, init_once);
+    return auto_isa;
+}

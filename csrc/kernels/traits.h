@@ -1,0 +1,121 @@
+/* traits.h — the kernel type-traits table: per ggml type, its block geometry and its kernels.
+ * Does: declare ggml's block layouts (formats.md §3), fp16/bf16 conversions, the traits struct,
+ *       the reference kernels (ref.c) and the per-ISA installers (x86.c, neon.c).
+ * Does not: loop over rows or validate arguments (api.c does, for Python), own any state
+ *       beyond the once-initialised dispatch table in traits.c.
+ * Call sites see no #ifdef: they ask pi2_traits(type, force_ref) for a row of function pointers. */
+#ifndef PI2_KERNELS_TRAITS_H
+#define PI2_KERNELS_TRAITS_H
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+
+/* ggml type ids (formats.md §2) that the kernels know. */
+enum {
+    PI2_T_F32 = 0, PI2_T_F16 = 1, PI2_T_Q4_0 = 2, PI2_T_Q4_1 = 3, PI2_T_Q5_0 = 6, PI2_T_Q5_1 = 7,
+    PI2_T_Q8_0 = 8, PI2_T_Q8_1 = 9, PI2_T_Q4_K = 12, PI2_T_Q5_K = 13, PI2_T_Q6_K = 14,
+    PI2_T_Q8_K = 15, PI2_T_BF16 = 30, PI2_T_COUNT = 31
+};
+
+#define QK4_0 32
+#define QK8_0 32
+#define QK_K 256
+
+typedef uint16_t pi2_fp16;
+typedef uint16_t pi2_bf16;
+
+/* Block layouts, field order as in the file (formats.md §3). */
+typedef struct { pi2_fp16 d; uint8_t qs[16]; } blk_q4_0;                               /* 18 B */
+typedef struct { pi2_fp16 d, m; uint8_t qs[16]; } blk_q4_1;                            /* 20 B */
+typedef struct { pi2_fp16 d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;                /* 22 B */
+typedef struct { pi2_fp16 d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;             /* 24 B */
+typedef struct { pi2_fp16 d; int8_t qs[32]; } blk_q8_0;                                /* 34 B */
+typedef struct { pi2_fp16 d, s; int8_t qs[32]; } blk_q8_1;                             /* 36 B */
+typedef struct { pi2_fp16 d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_K;    /* 144 B */
+typedef struct { pi2_fp16 d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_K; /* 176 B */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; pi2_fp16 d; } blk_q6_K; /* 210 B */
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } blk_q8_K;               /* 292 B */
+
+_Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q5_0) == 22 &&
+               sizeof(blk_q5_1) == 24 && sizeof(blk_q8_0) == 34 && sizeof(blk_q8_1) == 36 &&
+               sizeof(blk_q4_K) == 144 && sizeof(blk_q5_K) == 176 && sizeof(blk_q6_K) == 210 &&
+               sizeof(blk_q8_K) == 292, "ggml block sizes");
+
+/* dst[0..n) = the n values of src (n a multiple of block_size). */
+typedef void (*pi2_to_float_fn)(const void *src, float *dst, int64_t n);
+/* *out = one weight row (n values) · one activation row already in vec_dot_type blocks. */
+typedef void (*pi2_vec_dot_fn)(int64_t n, float *out, const void *w_row, const void *x_q);
+/* dst = the n floats of x as vec_dot_type blocks, exactly as ggml's reference quantizer. */
+typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
+
+typedef struct {
+    const char *name;              /* ggml's name, "Q4_K" */
+    int32_t block_size, type_size; /* values and bytes per block; 0 = type unknown */
+    int32_t vec_dot_type;          /* activation format rows of this type are multiplied with */
+    pi2_to_float_fn to_float;
+    pi2_vec_dot_fn vec_dot;        /* NULL for activation-only types (Q8_1, Q8_K) */
+    pi2_quantize_fn quantize_act;  /* float row -> vec_dot_type blocks */
+    const char *vec_dot_impl;      /* "ref", "avx2", "avx512vnni", "neon", "dotprod" */
+} pi2_type_traits;
+
+/* ISA bits (same values as PI2_ISA_* in pi2.h). */
+enum { PI2_K_AVX2 = 1, PI2_K_AVX512VNNI = 2, PI2_K_NEON = 4, PI2_K_DOTPROD = 8 };
+
+/* Which table (same values as PI2_IMPL_* in pi2.h): auto = the best the CPU has; ref = the
+ * scalar reference; base = the baseline SIMD level without optional extensions (AVX2 without
+ * VNNI, NEON without dotprod), so that every fast path can be tested on one machine. */
+enum { PI2_K_IMPL_AUTO = 0, PI2_K_IMPL_REF = 1, PI2_K_IMPL_BASE = 2 };
+
+/* The traits of `type` in table `impl`, or NULL if the type or impl is unknown.
+ * The first call fills the tables from CPU features (thread-safe, once). */
+const pi2_type_traits *pi2_traits(int32_t type, int32_t impl);
+/* ISA bits the auto table uses on this CPU. */
+uint32_t pi2_kernels_isa(void);
+
+/* Per-ISA installers: overwrite vec_dot entries of `tab` they have fast paths for, using optional
+ * extensions only if allow_ext; return the ISA bits used (0 when the CPU or build lacks the ISA).
+ * Defined in x86.c and neon.c; each is a no-op returning 0 on the other architecture. */
+uint32_t pi2_kernels_install_x86(pi2_type_traits *tab, int allow_ext);
+uint32_t pi2_kernels_install_neon(pi2_type_traits *tab, int allow_ext);
+/* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
+void pi2_kernels_fill_ref(pi2_type_traits *tab);
+
+/* ---- scalar conversions, exact (the fp16 ones follow the FP16 library's bit tricks) ---- */
+static inline float pi2_f32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }
+static inline uint32_t pi2_f32_to_bits(float f) { uint32_t w; memcpy(&w, &f, 4); return w; }
+
+static inline float pi2_fp16_to_f32(pi2_fp16 h) {
+    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    const float normalized = pi2_f32_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = pi2_f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+    const uint32_t r = sign | (two_w < (1u << 27) ? pi2_f32_to_bits(denormalized)
+                                                   : pi2_f32_to_bits(normalized));
+    return pi2_f32_from_bits(r);
+}
+
+static inline pi2_fp16 pi2_f32_to_fp16(float f) {  /* round to nearest even, like numpy */
+    float base = (__builtin_fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t w = pi2_f32_to_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = pi2_f32_from_bits((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = pi2_f32_to_bits(base);
+    const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+    return (pi2_fp16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+static inline float pi2_bf16_to_f32(pi2_bf16 h) { return pi2_f32_from_bits((uint32_t)h << 16); }
+
+static inline pi2_bf16 pi2_f32_to_bf16(float f) {  /* ggml: nearest even, NaN quieted */
+    const uint32_t u = pi2_f32_to_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (pi2_bf16)((u >> 16) | 64);
+    return (pi2_bf16)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
+/* Q4_K/Q5_K 6-bit scale and min of sub-block j (formats.md §3.1). */
+static inline void pi2_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    if (j < 4) { *sc = q[j] & 63; *mn = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+#endif

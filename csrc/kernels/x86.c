@@ -1,0 +1,66 @@
+/* x86.c — AVX2+FMA+F16C vec_dot kernels, plus an AVX-512 VNNI (vpdpbusd) variant of the
+ * 32-value block types, chosen at run time with __builtin_cpu_supports.
+ * Does: compile x86_body.h twice (once per target) with function target attributes, so no
+ *       global -march flag is needed; install the variants the CPU supports into a table.
+ * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
+ *       (everything but a stub compiles away off x86-64).
+ * Each kernel's reference twin is the function of the same name in ref.c. */
+#include "traits.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define X86_TARGET __attribute__((target("avx2,fma,f16c")))
+#define X86_FN(name) name##_avx2
+#define X86_VNNI 0
+#include "x86_body.h"
+#undef X86_TARGET
+#undef X86_FN
+#undef X86_VNNI
+
+#define X86_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define X86_FN(name) name##_vnni
+#define X86_VNNI 1
+#include "x86_body.h"
+
+static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char *impl) {
+    t[type].vec_dot = fn;
+    t[type].vec_dot_impl = impl;
+}
+
+uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+          __builtin_cpu_supports("f16c")))
+        return 0;
+    const int vnni = allow_ext && __builtin_cpu_supports("avx512vnni") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    if (vnni) {
+        set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, "avx512vnni");
+    } else {
+        set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_avx2, "avx2");
+        set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_avx2, "avx2");
+        set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, "avx2");
+        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, "avx2");
+        set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, "avx2");
+    }
+    /* K-quants scale int16 pair sums, so VNNI brings nothing: the AVX2 kernels serve both. */
+    set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, "avx2");
+    set_dot(t, PI2_T_Q6_K, q6_K_vec_dot_avx2, "avx2");
+    set_dot(t, PI2_T_F32, f32_vec_dot_avx2, "avx2");
+    set_dot(t, PI2_T_F16, f16_vec_dot_avx2, "avx2");
+    return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);
+}
+
+#else
+
+uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
+    (void)t; (void)allow_ext;
+    return 0;
+}
+
+#endif

@@ -17,7 +17,7 @@ import numpy as np
 import regex
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, TokenType
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
 TEXT = """\
 The quick brown fox jumps over the lazy dog. A small model can still say hello to the world.
@@ -228,7 +228,6 @@ def _store(w: GGUFWriter, name: str, a: np.ndarray, qtype: QT) -> np.ndarray:
         h = a.astype(np.float16)
         w.add_tensor(name, h)
         return h.astype(np.float32)
-    from gguf.quants import dequantize
     q = quantize(a, qtype)
     w.add_tensor(name, q, raw_dtype=qtype)
     return dequantize(q, qtype).reshape(a.shape)
@@ -241,7 +240,8 @@ def write_model(path, arch="llama", *, vocab=None, n_vocab=None, n_embd=64, n_la
     """Write a tiny random model and return its path.
 
     vocab: "bpe" (default for llama/qwen2; pre "smollm"/"qwen2", ChatML template) or "spm" (default for
-      gemma3, Gemma layout and add_space_prefix false). n_vocab defaults to 512.
+      gemma3, Gemma layout and add_space_prefix false, Gemma chat template; llama spm has no template).
+      n_vocab defaults to 512.
     wtype / embd_type: type of the 2-D weights / of token_embd (and output): F32 F16 BF16 Q4_0 Q4_1 Q5_0
       Q5_1 Q8_0. Norms and qwen2 biases are F32.
     Weights: Q/K σ 0.2 (RoPE conventions stay visible), other matrices σ 1/√n_in, embeddings σ 0.5;

@@ -178,7 +178,8 @@ def quantize_act(x: np.ndarray, vdt: int) -> tuple:
             raise ValueError(f"activation rows of {x.shape[-1]} values are not a multiple of 256")
         return quantize_q8_k(x)
     if vdt == F16:
-        return (np.asarray(x, dtype=np.float32).astype(np.float16),)
+        with np.errstate(over="ignore"):                      # beyond 65504 becomes inf, as in ggml
+            return (np.asarray(x, dtype=np.float32).astype(np.float16),)
     if vdt == BF16:
         return (bf16_bits(x),)
     if vdt == F32:

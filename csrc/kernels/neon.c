@@ -1,2 +1,60 @@
+/* neon.c — aarch64 vec_dot kernels: plain NEON, and a variant using SDOT (vdotq_s32) where the
+ * CPU has it (getauxval(AT_HWCAP) & HWCAP_ASIMDDP), chosen at run time.
+ * Does: compile neon_body.h twice, the second time with a dotprod function target attribute, so
+ *       no global -march flag is needed; install the variant the CPU supports into a table.
+ * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
+ *       (everything but a stub compiles away off aarch64).
+ * Each kernel's reference twin is the function of the same name in ref.c. */
 #include "traits.h"
-uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) { (void)t; (void)allow_ext; return 0; }
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+
+#define NEON_TARGET
+#define NEON_FN(name) name##_neon
+#define NEON_DOTPROD 0
+#include "neon_body.h"
+#undef NEON_TARGET
+#undef NEON_FN
+#undef NEON_DOTPROD
+
+#if defined(__clang__)
+#define NEON_TARGET __attribute__((target("dotprod")))
+#else
+#define NEON_TARGET __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+#define NEON_FN(name) name##_dotprod
+#define NEON_DOTPROD 1
+#include "neon_body.h"
+
+static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char *impl) {
+    t[type].vec_dot = fn;
+    t[type].vec_dot_impl = impl;
+}
+
+#define SET(T, fn) set_dot(t, T, dp ? fn##_dotprod : fn##_neon, dp ? "dotprod" : "neon")
+
+uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
+    const int dp = allow_ext && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+    SET(PI2_T_Q4_0, q4_0_vec_dot);
+    SET(PI2_T_Q4_1, q4_1_vec_dot);
+    SET(PI2_T_Q5_0, q5_0_vec_dot);
+    SET(PI2_T_Q5_1, q5_1_vec_dot);
+    SET(PI2_T_Q8_0, q8_0_vec_dot);
+    SET(PI2_T_Q4_K, q4_K_vec_dot);
+    SET(PI2_T_Q6_K, q6_K_vec_dot);
+    return PI2_K_NEON | (dp ? PI2_K_DOTPROD : 0);
+}
+
+#else
+
+uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
+    (void)t; (void)allow_ext;
+    return 0;
+}
+
+#endif

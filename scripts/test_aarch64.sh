@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# test_aarch64.sh — builds pi2's C kernels with tests/c/kernel_selftest.c and runs it: cross-compiled
+# for aarch64 (static) under qemu with -cpu max (NEON + dotprod) and -cpu cortex-a72 (NEON only),
+# then natively. Does not build the Python extension. Needs (Debian): gcc-aarch64-linux-gnu
+# qemu-user-static. Usage: scripts/test_aarch64.sh [--native-only]. Exit status 1 on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/x86.c csrc/kernels/neon.c
+      csrc/kernels/api.c tests/c/kernel_selftest.c)
+CFLAGS=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -Icsrc)
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+if [[ "${1:-}" != "--native-only" ]]; then
+    for tool in aarch64-linux-gnu-gcc qemu-aarch64-static; do
+        command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install -y gcc-aarch64-linux-gnu qemu-user-static" >&2; exit 2; }
+    done
+    aarch64-linux-gnu-gcc "${CFLAGS[@]}" -static -o "$OUT/selftest-a64" "${SRCS[@]}" -lm -lpthread
+    for cpu in max cortex-a72; do
+        echo "== aarch64 (qemu -cpu $cpu)"
+        qemu-aarch64-static -cpu "$cpu" "$OUT/selftest-a64"
+    done
+fi
+
+echo "== native ($(uname -m))"
+"${CC:-cc}" "${CFLAGS[@]}" -o "$OUT/selftest" "${SRCS[@]}" -lm -lpthread
+"$OUT/selftest"

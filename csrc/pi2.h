@@ -64,7 +64,7 @@ pi2_status pi2_dequantize_rows(int32_t type, const void *src, size_t row_bytes, 
                                int64_t n_rows, int64_t n_cols, int32_t impl);
 
 /* out = the n floats of x in activation format `vdt` (F32, F16, BF16, Q8_0, Q8_1 or Q8_K), the
- * bytes ggml's reference quantizer writes (n / block_size * type_size of them).
+ * bytes llama.cpp's x86 build writes, on every CPU (n / block_size * type_size of them).
  * PI2_ERR_UNSUPPORTED: vdt is not an activation format; PI2_ERR_INVALID: as above. */
 pi2_status pi2_quantize_act(int32_t vdt, const float *x, int64_t n, void *out);
 

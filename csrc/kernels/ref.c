@@ -1,6 +1,6 @@
 /* ref.c — scalar reference kernels: the C twin of pi2/quants.py and of ggml's generic kernels.
- * Does: to_float for every known type; ggml's reference quantizers for the activation formats
- *       (Q8_0, Q8_1, Q8_K, F16, BF16, F32); vec_dot for every weight type, summing integers per
+ * Does: to_float for every known type; the activation quantizers of llama.cpp's x86 build, as
+ *       pi2/quants.py specifies them (Q8_0, Q8_1, Q8_K, F16, BF16, F32), on every CPU; vec_dot for every weight type, summing integers per
  *       block and applying the scales afterwards, as ggml's scalar code does.
  * Does not: use SIMD or pick implementations (traits.c), validate arguments (api.c).
  * Always built; fast paths (x86.c, neon.c) are tested against these functions. Must be compiled
@@ -149,7 +149,7 @@ static void q6_K_to_float(const void *src, float *y, int64_t n) {
     }
 }
 
-/* ---------------- activation quantizers (ggml's quantize_row_*_ref) ---------------- */
+/* ---------------- activation quantizers (bit-exact with pi2/quants.py) ---------------- */
 
 static void f32_from_float(const float *x, void *dst, int64_t n) { memcpy(dst, x, (size_t)n * 4); }
 
@@ -163,36 +163,39 @@ static void bf16_from_float(const float *x, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = pi2_f32_to_bf16(x[i]);
 }
 
-static void q8_0_from_float(const float *x, void *dst, int64_t n) {
-    blk_q8_0 *y = dst;
-    for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-        y[i].d = pi2_f32_to_fp16(d);
-        for (int j = 0; j < 32; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
-    }
-}
-
-static void q8_1_from_float(const float *x, void *dst, int64_t n) {
-    blk_q8_1 *y = dst;
-    for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) { y[i].qs[j] = (int8_t)roundf(x[j] * id); sum += y[i].qs[j]; }
-        y[i].d = pi2_f32_to_fp16(d);
-        y[i].s = pi2_f32_to_fp16(sum * d);
-    }
-}
-
-static inline int nearest_int(float fval) {  /* ggml: round half to even via the 1.5·2^23 trick */
+static inline int nearest_int(float fval) {  /* round half to even via the 1.5·2^23 trick */
     float val = fval + 12582912.f;
     int i; memcpy(&i, &val, sizeof i);
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* As llama.cpp's x86 quantize_row_q8_0 (AVX2), the numpy lane's choice on every platform:
+ * d = amax/127, q = round-half-even(x · (127/amax)). Returns the f32 d; fills d16 and qs. */
+static float q8_32_block(const float *x, pi2_fp16 *d16, int8_t *qs) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    *d16 = pi2_f32_to_fp16(d);
+    for (int j = 0; j < 32; j++) qs[j] = (int8_t)nearest_int(x[j] * id);
+    return d;
+}
+
+static void q8_0_from_float(const float *x, void *dst, int64_t n) {
+    blk_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) q8_32_block(x, &y[i].d, y[i].qs);
+}
+
+static void q8_1_from_float(const float *x, void *dst, int64_t n) {  /* s = fp16(d_f32 · Σq) */
+    blk_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        const float d = q8_32_block(x, &y[i].d, y[i].qs);
+        int sum = 0;
+        for (int j = 0; j < 32; j++) sum += y[i].qs[j];
+        y[i].s = pi2_f32_to_fp16(d * (float)sum);
+    }
+}
+
+/* As quantize_row_q8_K_ref (llama.cpp's x86 build uses it too). */
 static void q8_K_from_float(const float *x, void *dst, int64_t n) {
     blk_q8_K *y = dst;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {

@@ -45,7 +45,7 @@ _Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q5
 typedef void (*pi2_to_float_fn)(const void *src, float *dst, int64_t n);
 /* *out = one weight row (n values) · one activation row already in vec_dot_type blocks. */
 typedef void (*pi2_vec_dot_fn)(int64_t n, float *out, const void *w_row, const void *x_q);
-/* dst = the n floats of x as vec_dot_type blocks, exactly as ggml's reference quantizer. */
+/* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
 typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
 
 typedef struct {

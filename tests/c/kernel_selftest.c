@@ -1,8 +1,10 @@
 /* kernel_selftest.c — checks every fast vec_dot against the scalar reference on generated data,
  * without Python: built natively and cross-compiled for aarch64 (scripts/test_aarch64.sh).
  * Does: for each weight type and each table (base SIMD, auto), rows of 1, 3, 7 and 33 blocks;
- *       the reference against dequantized weights · dequantized activations in double; the
- *       argument checks of the public API. Prints "N passed, M failed"; exit status 1 on failure.
+ *       the reference against dequantized weights · dequantized activations in double; a hash
+ *       of dequantized and quantized bytes that must be the same on every CPU (the golden comes
+ *       from x86-64, where tests/test_kernels.py checks the bytes against numpy); the argument
+ *       checks of the public API. Prints "N passed, M failed"; exit status 1 on failure.
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
 #include "../../csrc/kernels/traits.h"
@@ -90,6 +92,36 @@ static void test_type(int type) {
     }
 }
 
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Bit-exactness across CPUs: dequantize every type and quantize every activation format. */
+static void test_portable_bytes(uint64_t golden) {
+    enum { N = 512 };
+    static const int types[] = {PI2_T_F32, PI2_T_F16, PI2_T_BF16, PI2_T_Q4_0, PI2_T_Q4_1, PI2_T_Q5_0, PI2_T_Q5_1,
+                                PI2_T_Q8_0, PI2_T_Q4_K, PI2_T_Q5_K, PI2_T_Q6_K, PI2_T_Q8_1, PI2_T_Q8_K};
+    static uint8_t buf[N * 4];
+    static float x[N], y[N];
+    uint64_t h = 0xcbf29ce484222325ull;
+    rng = 12345;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const pi2_type_traits *tr = pi2_traits(types[t], PI2_K_IMPL_REF);
+        for (int i = 0; i < N; i++) x[i] = next_f() * (i % 3 ? 1.0f : 300.0f);
+        for (int i = 0; i < 32; i++) x[i] = (float)(i - 16) + 0.5f;   /* exact ties */
+        x[0] = 127.0f;
+        tr->quantize_act(x, buf, N);
+        h = fnv1a(h, buf, (size_t)(N / pi2_traits(tr->vec_dot_type, 1)->block_size) * pi2_traits(tr->vec_dot_type, 1)->type_size);
+        if (types[t] == PI2_T_Q8_1 || types[t] == PI2_T_Q8_K) continue;
+        fill_weights(types[t], buf, N / tr->block_size, tr->type_size);
+        tr->to_float(buf, y, N);
+        h = fnv1a(h, y, sizeof y);
+    }
+    if (h != golden) printf("portable bytes hash %016llx, expected %016llx\n", (unsigned long long)h, (unsigned long long)golden);
+    check(h == golden, "portable-bytes", "all", "ref", 0, 0);
+}
+
 static void test_api(void) {
     float x[64] = {0}, out[2];
     uint8_t q[2 * 34] = {0};
@@ -109,6 +141,7 @@ int main(void) {
     printf("kernel ISA:%s%s%s%s%s\n", isa & PI2_K_AVX2 ? " avx2" : "", isa & PI2_K_AVX512VNNI ? " avx512vnni" : "",
            isa & PI2_K_NEON ? " neon" : "", isa & PI2_K_DOTPROD ? " dotprod" : "", isa ? "" : " (reference only)");
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_type(types[i]);
+    test_portable_bytes(0xbbe1e1d40fa12f83ull);  /* from x86-64 */
     test_api();
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;

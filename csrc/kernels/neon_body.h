@@ -5,9 +5,10 @@
  * Each kernel names its twin in ref.c; results differ from it only by float summation order. */
 
 /* acc + the sums of 4 adjacent s8·s8 products (the emulation groups differently; only the
- * total over the vector is ever used). */
+ * total over the vector is ever used). Older clang hides vdotq_s32 unless the whole file is
+ * built with +dotprod, so there the instruction is written out. */
 static inline NEON_TARGET int32x4_t NEON_FN(dot)(int32x4_t acc, int8x16_t a, int8x16_t b) {
-#if NEON_DOTPROD && defined(__clang__) && __clang_major__ < 16 && !defined(__ARM_FEATURE_DOTPROD)
+#if NEON_DOTPROD && defined(__clang__) && __clang_major__ < 18 && !defined(__ARM_FEATURE_DOTPROD)
     __asm__(".arch_extension dotprod\n\tsdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
     return acc;
 #elif NEON_DOTPROD

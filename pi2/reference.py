@@ -176,11 +176,12 @@ class ReferenceContext:
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, w.output_norm, cfg.rms_eps)
+        self._cb("result_norm", -1, x)
         logits = w.output(x)
         if cfg.logit_softcap:
             c = np.float32(cfg.logit_softcap)
             logits = np.tanh(logits / c) * c
-        self._cb("logits", -1, logits)
+        self._cb("result_output", -1, logits)
         return logits if all_logits else logits[0]
 
     def _layer(self, il: int, L: dict, x: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
@@ -188,6 +189,9 @@ class ReferenceContext:
         h = rms_norm(x, L["attn_norm"], cfg.rms_eps)
         self._cb("attn_norm", il, h)
         q, k, v = L["attn_q"](h), L["attn_k"](h), L["attn_v"](h)
+        self._cb("Qcur", il, q)
+        self._cb("Kcur", il, k)
+        self._cb("Vcur", il, v)
         if cfg.qkv_bias:
             q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
         q = q.reshape(n, cfg.n_head, cfg.head_dim)
@@ -210,9 +214,13 @@ class ReferenceContext:
             a = rms_norm(a, L["post_attn"], cfg.rms_eps)
         self._cb("attn_out", il, a)
         x = x + a
+        self._cb("ffn_inp", il, x)
         h = rms_norm(x, L["ffn_norm"], cfg.rms_eps)
+        self._cb("ffn_norm", il, h)
         f = ffn(h, L, cfg.ffn_act)
         if cfg.post_norms:
             f = rms_norm(f, L["post_ffw"], cfg.rms_eps)
         self._cb("ffn_out", il, f)
-        return x + f
+        x = x + f
+        self._cb("l_out", il, x)
+        return x

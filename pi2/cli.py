@@ -48,9 +48,11 @@ def run(
     model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="prompt text (escapes like \\n processed)"),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="read the prompt from a file, byte for byte"),
-    n_predict: int = typer.Option(-1, "-n", "--n-predict", "--predict", help="tokens to generate (-1 = until end)"),
-    threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
-    ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size (0 = the model's)"),
+    n_predict: int = typer.Option(-1, "-n", "--n-predict", "--predict",
+                                  help="tokens to generate (-1 = until end of generation or a full context)"),
+    threads: int = typer.Option(0, "-t", "--threads", help="threads (<= 0: all cores)"),
+    ctx_size: int = typer.Option(4096, "-c", "--ctx-size",
+                                 help="context size (default 4096, capped at the model's; 0 = the model's)"),
     temp: float = typer.Option(0.8, "--temp", help="temperature (<= 0: greedy)"),
     top_k: int = typer.Option(40, "--top-k", help="top-k (0 = off)"),
     top_p: float = typer.Option(0.95, "--top-p", help="top-p (1.0 = off)"),
@@ -72,8 +74,8 @@ def run(
     _VERBOSE = verbose
     text = _read_prompt(prompt, file, not no_escape)
     opts = commands.RunOptions(
-        model=_model_path(model, model_opt), prompt=text, n_predict=n_predict, threads=threads, ctx_size=ctx_size,
-        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+        model=_model_path(model, model_opt), prompt=text, n_predict=n_predict, threads=max(threads, 0),
+        ctx_size=ctx_size, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, seed=seed, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
         json_out=json_out, engine=engine)
     if conversation:
@@ -121,30 +123,55 @@ def perplexity(
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     from pi2 import commands
-    commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, threads, engine)
+    commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine)
+
+
+def _click_exceptions():
+    """(ClickException, UsageError, NoArgsIsHelpError, aborts, exits) as raised by this Typer: recent
+    Typer vendors click as typer._click and has its own Abort and Exit; older Typer uses click's."""
+    try:
+        from typer._click import exceptions as ce
+    except ImportError:
+        from click import exceptions as ce
+    aborts = tuple(c for c in (typer.Abort, getattr(ce, "Abort", None)) if c is not None)
+    exits = tuple(c for c in (typer.Exit, getattr(ce, "Exit", None)) if c is not None)
+    return ce.ClickException, ce.UsageError, getattr(ce, "NoArgsIsHelpError", ()), aborts, exits
+
+
+def _interrupted() -> None:
+    print("\npi2: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, prog_name="pi2", standalone_mode=False)
     except Pi2Error as e:
         print(f"pi2: error: {e}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {e.hint}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        print("\npi2: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except (typer.Abort,):
-        sys.exit(130)
+        _interrupted()
     except Exception as e:  # click usage errors and unexpected failures
-        import click
-        if isinstance(e, click.exceptions.ClickException):
+        click_error, usage_error, no_args_help, aborts, exits = _click_exceptions()
+        if isinstance(e, aborts) or isinstance(e.__cause__, KeyboardInterrupt):
+            _interrupted()
+        if isinstance(e, no_args_help):
+            sys.exit(e.exit_code)       # the help text has been printed
+        if isinstance(e, click_error):
             print(f"pi2: error: {e.format_message()}", file=sys.stderr)
+            ctx = getattr(e, "ctx", None)
+            if isinstance(e, usage_error) and ctx is not None:
+                print(f"  hint: see '{ctx.command_path} --help'", file=sys.stderr)
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
+        if isinstance(e, exits):
             sys.exit(e.exit_code)
         if _VERBOSE:
             raise
         print(f"pi2: error: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
+    if rc == 130:       # Typer turns a KeyboardInterrupt into Exit(130), returned in non-standalone mode
+        _interrupted()
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)

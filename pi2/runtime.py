@@ -40,8 +40,21 @@ def open_model(path) -> Model:
     return load_model(path)
 
 
+def _strtol2(two: bytes):
+    """strtol(two, &end, 16) on a 2-char buffer, as llama.cpp calls it for \\xHH: the value if it consumed
+    both chars (two hex digits, or one hex digit after a space or a sign), else None."""
+    hexd = b"0123456789abcdefABCDEF"
+    if len(two) == 2 and two[0] in hexd and two[1] in hexd:
+        return int(two, 16)
+    if len(two) == 2 and two[0] in b" \t\n\v\f\r+-" and two[1] in hexd:
+        v = int(two[1:], 16)
+        return -v if two[0] == ord("-") else v
+    return None
+
+
 def process_escapes(s: str) -> str:
-    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH; other escapes stay as written."""
+    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH (a raw byte); other escapes
+    and a trailing backslash stay as written. Works on the UTF-8 bytes; non-UTF-8 results are surrogates."""
     b = s.encode("utf-8", "surrogateescape")
     out = bytearray()
     i, n = 0, len(b)
@@ -51,10 +64,11 @@ def process_escapes(s: str) -> str:
         if c == 0x5C and i + 1 < n:
             i += 1
             e = b[i]
+            v = _strtol2(b[i + 1:i + 3]) if e == ord("x") and i + 2 < n else None
             if e in simple:
                 out += simple[e]
-            elif e == ord("x") and i + 2 < n and all(chr(h) in "0123456789abcdefABCDEF" for h in b[i + 1:i + 3]):
-                out.append(int(b[i + 1:i + 3], 16))
+            elif v is not None:
+                out.append(v & 0xFF)
                 i += 2
             else:
                 out += b"\\" + bytes([e])

@@ -117,7 +117,7 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
             break
-        if ctx.n_past >= ctx.n_ctx:
+        if ctx.n_past + 1 >= ctx.n_ctx:     # llama-completion: stop when n_past + 1 >= n_ctx
             gen.stop_reason = "context"
             break
         logits = timed_decode(ctx, [token], timings)

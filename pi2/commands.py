@@ -33,6 +33,15 @@ class RunOptions:
     engine: str = "auto"
 
 
+def _check(opts: RunOptions) -> None:
+    """Flag values llama.cpp would misuse (-n -5 runs forever there); -2 is its 'until the context is full'."""
+    if opts.n_predict < -2:
+        raise UsageError(f"invalid -n {opts.n_predict}",
+                         hint="-n -1 generates until end of generation or a full context")
+    if opts.ctx_size < 0:
+        raise UsageError(f"invalid context size -c {opts.ctx_size}", hint="-c 0 uses the model's training context")
+
+
 def _open(opts: RunOptions):
     from pi2.generate import Timings
     from pi2.runtime import RunConfig, open_context, open_model
@@ -47,8 +56,20 @@ def _open(opts: RunOptions):
 
 
 def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    """Text to stdout as it comes. A prompt may hold bytes that are not UTF-8 (-f, or \\xHH escapes, kept as
+    surrogates): they go out as the raw bytes, as llama.cpp writes them, whatever stdout's encoding."""
+    out = sys.stdout
+    try:
+        out.write(text)
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape")
+        buf = getattr(out, "buffer", None)
+        if buf is None:
+            out.write(raw.decode("utf-8", "replace"))
+        else:
+            out.flush()
+            buf.write(raw)
+    out.flush()
 
 
 def run(opts: RunOptions) -> None:
@@ -56,14 +77,20 @@ def run(opts: RunOptions) -> None:
     from pi2.generate import check_prompt, generate
     if opts.prompt is None:
         raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
+    _check(opts)
     model, ctx, sampler, timings = _open(opts)
     tok = model.tokenizer
     prompt_tokens = tok.encode(opts.prompt, add_special=None, parse_special=True)
     check_prompt(prompt_tokens, ctx.n_ctx)
     if not opts.json_out and opts.display_prompt:
         _write(opts.prompt)
-    gen = generate(ctx, tok, prompt_tokens, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
-                   on_text=None if opts.json_out else _write)
+    try:
+        gen = generate(ctx, tok, prompt_tokens, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
+                       on_text=None if opts.json_out else _write)
+    except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (cli.main)
+        if not opts.json_out:
+            print("\n" + timings.report(), file=sys.stderr)
+        raise
     if opts.json_out:
         print(json.dumps({"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text,
                           "stop_reason": gen.stop_reason, "seed": sampler.seed, "timings": timings.as_dict()},
@@ -76,12 +103,16 @@ def run(opts: RunOptions) -> None:
 def chat(opts: RunOptions) -> None:
     """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
     from pi2.generate import check_prompt, generate, timed_decode
-    from pi2.model.chat import render_chat
+    from pi2.model.chat import render_chat, select_template
+    if opts.json_out:
+        raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
+    _check(opts)
     model, ctx, sampler, timings = _open(opts)
     tok = model.tokenizer
-    template = model.file.kv.get("tokenizer.chat_template")
-    if not template:
-        raise UsageError("this model has no chat template (tokenizer.chat_template)", hint="use pi2 run -p instead")
+    template, fallback = select_template(model.file.kv)
+    if fallback:    # llama.cpp's behaviour: warn, then use ChatML
+        print("pi2: warning: the model has no chat template (tokenizer.chat_template); using ChatML",
+              file=sys.stderr)
     bos = tok.token_to_piece(tok.bos_id).decode("utf-8", "replace") if tok.bos_id is not None else ""
     eos = tok.token_to_piece(tok.eos_id).decode("utf-8", "replace") if tok.eos_id is not None else ""
     messages = [{"role": "system", "content": opts.prompt}] if opts.prompt else []
@@ -104,15 +135,20 @@ def chat(opts: RunOptions) -> None:
             ctx.reset()
             cached = ""
         new_tokens = tok.encode(full[len(cached):], add_special=(cached == ""), parse_special=True)
+        if cached and len(new_tokens) > ctx.n_ctx - ctx.n_past - 4:
+            print("pi2: the context is full; ending the chat", file=sys.stderr)
+            break
         check_prompt(new_tokens, ctx.n_ctx - ctx.n_past)
         gen = generate(ctx, tok, new_tokens, opts.n_predict, sampler, timings, on_text=_write, special=False)
         _write("\n")
         messages.append({"role": "assistant", "content": gen.text})
         cached = full + gen.text
+        if gen.stop_reason == "length" and gen.tokens and ctx.n_past < ctx.n_ctx:
+            timed_decode(ctx, gen.tokens[-1:], timings)     # the last reply token was sampled, not evaluated
         if gen.eog_token is not None and ctx.n_past < ctx.n_ctx:
             timed_decode(ctx, [gen.eog_token], timings)
             cached += tok.token_to_piece(gen.eog_token, special=True).decode("utf-8", "replace")
-        if gen.stop_reason == "context" or ctx.n_past >= ctx.n_ctx:
+        if gen.stop_reason == "context" or ctx.n_past + 1 >= ctx.n_ctx:
             print("pi2: the context is full; ending the chat", file=sys.stderr)
             break
     print(timings.report(), file=sys.stderr)
@@ -140,23 +176,33 @@ def info(model_path: Path, list_tensors: bool = False) -> None:
 
 
 def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str) -> None:
+    """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
+    import time
     from pi2.perplexity import format_final, perplexity as ppl
     from pi2.runtime import RunConfig, open_context, open_model
     try:
-        text = file.read_bytes().decode("utf-8", "replace")
+        text = file.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as e:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
     model = open_model(model_path)
     tok = model.tokenizer
-    print("perplexity: tokenizing the input ..", file=sys.stderr)
-    tokens = tok.encode(text, add_special=None, parse_special=False)
     ctx = open_context(model, RunConfig(n_ctx, threads, engine))
+    n_ctx = ctx.n_ctx       # -c 0 means the model's training context, as in llama-perplexity
+    t0 = time.perf_counter()
+    tokens = tok.encode(text, add_special=None, parse_special=False)
+    # held back until the checks in ppl() pass, so a bad input still gets a one-line error
+    pending = ["perplexity: tokenizing the input ..\n",
+               f"perplexity: tokenization took {1e3 * (time.perf_counter() - t0):g} ms\n"]
+
+    def progress(s: str) -> None:
+        out = "".join(pending) + ("" if s.startswith("Final estimate") else s)
+        pending.clear()
+        print(out, end="", file=sys.stderr, flush=True)
 
     def eval_chunk(chunk):
         ctx.reset()
         return ctx.decode(chunk, all_logits=True)
 
     result = ppl(eval_chunk, tokens, n_ctx, n_chunks=n_chunks, bos_id=tok.bos_id, add_bos=tok.add_bos,
-                 progress=lambda s: print(s, end="", file=sys.stderr, flush=True))
-    print(file=sys.stderr)
+                 progress=progress)
     print(format_final(result))

@@ -305,9 +305,10 @@ def test_console_script():
 
 
 def test_ctrl_c_exits_130(d):
-    model = write_model(d / "long.gguf", n_ctx=4096)
+    """SIGINT mid-generation: exit 130, timings, no traceback. A 32k context keeps even a fast engine busy."""
+    model = write_model(d / "long.gguf", n_ctx=32768)
     p = subprocess.Popen([sys.executable, "-m", "pi2", "run", model, "-p", PROMPT, "-n", "-1", "--ignore-eos",
-                          "-c", "4096"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          "-c", "32768"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(1.0)
     assert p.poll() is None, "finished before the interrupt"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pi2 import qdot
 from pi2.errors import ModelFormatError, UnsupportedError
 from pi2.model.gguf_file import GGML_TYPES
 from pi2.quants_k import SPLITTERS as _K_SPLITTERS, quantize_q8_k
@@ -231,6 +232,8 @@ class QuantLinear:
         self.vdt = vec_dot_type(qtype)
         self._w: np.ndarray | None = None      # (n_out, n_in) scaled part, float32
         self._mins: np.ndarray | None = None   # (n_out, n_in/32) additive mins, float32
+        self._kw: qdot.Weights | None = None   # the exact kernels' view of the blocks
+        self.exact = qtype in (Q4_1,)          # multiply in ggml's float order (qdot), not by BLAS
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, qtype: int, n_cols: int) -> "QuantLinear":
@@ -240,12 +243,25 @@ class QuantLinear:
         if self._w is None:
             self._w, self._mins = _split(self.raw, self.qtype, self.n_in)
 
+    def _kernel_weights(self):
+        """The integer blocks and scales qdot's kernels read, decoded on first use (Q4_1 so far)."""
+        if self._kw is None:
+            blocks = self.raw.reshape(self.n_out, -1, 20)
+            q = _nibbles(blocks.reshape(-1, 20)[:, 4:20]).reshape(self.n_out, -1, 32)
+            self._kw = qdot.Weights(q=np.ascontiguousarray(q.transpose(1, 2, 0)),
+                                    d=np.ascontiguousarray(_fp16(blocks[..., 0:2].reshape(-1, 2)).reshape(self.n_out, -1).T),
+                                    m=np.ascontiguousarray(_fp16(blocks[..., 2:4].reshape(-1, 2)).reshape(self.n_out, -1).T))
+        return self._kw
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
         if x.shape[-1] != self.n_in:
             raise ValueError(f"activation has {x.shape[-1]} columns, weight expects {self.n_in}")
-        self._decode()
         lead = x.shape[:-1]
+        if self.exact:
+            out = qdot.dot_q4_1_q8_1(self._kernel_weights(), quantize_act(x.reshape(-1, self.n_in), self.vdt))
+            return out.reshape(*lead, self.n_out)
+        self._decode()
         xv, sums = _act_for_matmul(x.reshape(-1, self.n_in), self.vdt)
         out = xv @ self._w.T
         if self._mins is not None:

@@ -13,14 +13,15 @@ import numpy as np
 
 from pi2.errors import UsageError
 from pi2.model.loader import Model
+from pi2 import ggml_order as go
 from pi2.quants import QuantLinear
 
 F16 = np.float16
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
-    """ggml_rms_norm (sum of squares in double, scale in float) then the weight multiply."""
-    ss = np.sum(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+    """ggml_rms_norm (float32 squares summed in order into a double, scale in float) then the weight multiply."""
+    ss = go.sum_sq_f64(x)[..., None]
     mean = (ss / x.shape[-1]).astype(np.float32)
     scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
     y = x * scale
@@ -28,59 +29,46 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
 
 
 def rope_cache(pos: np.ndarray, n_rot: int, base: float, freq_scale: float, freq_factors=None):
-    """cos/sin (n_tok, n_rot/2) built as ggml does: theta *= base^(-2/n_rot) per pair, in float32."""
-    theta_scale = np.float32(base) ** np.float32(-2.0 / n_rot)
-    theta = pos.astype(np.float32)
-    cols = []
-    for i in range(n_rot // 2):
-        t = theta if freq_factors is None else theta / np.float32(freq_factors[i])
-        cols.append(np.float32(freq_scale) * t)
-        theta = theta * theta_scale
-    ang = np.stack(cols, axis=-1).astype(np.float32)
-    return np.cos(ang), np.sin(ang)
+    """cos/sin (n_tok, n_rot/2) as ggml_rope_cache_init builds them (float32 theta steps, libm sincosf)."""
+    rows = [go.rope_row(int(p), n_rot, base, freq_scale, freq_factors) for p in pos]
+    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
-    """Rotate the first n_rot dims of every head. x (n_tok, n_heads, head_dim); NORM pairs (2i, 2i+1),
-    NEOX pairs (i, i + n_rot/2)."""
+    """ggml_rope's rotate_pairs on the first n_rot dims of every head, x (n_tok, n_heads, head_dim).
+    NORMAL pairs (2i, 2i+1) take GCC's vectorised loop, NEOX pairs (i, i + n_rot/2) its scalar loop."""
     y = x.copy()
     c, s = cos[:, None, :], sin[:, None, :]
     if neox:
-        a, b = x[..., : n_rot // 2], x[..., n_rot // 2: n_rot]
-        y[..., : n_rot // 2] = a * c - b * s
-        y[..., n_rot // 2: n_rot] = a * s + b * c
+        h = n_rot // 2
+        y[..., :h], y[..., h:n_rot] = go.rope_rotate(x[..., :h], x[..., h:n_rot], c, s, vector_form=False)
     else:
-        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-        y[..., 0:n_rot:2] = a * c - b * s
-        y[..., 1:n_rot:2] = a * s + b * c
+        y[..., 0:n_rot:2], y[..., 1:n_rot:2] = go.rope_rotate(x[..., 0:n_rot:2], x[..., 1:n_rot:2], c, s,
+                                                              vector_form=True)
     return y
 
 
-def softmax_rows(x: np.ndarray) -> np.ndarray:
-    """ggml_soft_max over the last axis: exp in float32, sum in double, scaled by 1/sum."""
-    m = np.max(x, axis=-1, keepdims=True)
-    e = np.exp(x - m)
-    s = np.sum(e.astype(np.float64), axis=-1, keepdims=True)
-    return e * (1.0 / s).astype(np.float32)
-
-
-def attention(q, k_cache, v_cache, pos, n_kv, scale, window=0):
-    """Causal GQA attention over an F16 cache. q (n_tok, n_head, hd) float32; caches (n_ctx, n_head_kv, hd)
-    float16; pos (n_tok,) positions of the queries; keys 0..n_kv-1. Returns (n_tok, n_head*hd_v)."""
+def attention(q, k_cache, v_cache, pos, n_kv, scale, window=0, trace=None):
+    """Causal GQA attention over an F16 cache, FA off. q (n_tok, n_head, hd) float32; caches (n_ctx, n_head_kv,
+    hd) float16; pos (n_tok,) positions of the queries; keys 0..n_kv-1. Returns (n_tok, n_head*hd_v).
+    K·Q and softmax·V are ggml mul_mats on F16: tinyBLAS for batches, ggml_vec_dot_f16 for one token."""
     n_tok, n_head, hd = q.shape
     n_head_kv = k_cache.shape[1]
     g = n_head // n_head_kv
-    k = k_cache[:n_kv].astype(np.float32).transpose(1, 2, 0)                     # (hkv, hd, n_kv)
-    v = v_cache[:n_kv].astype(np.float32).transpose(1, 0, 2)                     # (hkv, n_kv, hdv)
+    dot = go.dot_f16_tinyblas if n_tok > 1 else go.dot_f16_vec
+    k = k_cache[:n_kv].astype(np.float32).transpose(1, 0, 2)                     # (hkv, n_kv, hd)
+    vt = v_cache[:n_kv].astype(np.float32).transpose(1, 2, 0)                    # (hkv, hd_v, n_kv)
     qh = q.astype(F16).astype(np.float32).reshape(n_tok, n_head_kv, g, hd).transpose(1, 2, 0, 3)
-    kq = (qh.reshape(n_head_kv, g * n_tok, hd) @ k).reshape(n_head_kv, g, n_tok, n_kv)
+    kq = dot(k, qh.reshape(n_head_kv, g * n_tok, hd)).reshape(n_head_kv, g, n_tok, n_kv)
     kpos = np.arange(n_kv)
     masked = kpos[None, :] > pos[:, None]
     if window:
         masked |= (pos[:, None] - kpos[None, :]) >= window
-    kq = kq * np.float32(scale) + np.where(masked, -np.inf, 0).astype(np.float32)
-    p = softmax_rows(kq).astype(F16).astype(np.float32)
-    out = p.reshape(n_head_kv, g * n_tok, n_kv) @ v                               # (hkv, g*n, hdv)
+    p = go.softmax(kq, scale, masked)
+    if trace:
+        trace("kq_soft_max", p.reshape(n_head, n_tok, n_kv))
+    p = p.astype(F16).astype(np.float32)
+    out = dot(vt, p.reshape(n_head_kv, g * n_tok, n_kv))                         # (hkv, g*n, hdv)
     return out.reshape(n_head_kv, g, n_tok, -1).transpose(2, 0, 1, 3).reshape(n_tok, -1)
 
 
@@ -93,19 +81,18 @@ def gelu_f16(x: np.ndarray) -> np.ndarray:
     return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y))
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1) + np.exp(-x))
-
-
-def ffn(x: np.ndarray, w: dict, act: str) -> np.ndarray:
+def ffn(x: np.ndarray, w: dict, act: str, trace=lambda name, t: None) -> np.ndarray:
     """The dense gated FFN: down(act(gate(x)) * up(x))."""
     g, u = w["ffn_gate"](x), w["ffn_up"](x)
+    trace("ffn_gate", g)
+    trace("ffn_up", u)
     if act == "silu":
-        h = silu(g) * u
+        h = go.swiglu(g, u)
     elif act == "gelu":
         h = gelu_f16(g) * u
     else:
         h = np.maximum(g, 0) * u
+    trace("ffn_swiglu", h)
     return w["ffn_down"](h)
 
 
@@ -200,15 +187,17 @@ class ReferenceContext:
             q, k = rms_norm(q, L["q_norm"], cfg.rms_eps), rms_norm(k, L["k_norm"], cfg.rms_eps)
         cos, sin = rope_cache(pos, cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale, self.w.rope_freqs)
         q, k = rope(q, cos, sin, cfg.n_rot, cfg.rope_neox), rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)
-        self._cb("q", il, q)
-        self._cb("k", il, k)
+        self._cb("Qcur.2", il, q)
+        self._cb("Kcur.2", il, k)
         self.k[il, pos] = k.astype(F16)
         self.v[il, pos] = v.reshape(n, cfg.n_head_kv, cfg.head_dim_v).astype(F16)
         window = cfg.sliding_window if cfg.is_swa_layer(il) else 0
         scale = cfg.attn_scale
         if cfg.q_prescale:
             q, scale = q * np.float32(scale), 1.0
-        a = attention(q, self.k[il], self.v[il], pos, self.n_past + n, scale, window)
+        a = attention(q, self.k[il], self.v[il], pos, self.n_past + n, scale, window,
+                      trace=(lambda name, t: self._cb(name, il, t)) if self.trace else None)
+        self._cb("kqv_out", il, a)
         a = L["attn_output"](a)
         if cfg.post_norms:
             a = rms_norm(a, L["post_attn"], cfg.rms_eps)
@@ -217,7 +206,7 @@ class ReferenceContext:
         self._cb("ffn_inp", il, x)
         h = rms_norm(x, L["ffn_norm"], cfg.rms_eps)
         self._cb("ffn_norm", il, h)
-        f = ffn(h, L, cfg.ffn_act)
+        f = ffn(h, L, cfg.ffn_act, lambda name, t: self._cb(name, il, t))
         if cfg.post_norms:
             f = rms_norm(f, L["post_ffw"], cfg.rms_eps)
         self._cb("ffn_out", il, f)

@@ -126,6 +126,29 @@ def perplexity(
     commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine)
 
 
+@app.command()
+def bench(
+    models: Optional[List[Path]] = typer.Argument(None, metavar="MODEL", help="GGUF model files",
+                                                  show_default=False),
+    model_opt: Optional[List[Path]] = typer.Option(None, "-m", "--model", help="GGUF model file (repeatable)"),
+    n_prompt: Optional[List[str]] = typer.Option(None, "-p", "--n-prompt", help="prompt tokens (default 512, 0 skips)"),
+    n_gen: Optional[List[str]] = typer.Option(None, "-n", "--n-gen", help="generated tokens (default 128, 0 skips)"),
+    pg: Optional[List[str]] = typer.Option(None, "-pg", help="prompt then generation in one test: PP,TG"),
+    batch: Optional[List[str]] = typer.Option(None, "-b", "--batch-size", help="prompt chunk size (default 2048)"),
+    threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="threads: 1,2 or 1-4 (default: all)"),
+    reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test"),
+    output: str = typer.Option("md", "-o", "--output", help="md | json | jsonl | csv"),
+    engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
+    no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the warm-up run"),
+    progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
+):
+    """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
+    from pi2 import bench as b
+    params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
+                           output, engine, warmup=not no_warmup, progress=progress)
+    b.run(params)
+
+
 def _click_exceptions():
     """(ClickException, UsageError, NoArgsIsHelpError, aborts, exits) as raised by this Typer: recent
     Typer vendors click as typer._click and has its own Abort and Exit; older Typer uses click's."""

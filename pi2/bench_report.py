@@ -70,14 +70,19 @@ def model_info(model) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def build_info() -> tuple:
-    """(git short hash, commit count) of the pi2 checkout this runs from, else ("unknown", 0)."""
+    """(git short hash, commit count) of the pi2 checkout this runs from, else ("unknown", 0). The hash
+    ends in "-dirty" when tracked files differ from that commit, so numbers are not credited to it."""
     root = Path(pi2.__file__).resolve().parent.parent
     if not (root / ".git").exists():
         return "unknown", 0
+
+    def git(*args, check=True):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              check=check)
     try:
-        git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True,  # noqa: E731
-                                        timeout=10, check=True).stdout.strip()
-        return git("rev-parse", "--short", "HEAD"), int(git("rev-list", "--count", "HEAD"))
+        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+        dirty = git("diff", "--quiet", "HEAD", "--", check=False).returncode == 1
+        return commit + ("-dirty" if dirty else ""), int(git("rev-list", "--count", "HEAD").stdout.strip())
     except (OSError, subprocess.SubprocessError, ValueError):
         return "unknown", 0
 

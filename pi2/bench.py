@@ -268,9 +268,17 @@ def run(p: BenchParams, out=None, err=None) -> None:
         print(msg, file=err, flush=True)
 
     printer = report.printer(p, out)
-    printer.header()
+    started = False
+
+    def emit(rec: dict) -> None:       # the header waits for a first result, so a bad file prints nothing
+        nonlocal started
+        if not started:
+            printer.header()
+            started = True
+        printer.test(rec)
     try:
         for path in p.models:
-            run_model(p, path, printer.test, log)
+            run_model(p, path, emit, log)
     finally:
-        printer.footer()
+        if started:
+            printer.footer()

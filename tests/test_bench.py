@@ -151,3 +151,11 @@ def test_ftype_guess_like_llama_cpp():
                "blk.1.attn_q.weight": T("Q4_K")}
     assert bench_report.ftype_name({}, tensors) == "(guessed) Q6_K"    # Q6_K reaches 2 first
     assert bench_report.ftype_name({"general.file_type": 15}, tensors) == "Q4_K - Medium"
+
+
+def test_missing_model_prints_nothing(model, tmp_path):
+    assert_error(cli("bench", "-m", tmp_path / "nope.gguf", "-p", "4", "-n", "0", "-r", "1"), code=1)
+    res = cli("bench", "-m", model, "-m", tmp_path / "nope.gguf", "-p", "4", "-n", "0", "-r", "1", "-t", "1",
+              "-o", "json")
+    assert res.code == 1 and "pi2: error:" in res.err
+    assert [r["n_prompt"] for r in json.loads(res.out)] == [4]    # the first model's results, a closed array

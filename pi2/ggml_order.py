@@ -170,9 +170,8 @@ def rope_row(p: int, n_rot: int, base: float, freq_scale: float, freq_factors=No
     return _rope_rows[key]
 
 
-def rope_rotate(x0, x1, c, s, vector_form: bool):
-    """One RoPE pair rotation with GCC's contractions. Scalar loop (NEOX): y0 = fma(x0, c, −x1·s),
-    y1 = fma(x1, c, x0·s). Vectorised NORMAL loop (vfmaddsub): y0 = fma(x0, c, −x1·s), y1 = fma(x0, s, x1·c)."""
-    if vector_form:
-        return fma32(x0, c, -(x1 * s)), fma32(x0, s, x1 * c)
-    return fma32(x0, c, -(x1 * s)), fma32(x1, c, x0 * s)
+def rope_rotate(x0, x1, c, s):
+    """One RoPE pair rotation as GCC vectorises rotate_pairs (vfmaddsub, NORMAL and NEOX alike):
+    y0 = fma(x0, c, −x1·s), y1 = fma(x0, s, x1·c). (Its scalar tail, for pair counts that are not a multiple
+    of the vector width, fuses y1 as fma(x1, c, x0·s); the head sizes pi2 meets never reach it.)"""
+    return fma32(x0, c, -(x1 * s)), fma32(x0, s, x1 * c)

@@ -68,3 +68,15 @@ def dot_q4_1_q8_1(w: Weights, act: tuple) -> np.ndarray:
         acc = lane_fma(qy, dy, w, r0, r1, 8)
         out[:, r0:r1] = hsum8(acc) + fma_chain(sy, w.m[:, r0:r1])
     return out
+
+
+def dot_q8_lanes(w: Weights, act: tuple) -> np.ndarray:
+    """ggml_vec_dot_q5_0_q8_0 / _q8_0_q8_0 (AVX2, one token) and llamafile's tinyBLAS_Q0_AVX (batches), which
+    compute alike: 8 lanes of 4 signed byte products per block, acc = fma(d_x·d_y, lane, acc), hsum_float_8."""
+    d, q = act
+    dy, qy = d.astype(F32), q.astype(F32)
+    n_tok, n_out = qy.shape[0], w.q.shape[2]
+    out = np.empty((n_tok, n_out), F32)
+    for r0, r1 in _row_chunks(n_tok, n_out, 8):
+        out[:, r0:r1] = hsum8(lane_fma(qy, dy, w, r0, r1, 8))
+    return out

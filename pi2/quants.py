@@ -218,6 +218,28 @@ def _act_for_matmul(x: np.ndarray, vdt: int) -> tuple[np.ndarray, np.ndarray | N
 
 # ---------------------------------------------------------------- matrix multiply
 
+def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
+    """(n_out, row_bytes) blocks -> qdot.Weights: integer values q (nb, 32, n_out) in value order, scale d and
+    (Q4_1) minimum m, each (nb, n_out) float32."""
+    size = GGML_TYPES[qtype][2]
+    b = raw.reshape(-1, size)
+    m = None
+    if qtype == Q4_1:
+        q, m = _nibbles(b[:, 4:20]), _fp16(b[:, 2:4])
+    elif qtype == Q5_0:
+        q = _with_high_bits(_nibbles(b[:, 6:22]), b[:, 2:6])
+        q = (q.view(np.int8) - np.int8(16))
+    else:
+        q = b[:, 2:34].view(np.int8)
+    d = _fp16(b[:, 0:2])
+    col = lambda a: np.ascontiguousarray(a.reshape(n_out, -1).T)  # noqa: E731
+    return qdot.Weights(q=np.ascontiguousarray(q.reshape(n_out, -1, 32).transpose(1, 2, 0)), d=col(d),
+                        m=None if m is None else col(m))
+
+
+_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes}
+
+
 class QuantLinear:
     """One weight matrix (n_out rows of n_in values) kept as raw blocks, decoded on first multiply.
 
@@ -233,7 +255,7 @@ class QuantLinear:
         self._w: np.ndarray | None = None      # (n_out, n_in) scaled part, float32
         self._mins: np.ndarray | None = None   # (n_out, n_in/32) additive mins, float32
         self._kw: qdot.Weights | None = None   # the exact kernels' view of the blocks
-        self.exact = qtype in (Q4_1,)          # multiply in ggml's float order (qdot), not by BLAS
+        self.exact = qtype in _EXACT           # multiply in ggml's float order (qdot), not by BLAS
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, qtype: int, n_cols: int) -> "QuantLinear":
@@ -244,13 +266,9 @@ class QuantLinear:
             self._w, self._mins = _split(self.raw, self.qtype, self.n_in)
 
     def _kernel_weights(self):
-        """The integer blocks and scales qdot's kernels read, decoded on first use (Q4_1 so far)."""
+        """The integer blocks and scales qdot's kernels read, decoded on first use."""
         if self._kw is None:
-            blocks = self.raw.reshape(self.n_out, -1, 20)
-            q = _nibbles(blocks.reshape(-1, 20)[:, 4:20]).reshape(self.n_out, -1, 32)
-            self._kw = qdot.Weights(q=np.ascontiguousarray(q.transpose(1, 2, 0)),
-                                    d=np.ascontiguousarray(_fp16(blocks[..., 0:2].reshape(-1, 2)).reshape(self.n_out, -1).T),
-                                    m=np.ascontiguousarray(_fp16(blocks[..., 2:4].reshape(-1, 2)).reshape(self.n_out, -1).T))
+            self._kw = _kernel_blocks(self.raw, self.qtype, self.n_out)
         return self._kw
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -259,7 +277,7 @@ class QuantLinear:
             raise ValueError(f"activation has {x.shape[-1]} columns, weight expects {self.n_in}")
         lead = x.shape[:-1]
         if self.exact:
-            out = qdot.dot_q4_1_q8_1(self._kernel_weights(), quantize_act(x.reshape(-1, self.n_in), self.vdt))
+            out = _EXACT[self.qtype](self._kernel_weights(), quantize_act(x.reshape(-1, self.n_in), self.vdt))
             return out.reshape(*lead, self.n_out)
         self._decode()
         xv, sums = _act_for_matmul(x.reshape(-1, self.n_in), self.vdt)

@@ -36,15 +36,14 @@ def rope_cache(pos: np.ndarray, n_rot: int, base: float, freq_scale: float, freq
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool) -> np.ndarray:
     """ggml_rope's rotate_pairs on the first n_rot dims of every head, x (n_tok, n_heads, head_dim).
-    NORMAL pairs (2i, 2i+1) take GCC's vectorised loop, NEOX pairs (i, i + n_rot/2) its scalar loop."""
+    NORMAL pairs are (2i, 2i+1), NEOX pairs (i, i + n_rot/2)."""
     y = x.copy()
     c, s = cos[:, None, :], sin[:, None, :]
     if neox:
         h = n_rot // 2
-        y[..., :h], y[..., h:n_rot] = go.rope_rotate(x[..., :h], x[..., h:n_rot], c, s, vector_form=False)
+        y[..., :h], y[..., h:n_rot] = go.rope_rotate(x[..., :h], x[..., h:n_rot], c, s)
     else:
-        y[..., 0:n_rot:2], y[..., 1:n_rot:2] = go.rope_rotate(x[..., 0:n_rot:2], x[..., 1:n_rot:2], c, s,
-                                                              vector_form=True)
+        y[..., 0:n_rot:2], y[..., 1:n_rot:2] = go.rope_rotate(x[..., 0:n_rot:2], x[..., 1:n_rot:2], c, s)
     return y
 
 
@@ -181,14 +180,15 @@ class ReferenceContext:
         self._cb("Vcur", il, v)
         if cfg.qkv_bias:
             q, k, v = q + L["bq"], k + L["bk"], v + L["bv"]
+            self._cb("Qcur.bias", il, q)
         q = q.reshape(n, cfg.n_head, cfg.head_dim)
         k = k.reshape(n, cfg.n_head_kv, cfg.head_dim)
         if cfg.qk_norm:
             q, k = rms_norm(q, L["q_norm"], cfg.rms_eps), rms_norm(k, L["k_norm"], cfg.rms_eps)
         cos, sin = rope_cache(pos, cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale, self.w.rope_freqs)
         q, k = rope(q, cos, sin, cfg.n_rot, cfg.rope_neox), rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)
-        self._cb("Qcur.2", il, q)
-        self._cb("Kcur.2", il, k)
+        self._cb("Qcur.rope", il, q)
+        self._cb("Kcur.rope", il, k)
         self.k[il, pos] = k.astype(F16)
         self.v[il, pos] = v.reshape(n, cfg.n_head_kv, cfg.head_dim_v).astype(F16)
         window = cfg.sliding_window if cfg.is_swa_layer(il) else 0

@@ -8,7 +8,8 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
-SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/api.c"]
+SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/api.c",
+           "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c"]
 
 
 def _cdef(header: str) -> str:
@@ -22,7 +23,9 @@ ffi.set_source(
     '#include "pi2.h"',
     sources=[os.path.relpath(HERE / s) for s in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function"],
+    extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-pthread"],
+    extra_link_args=["-pthread"],
+    libraries=["m"],
 )
 
 if __name__ == "__main__":

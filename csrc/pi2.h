@@ -1,5 +1,6 @@
 /* pi2.h — the one public header of pi2's C core; the only header Python binds (cffi API mode).
- * Owns: status codes, the ABI version, error reporting and the kernel entry points.
+ * Owns: status codes, the ABI version, error reporting, the kernel entry points, and the model,
+ *       context and decode entry points of the dense forward pass.
  * Lines starting with '#' are stripped before ffi.cdef, so keep declarations free of macros. */
 #ifndef PI2_H
 #define PI2_H
@@ -12,7 +13,8 @@ typedef enum {
     PI2_ERR_IO = -2,          /* a read failed */
     PI2_ERR_NOMEM = -3,       /* an allocation failed */
     PI2_ERR_FORMAT = -4,      /* malformed model data */
-    PI2_ERR_UNSUPPORTED = -5  /* a type or feature this build does not support */
+    PI2_ERR_UNSUPPORTED = -5, /* a type or feature this build does not support */
+    PI2_ERR_ABORTED = -6      /* pi2_abort() stopped a decode */
 } pi2_status;
 
 /* Bumped whenever a declaration in this header changes; checked by pi2/engine.py at import. */
@@ -73,5 +75,118 @@ pi2_status pi2_quantize_act(int32_t vdt, const float *x, int64_t n, void *out);
  * impl selects the kernels (pi2_impl). Errors as pi2_dequantize_rows; also activation-only type. */
 pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t n_cols,
                       const void *x_q, float *out, int32_t impl);
+
+/* ---- models, contexts and the forward pass ----
+ * Python reads the GGUF metadata and describes every tensor the forward pass uses with a flat
+ * pi2_tensor_desc; C maps the file read-only and checks each descriptor (role, layer, type,
+ * shape, offset, size) against the hyper-parameters and the file size before touching it. */
+
+typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2 } pi2_arch;
+typedef enum { PI2_ACT_SILU = 0, PI2_ACT_GELU = 1, PI2_ACT_RELU = 2 } pi2_ffn_act;
+
+/* What a tensor is. Per-layer roles (ATTN_NORM..POST_FFW_NORM) need 0 <= layer < n_layer; the
+ * others take layer -1. For a tied output, describe OUTPUT with token_embd's offset and size. */
+typedef enum {
+    PI2_TENSOR_TOKEN_EMBD = 0,     /* [n_vocab][n_embd], any weight type */
+    PI2_TENSOR_OUTPUT_NORM = 1,    /* [n_embd] F32 */
+    PI2_TENSOR_OUTPUT = 2,         /* [n_vocab][n_embd] */
+    PI2_TENSOR_ROPE_FREQS = 3,     /* [n_rot/2] F32, optional */
+    PI2_TENSOR_ATTN_NORM = 4,      /* [n_embd] F32 */
+    PI2_TENSOR_ATTN_Q = 5,         /* [n_head*head_dim][n_embd] */
+    PI2_TENSOR_ATTN_K = 6,         /* [n_head_kv*head_dim][n_embd] */
+    PI2_TENSOR_ATTN_V = 7,         /* [n_head_kv*head_dim_v][n_embd] */
+    PI2_TENSOR_ATTN_OUTPUT = 8,    /* [n_embd][n_head*head_dim_v] */
+    PI2_TENSOR_ATTN_Q_BIAS = 9,    /* [n_head*head_dim] F32, when qkv_bias */
+    PI2_TENSOR_ATTN_K_BIAS = 10,   /* [n_head_kv*head_dim] F32, when qkv_bias */
+    PI2_TENSOR_ATTN_V_BIAS = 11,   /* [n_head_kv*head_dim_v] F32, when qkv_bias */
+    PI2_TENSOR_ATTN_Q_NORM = 12,   /* [head_dim] F32, when qk_norm */
+    PI2_TENSOR_ATTN_K_NORM = 13,   /* [head_dim] F32, when qk_norm */
+    PI2_TENSOR_POST_ATTN_NORM = 14,/* [n_embd] F32, when post_norms */
+    PI2_TENSOR_FFN_NORM = 15,      /* [n_embd] F32 */
+    PI2_TENSOR_FFN_GATE = 16,      /* [n_ff][n_embd] */
+    PI2_TENSOR_FFN_UP = 17,        /* [n_ff][n_embd] */
+    PI2_TENSOR_FFN_DOWN = 18,      /* [n_embd][n_ff] */
+    PI2_TENSOR_POST_FFW_NORM = 19, /* [n_embd] F32, when post_norms */
+    PI2_TENSOR_COUNT = 20
+} pi2_tensor_role;
+
+typedef struct {
+    int32_t role;       /* a pi2_tensor_role */
+    int32_t layer;      /* block index, or -1 for whole-model tensors */
+    int32_t type;       /* ggml type id */
+    int64_t ne[4];      /* ggml shape: ne[0] values per row, ne[1] rows; unused dims 1 */
+    uint64_t offset;    /* absolute byte offset of the data in the file */
+    uint64_t nbytes;    /* bytes of data */
+} pi2_tensor_desc;
+
+/* Hyper-parameters, as pi2/model/config.py's ModelConfig names them. */
+typedef struct {
+    int32_t arch;             /* pi2_arch */
+    int32_t n_vocab, n_embd, n_layer, n_ff;
+    int32_t n_head, n_head_kv, head_dim, head_dim_v, n_rot;
+    float rms_eps;
+    float rope_base;          /* theta base of full-attention layers */
+    float rope_base_local;    /* base of sliding-window layers (0: rope_base) */
+    float rope_freq_scale;    /* 1 / linear scaling factor */
+    int32_t rope_neox;        /* 1: pairs (i, i + n_rot/2); 0: pairs (2i, 2i+1) */
+    int32_t qkv_bias, qk_norm, post_norms;
+    int32_t ffn_act;          /* pi2_ffn_act */
+    float embd_scale;         /* token embeddings are multiplied by this (1: none) */
+    float attn_scale;         /* scale of q.k */
+    int32_t q_prescale;       /* 1: q is multiplied by attn_scale before K.Q (gemma3) */
+    float logit_softcap;      /* 0: none; else logits = c*tanh(logits/c) */
+    int32_t sliding_window;   /* 0: every layer attends to all positions */
+    int32_t swa_period;       /* layer il is full-attention when il % swa_period == swa_period-1 */
+} pi2_model_params;
+
+typedef struct pi2_model pi2_model;   /* mapped weights + hyper-parameters; read-only after load */
+typedef struct pi2_ctx pi2_ctx;       /* KV cache, scratch buffers, thread pool */
+
+/* Map `path` read-only and check `n_tensors` descriptors against `params` and the file size.
+ * PI2_ERR_IO: the file cannot be opened or mapped; PI2_ERR_FORMAT: a descriptor is out of range,
+ * has the wrong shape or size, repeats or is missing; PI2_ERR_UNSUPPORTED: a type or arch pi2
+ * cannot compute; PI2_ERR_INVALID: NULL arguments or bad hyper-parameters. */
+pi2_status pi2_model_load(const char *path, const pi2_model_params *params,
+                          const pi2_tensor_desc *tensors, int32_t n_tensors, pi2_model **out);
+/* Unmap and free (NULL is fine). Free every context of the model first. */
+void pi2_model_free(pi2_model *model);
+
+typedef struct {
+    int32_t n_ctx;      /* positions in the KV cache */
+    int32_t n_batch;    /* tokens computed per step of a longer decode (scratch size) */
+    int32_t n_threads;  /* compute threads including the caller; results do not depend on it */
+    int32_t impl;       /* pi2_impl of the kernels */
+} pi2_ctx_params;
+
+/* n_ctx 4096, n_batch 256, n_threads 1, impl PI2_IMPL_AUTO. */
+pi2_ctx_params pi2_ctx_default_params(void);
+
+/* A context on `model` (which must outlive it). PI2_ERR_NOMEM, PI2_ERR_INVALID (bad params), or
+ * an error starting threads (PI2_ERR_NOMEM). */
+pi2_status pi2_ctx_init(pi2_model *model, const pi2_ctx_params *params, pi2_ctx **out);
+/* Stop the threads and free (NULL is fine). */
+void pi2_ctx_free(pi2_ctx *ctx);
+
+/* Evaluate n_tokens tokens after the n_past cached ones and advance n_past. logits receives
+ * n_vocab floats of the last token, or n_tokens * n_vocab (row per token) when all_logits.
+ * PI2_ERR_INVALID: bad token id, n_tokens < 1, or the context would overflow n_ctx;
+ * PI2_ERR_ABORTED: pi2_abort() was called during the decode; n_past is then unchanged. */
+pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, float *logits,
+                      int32_t all_logits);
+/* Forget the cache (n_past = 0). */
+void pi2_ctx_reset(pi2_ctx *ctx);
+int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
+/* Ask the running decode to stop at its next layer boundary (each decode clears the flag when it
+ * starts). Safe from any thread or a signal handler. */
+void pi2_abort(pi2_ctx *ctx);
+
+/* Called during decode with (name, layer or -1, data, n floats), rows of the current tokens, at
+ * the checkpoints of pi2/reference.py (llama.cpp's graph names): per layer "attn_norm", "Qcur",
+ * "Kcur", "Vcur" (projections), "Qcur.bias" (qkv_bias), "Qcur.rope", "Kcur.rope" (after norm and
+ * RoPE), "kqv_out", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu" (act(gate)
+ * * up), "ffn_out", "l_out"; then "result_norm" and "result_output" (logits). NULL turns it off;
+ * unused, it costs one test per checkpoint. */
+typedef void (*pi2_trace_fn)(const char *name, int32_t layer, const float *data, int64_t n, void *user);
+void pi2_set_trace(pi2_ctx *ctx, pi2_trace_fn fn, void *user);
 
 #endif

@@ -1,18 +1,21 @@
 """engine.py — the only module that imports the compiled extension pi2._pi2.
 
-Owns: loading the extension, the ABI check, turning C status codes into Pi2 exceptions, and thin
-numpy wrappers over the C kernels (dequantize, quantize_act, matvec) for tests and benchmarks.
+Owns: loading the extension, the ABI check, turning C status codes into Pi2 exceptions, thin
+numpy wrappers over the C kernels (dequantize, quantize_act, matvec) for tests and benchmarks, and
+the C forward pass: CModel (a model's hyper-parameters and tensor descriptors handed to C) and
+CContext (KV cache and threads; the interface of reference.ReferenceContext).
 Does not: loop over weights in Python or decide anything about models.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from pi2.errors import EngineError, ModelFormatError, UnsupportedError
+from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 try:
     from pi2._pi2 import ffi, lib
@@ -125,3 +128,157 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
                          ffi.from_buffer(np.ascontiguousarray(xq)),
                          ffi.from_buffer("float[]", out, require_writable=True), _impl(impl)))
     return out
+
+
+# ---- the forward pass: models and contexts ------------------------------------------------------
+
+_ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2}
+_ACTS = {"silu": 0, "gelu": 1, "relu": 2}
+_GLOBAL_ROLES = {"token_embd.weight": 0, "output_norm.weight": 1, "output.weight": 2, "rope_freqs.weight": 3}
+_LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
+    "attn_norm.weight": (4, None), "attn_q.weight": (5, None), "attn_k.weight": (6, None),
+    "attn_v.weight": (7, None), "attn_output.weight": (8, None), "attn_q.bias": (9, "qkv_bias"),
+    "attn_k.bias": (10, "qkv_bias"), "attn_v.bias": (11, "qkv_bias"), "attn_q_norm.weight": (12, "qk_norm"),
+    "attn_k_norm.weight": (13, "qk_norm"), "post_attention_norm.weight": (14, "post_norms"),
+    "ffn_norm.weight": (15, None), "ffn_gate.weight": (16, None), "ffn_up.weight": (17, None),
+    "ffn_down.weight": (18, None), "post_ffw_norm.weight": (19, "post_norms"),
+}
+
+
+def model_params(cfg) -> dict:
+    """pi2_model_params fields from a ModelConfig."""
+    if cfg.arch not in _ARCHS or cfg.sparse:
+        raise UnsupportedError(f"the C engine does not run {'sparse ' if cfg.sparse else ''}{cfg.arch} models yet")
+    return dict(arch=_ARCHS[cfg.arch], n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_ff=cfg.n_ff,
+                n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v,
+                n_rot=cfg.n_rot, rms_eps=cfg.rms_eps, rope_base=cfg.rope_base, rope_base_local=cfg.rope_base_local,
+                rope_freq_scale=cfg.rope_freq_scale, rope_neox=int(cfg.rope_neox), qkv_bias=int(cfg.qkv_bias),
+                qk_norm=int(cfg.qk_norm), post_norms=int(cfg.post_norms), ffn_act=_ACTS[cfg.ffn_act],
+                embd_scale=cfg.embd_scale, attn_scale=cfg.attn_scale, q_prescale=int(cfg.q_prescale),
+                logit_softcap=cfg.logit_softcap, sliding_window=cfg.sliding_window, swa_period=cfg.swa_period)
+
+
+def tensor_descs(model) -> list:
+    """(role, layer, TensorInfo) of every tensor the forward pass reads; a tied output reuses token_embd."""
+    cfg = model.config
+    out = [(0, -1, model.tensor("token_embd.weight")), (1, -1, model.tensor("output_norm.weight")),
+           (2, -1, model.tensor(model.output_name))]
+    if model.rope_freqs:
+        out.append((3, -1, model.tensor("rope_freqs.weight")))
+    for il in range(cfg.n_layer):
+        for name, (role, flag) in _LAYER_ROLES.items():
+            if flag is None or getattr(cfg, flag):
+                out.append((role, il, model.tensor(f"blk.{il}.{name}")))
+    return out
+
+
+class CModel:
+    """A model loaded by the C core: the file mapped read-only in C, tensors checked against it."""
+
+    def __init__(self, handle, config, path: str, n_bytes: int):
+        self._h, self.config, self.path = handle, config, path
+        self.n_bytes = n_bytes   # bytes of the tensors one token reads
+
+    @classmethod
+    def from_model(cls, model, descs: list | None = None) -> "CModel":
+        """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests)."""
+        descs = tensor_descs(model) if descs is None else descs
+        params = ffi.new("pi2_model_params *", model_params(model.config))
+        arr = ffi.new("pi2_tensor_desc[]", max(len(descs), 1))
+        for i, (role, layer, t) in enumerate(descs):
+            ne = list(t.ne) + [1] * (4 - len(t.ne))
+            arr[i] = {"role": role, "layer": layer, "type": t.type, "ne": ne, "offset": t.offset, "nbytes": t.nbytes}
+        out = ffi.new("pi2_model **")
+        check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
+        return cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),
+                   sum(t.nbytes for _, _, t in descs))
+
+
+def _default_threads() -> int:
+    import os
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_LONG_DECODE_BYTES = 1 << 30   # decodes reading more weight bytes than this run interruptibly
+
+
+class CContext:
+    """A sequence evaluated by the C forward pass: decode(tokens, all_logits) -> logits, reset(),
+    n_past, n_ctx; the same interface as reference.ReferenceContext. Ctrl-C during a decode stops it
+    at the next layer boundary and raises KeyboardInterrupt (the cache stays as before the call)."""
+
+    def __init__(self, cmodel: CModel, n_ctx: int, n_threads: int = 0, impl: str = "auto", n_batch: int = 256):
+        p = lib.pi2_ctx_default_params()
+        p.n_ctx, p.n_batch, p.impl = n_ctx, n_batch, _impl(impl)
+        p.n_threads = n_threads if n_threads > 0 else _default_threads()
+        out = ffi.new("pi2_ctx **")
+        check(lib.pi2_ctx_init(cmodel._h, ffi.new("pi2_ctx_params *", p), out))
+        self._h = ffi.gc(out[0], lib.pi2_ctx_free)
+        self.cmodel, self.cfg = cmodel, cmodel.config        # the model must outlive the context
+        self.n_ctx, self.n_threads = n_ctx, p.n_threads
+        self._logits = np.empty(self.cfg.n_vocab, np.float32)
+        self._trace_cb = None
+
+    @property
+    def n_past(self) -> int:
+        return lib.pi2_ctx_n_past(self._h)
+
+    def reset(self) -> None:
+        lib.pi2_ctx_reset(self._h)
+
+    def set_trace(self, fn) -> None:
+        """fn(name, layer, float32 array) at every checkpoint (None: off). For tests; slows decoding."""
+        if fn is None:
+            self._trace_cb = None
+            lib.pi2_set_trace(self._h, ffi.NULL, ffi.NULL)
+            return
+
+        def tramp(name, layer, data, n, user):
+            fn(ffi.string(name).decode(), layer, np.frombuffer(ffi.buffer(data, n * 4), np.float32).copy())
+        self._trace_cb = ffi.callback("pi2_trace_fn", tramp)
+        lib.pi2_set_trace(self._h, self._trace_cb, ffi.NULL)
+
+    def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
+        """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or
+        of every token (n_tok, n_vocab) when all_logits."""
+        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).reshape(-1).astype(np.int32))
+        n = toks.size
+        if n == 0:
+            raise UsageError("nothing to decode")
+        if self.n_past + n > self.n_ctx:
+            raise UsageError(f"context full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}")
+        out = np.empty((n, self.cfg.n_vocab), np.float32) if all_logits else self._logits
+        args = (self._h, ffi.from_buffer("int32_t[]", toks), n,
+                ffi.from_buffer("float[]", out, require_writable=True), int(all_logits))
+        status, msg = self._interruptible(args, n * self.cmodel.n_bytes >= _LONG_DECODE_BYTES)
+        if status == lib.PI2_ERR_ABORTED:
+            raise KeyboardInterrupt
+        if status < 0:
+            raise _ERRORS.get(status, EngineError)(msg or f"C core error {status}")
+        return out if all_logits else out.copy()
+
+    def _interruptible(self, args, long: bool) -> tuple:
+        """Run pi2_decode. A long one called from the main thread runs in a helper thread, so that
+        Ctrl-C (which Python handles only in the main thread, between bytecodes) can call pi2_abort
+        meanwhile; a short one (a token of a small model) is not worth the thread's ~50 us."""
+        def call():
+            st = lib.pi2_decode(*args)
+            return st, (ffi.string(lib.pi2_last_error()).decode("utf-8", "replace") if st < 0 else "")
+        if not long or threading.current_thread() is not threading.main_thread():
+            return call()
+        result = []
+        t = threading.Thread(target=lambda: result.append(call()), name="pi2-decode", daemon=True)
+        t.start()
+        interrupted = False
+        while t.is_alive():
+            try:
+                t.join()
+            except KeyboardInterrupt:
+                interrupted = True
+                lib.pi2_abort(self._h)
+        if interrupted:
+            raise KeyboardInterrupt
+        return result[0]

@@ -1,0 +1,102 @@
+/* context.c — pi2_ctx_init / free / reset, parameters, abort flag and trace hook.
+ * Does: size and allocate the KV cache and every scratch buffer once (decode never allocates);
+ *       start the thread pool.
+ * Does not: compute (forward.c). */
+#include "context.h"
+#include "internal.h"
+
+#include <stdlib.h>
+
+pi2_ctx_params pi2_ctx_default_params(void) {
+    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 256, .n_threads = 1, .impl = PI2_IMPL_AUTO};
+}
+
+/* The largest scratch any matrix product of a step needs at n_tok tokens. */
+static size_t matmul_scratch(const pi2_model *m, int32_t n_tok, int32_t impl) {
+    size_t need = pi2_matmul_scratch(&(pi2_mm){&m->output, NULL}, 1, n_tok, impl);
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const pi2_layer *L = &m->layers[il];
+        const pi2_mm qkv[3] = {{&L->q, NULL}, {&L->k, NULL}, {&L->v, NULL}};
+        const pi2_mm gu[2] = {{&L->gate, NULL}, {&L->up, NULL}};
+        const size_t s[4] = {pi2_matmul_scratch(qkv, 3, n_tok, impl), pi2_matmul_scratch(gu, 2, n_tok, impl),
+                             pi2_matmul_scratch(&(pi2_mm){&L->o, NULL}, 1, n_tok, impl),
+                             pi2_matmul_scratch(&(pi2_mm){&L->down, NULL}, 1, n_tok, impl)};
+        for (int i = 0; i < 4; i++) if (s[i] > need) need = s[i];
+    }
+    return need;
+}
+
+static void *alloc(size_t n_elems, size_t size, int *ok) {
+    void *p = calloc(n_elems ? n_elems : 1, size);
+    if (!p) *ok = 0;
+    return p;
+}
+
+pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **out) {
+    if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
+    *out = NULL;
+    if (!m || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL model or params");
+    const pi2_ctx_params p = *params;
+    if (p.n_ctx < 1 || p.n_ctx > (1 << 24) || p.n_batch < 1 || p.n_batch > 65536 ||
+        p.impl < PI2_IMPL_AUTO || p.impl > PI2_IMPL_BASE)
+        return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d",
+                             (int)p.n_ctx, (int)p.n_batch, (int)p.impl);
+    pi2_ctx *c = calloc(1, sizeof *c);
+    if (!c) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context");
+    c->m = m;
+    c->p = p;
+    c->p.n_batch = p.n_batch < p.n_ctx ? p.n_batch : p.n_ctx;
+    pi2_status s = pi2_pool_create(p.n_threads, &c->pool);
+    if (s) { free(c); return s; }
+    const pi2_model_params *hp = &m->hp;
+    const size_t B = (size_t)c->p.n_batch, T = (size_t)p.n_threads, L = (size_t)hp->n_layer, C = (size_t)p.n_ctx;
+    const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
+    int ok = 1;
+    c->k_cache = alloc(L * C * kd, sizeof(pi2_fp16), &ok);
+    c->v_cache = alloc(L * C * vd, sizeof(pi2_fp16), &ok);
+    c->x = alloc(B * hp->n_embd, sizeof(float), &ok);
+    c->xn = alloc(B * hp->n_embd, sizeof(float), &ok);
+    c->q = alloc(B * hp->n_head * hp->head_dim, sizeof(float), &ok);
+    c->k = alloc(B * kd, sizeof(float), &ok);
+    c->v = alloc(B * vd, sizeof(float), &ok);
+    c->att = alloc(B * hp->n_head * hp->head_dim_v, sizeof(float), &ok);
+    c->o = alloc(B * hp->n_embd, sizeof(float), &ok);
+    c->gate = alloc(B * hp->n_ff, sizeof(float), &ok);
+    c->up = alloc(B * hp->n_ff, sizeof(float), &ok);
+    c->rope = alloc(2 * B * hp->n_rot, sizeof(float), &ok);
+    c->scores = alloc(T * C, sizeof(float), &ok);
+    c->qh = alloc(T * hp->head_dim, sizeof(pi2_fp16), &ok);
+    c->ph = alloc(T * C, sizeof(pi2_fp16), &ok);
+    c->mm = (pi2_matmul_env){c->pool, p.impl, alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
+    if (!ok) {
+        pi2_ctx_free(c);
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context of %d positions", (int)p.n_ctx);
+    }
+    c->dot_f16 = pi2_traits(PI2_T_F16, p.impl)->vec_dot;
+    c->embd = pi2_traits(m->token_embd.type, p.impl);
+    *out = c;
+    return PI2_OK;
+}
+
+void pi2_ctx_free(pi2_ctx *c) {
+    if (!c) return;
+    pi2_pool_free(c->pool);
+    void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
+                    c->rope, c->scores, c->qh, c->ph, c->mm.xq};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(c);
+}
+
+void pi2_ctx_reset(pi2_ctx *c) {
+    c->n_past = 0;
+    atomic_store(&c->abort, 0);
+}
+
+int32_t pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
+
+void pi2_abort(pi2_ctx *c) { atomic_store(&c->abort, 1); }
+
+void pi2_set_trace(pi2_ctx *c, pi2_trace_fn fn, void *user) {
+    c->trace = fn;
+    c->trace_user = user;
+}

@@ -1,0 +1,38 @@
+/* context.h — the evaluation context (internal): KV cache, scratch buffers, pool, trace hook.
+ * Created by context.c, used by forward.c. Buffer shapes are given per field; B is n_batch. */
+#ifndef PI2_CONTEXT_H
+#define PI2_CONTEXT_H
+#include <stdatomic.h>
+
+#include "matmul.h"
+#include "model.h"
+#include "threadpool.h"
+
+struct pi2_ctx {
+    const pi2_model *m;
+    pi2_ctx_params p;
+    pi2_pool *pool;
+    pi2_matmul_env mm;           /* pool, impl and the quantized-activation scratch */
+    pi2_vec_dot_fn dot_f16;      /* F16 x F16 dot product for K.Q */
+    const pi2_type_traits *embd; /* traits of token_embd's type (to_float) */
+    int32_t n_past;              /* positions 0..n_past-1 of the cache are valid */
+    _Atomic int32_t abort;       /* set by pi2_abort; checked per layer */
+    pi2_trace_fn trace;
+    void *trace_user;
+    pi2_fp16 *k_cache;           /* [n_layer][n_ctx][n_head_kv * head_dim] */
+    pi2_fp16 *v_cache;           /* [n_layer][n_head_kv * head_dim_v][n_ctx] (transposed) */
+    float *x;                    /* [B][n_embd] residual stream */
+    float *xn;                   /* [B][n_embd] normed block input */
+    float *q;                    /* [B][n_head * head_dim] */
+    float *k;                    /* [B][n_head_kv * head_dim] */
+    float *v;                    /* [B][n_head_kv * head_dim_v] */
+    float *att;                  /* [B][n_head * head_dim_v] attention before attn_output */
+    float *o;                    /* [B][n_embd] output of attn_output or ffn_down */
+    float *gate, *up;            /* [B][n_ff] */
+    float *rope;                 /* [2][B][n_rot] cos/sin pairs per position: [0] rope_base, [1] local */
+    float *scores;               /* [n_threads][n_ctx] attention weights */
+    pi2_fp16 *qh;                /* [n_threads][head_dim] a query head in F16 */
+    pi2_fp16 *ph;                /* [n_threads][n_ctx] attention weights in F16 */
+};
+
+#endif

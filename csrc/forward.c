@@ -1,0 +1,191 @@
+/* forward.c — pi2_decode: one prefill or decode step of llama, qwen2 and gemma3, read top-down.
+ * Does: embed the tokens, run every block (attention, FFN) over a batch of up to n_batch tokens
+ *       with the KV cache, then the output norm and logits; call the trace hook at the named
+ *       checkpoints of pi2/reference.py (llama.cpp's graph names); stop at a layer boundary when pi2_abort() was called.
+ * Does not: allocate (context.c sized everything), choose kernels (traits table) or split work
+ *       (matmul.c and ops.c give each thread whole output elements, so any thread count agrees). */
+#include "context.h"
+#include "internal.h"
+#include "ops.h"
+
+#include <math.h>
+
+#define TRACE(name, il, ptr, count) \
+    do { if (c->trace) c->trace(name, il, ptr, (int64_t)(count), c->trace_user); } while (0)
+
+static void norm_rows(float *y, const float *x, const float *w, int64_t n_rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < n_rows; r++) pi2_rms_norm(y + r * n, x + r * n, w, n, eps);
+}
+
+static void add_rows(float *x, const float *b, int64_t n_rows, int64_t n) {   /* x[r] += b */
+    for (int64_t r = 0; r < n_rows; r++)
+        for (int64_t i = 0; i < n; i++) x[r * n + i] += b[i];
+}
+
+static void add(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void scale(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* x[t] = row tokens[t] of token_embd, times embd_scale. */
+static void embed(pi2_ctx *c, const int32_t *tokens, int32_t n) {
+    const pi2_weight *e = &c->m->token_embd;
+    for (int32_t t = 0; t < n; t++)
+        c->embd->to_float(e->data + (size_t)tokens[t] * e->row_bytes, c->x + (size_t)t * e->n_in, e->n_in);
+    if (c->m->hp.embd_scale != 1.0f) scale(c->x, (int64_t)n * e->n_in, c->m->hp.embd_scale);
+}
+
+/* cos/sin tables of positions pos0.. for both RoPE bases. */
+static void rope_tables(pi2_ctx *c, int32_t pos0, int32_t n) {
+    const pi2_model_params *hp = &c->m->hp;
+    float *local = c->rope + (size_t)c->p.n_batch * hp->n_rot;
+    for (int32_t t = 0; t < n; t++) {
+        pi2_rope_cache(c->rope + (size_t)t * hp->n_rot, pos0 + t, hp->n_rot, hp->rope_base, hp->rope_freq_scale, c->m->rope_freqs);
+        if (hp->rope_base_local > 0)
+            pi2_rope_cache(local + (size_t)t * hp->n_rot, pos0 + t, hp->n_rot, hp->rope_base_local,
+                           hp->rope_freq_scale, c->m->rope_freqs);
+    }
+}
+
+static void rope_rows(pi2_ctx *c, const pi2_layer *L, float *x, int32_t n_heads, int32_t n) {
+    const pi2_model_params *hp = &c->m->hp;
+    const float *cs = c->rope + (size_t)L->rope_local * c->p.n_batch * hp->n_rot;
+    for (int32_t t = 0; t < n; t++)
+        pi2_rope(x + (size_t)t * n_heads * hp->head_dim, n_heads, hp->head_dim, hp->n_rot, cs + (size_t)t * hp->n_rot,
+                 hp->rope_neox);
+}
+
+/* Append the batch's k and v, rounded to F16, at positions pos0.. of layer il (V transposed). */
+static void store_kv(pi2_ctx *c, int32_t il, int32_t pos0, int32_t n) {
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
+    const size_t n_ctx = (size_t)c->p.n_ctx;
+    pi2_fp16 *k = c->k_cache + ((size_t)il * n_ctx + pos0) * kd;
+    pi2_fp16 *v = c->v_cache + (size_t)il * n_ctx * vd + pos0;
+    for (size_t i = 0; i < (size_t)n * kd; i++) k[i] = pi2_f32_to_fp16(c->k[i]);
+    for (int32_t t = 0; t < n; t++)
+        for (size_t i = 0; i < vd; i++) v[i * n_ctx + t] = pi2_f32_to_fp16(c->v[t * vd + i]);
+}
+
+static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
+    pi2_attn a = {
+        .q = c->q, .k = c->k_cache + cells * hp->head_dim, .v = c->v_cache + cells * hp->head_dim_v,
+        .out = c->att, .scores = c->scores, .qh = c->qh, .ph = c->ph, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
+        .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
+        .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale,
+        .dot_f16 = c->dot_f16};
+    pi2_attention(c->pool, &a);
+}
+
+/* One step over n <= n_batch tokens at positions n_past..; logits of every token (all) or of the
+ * last one into `logits`, or none when logits is NULL. */
+static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logits, int all) {
+    const pi2_model *m = c->m;
+    const pi2_model_params *hp = &m->hp;
+    const int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t KD = (int64_t)hp->n_head_kv * hp->head_dim, VD = (int64_t)hp->n_head_kv * hp->head_dim_v;
+    const int32_t pos0 = c->n_past;
+    const float eps = hp->rms_eps;
+
+    embed(c, tokens, n);
+    rope_tables(c, pos0, n);
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const pi2_layer *L = &m->layers[il];
+        if (atomic_load_explicit(&c->abort, memory_order_relaxed)) return PI2_ERR_ABORTED;
+
+        /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
+        norm_rows(c->xn, c->x, L->attn_norm, n, E, eps);
+        TRACE("attn_norm", il, c->xn, n * E);
+        pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->q, c->q}, {&L->k, c->k}, {&L->v, c->v}}, 3);
+        TRACE("Qcur", il, c->q, n * QD);
+        TRACE("Kcur", il, c->k, n * KD);
+        TRACE("Vcur", il, c->v, n * VD);
+        if (hp->qkv_bias) {
+            add_rows(c->q, L->q_bias, n, QD);
+            add_rows(c->k, L->k_bias, n, KD);
+            add_rows(c->v, L->v_bias, n, VD);
+            TRACE("Qcur.bias", il, c->q, n * QD);
+        }
+        if (hp->qk_norm) {
+            norm_rows(c->q, c->q, L->q_norm, (int64_t)n * hp->n_head, hp->head_dim, eps);
+            norm_rows(c->k, c->k, L->k_norm, (int64_t)n * hp->n_head_kv, hp->head_dim, eps);
+        }
+
+        /* rotary position embedding */
+        rope_rows(c, L, c->q, hp->n_head, n);
+        rope_rows(c, L, c->k, hp->n_head_kv, n);
+        TRACE("Qcur.rope", il, c->q, n * QD);
+        TRACE("Kcur.rope", il, c->k, n * KD);
+
+        /* attention over the F16 cache */
+        store_kv(c, il, pos0, n);
+        if (hp->q_prescale) scale(c->q, n * QD, hp->attn_scale);
+        attention(c, L, il, pos0, n);
+        TRACE("kqv_out", il, c->att, (int64_t)n * hp->n_head * hp->head_dim_v);
+
+        /* attention output (+ post norm) and residual */
+        pi2_matmul(&c->mm, c->att, n, &(pi2_mm){&L->o, c->o}, 1);
+        if (L->post_attn_norm) norm_rows(c->o, c->o, L->post_attn_norm, n, E, eps);
+        TRACE("attn_out", il, c->o, n * E);
+        add(c->x, c->o, n * E);
+        TRACE("ffn_inp", il, c->x, n * E);
+
+        /* feed-forward: down(act(gate(x)) * up(x)) (+ post norm) and residual */
+        norm_rows(c->xn, c->x, L->ffn_norm, n, E, eps);
+        TRACE("ffn_norm", il, c->xn, n * E);
+        pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
+        TRACE("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff);
+        TRACE("ffn_up", il, c->up, (int64_t)n * hp->n_ff);
+        pi2_ffn_activate(c->gate, c->up, (int64_t)n * hp->n_ff, hp->ffn_act, m->gelu_table);
+        TRACE("ffn_swiglu", il, c->gate, (int64_t)n * hp->n_ff);
+        pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
+        if (L->post_ffw_norm) norm_rows(c->o, c->o, L->post_ffw_norm, n, E, eps);
+        TRACE("ffn_out", il, c->o, n * E);
+        add(c->x, c->o, n * E);
+        TRACE("l_out", il, c->x, n * E);
+    }
+
+    /* output norm and logits (+ soft-capping) */
+    if (logits) {
+        const int32_t r0 = all ? 0 : n - 1, rows = n - r0;
+        norm_rows(c->xn, c->x + (size_t)r0 * E, m->output_norm, rows, E, eps);
+        TRACE("result_norm", -1, c->xn, rows * E);
+        pi2_matmul(&c->mm, c->xn, rows, &(pi2_mm){&m->output, logits}, 1);
+        const float cap = hp->logit_softcap;
+        if (cap > 0)
+            for (int64_t i = 0; i < (int64_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+        TRACE("result_output", -1, logits, (int64_t)rows * hp->n_vocab);
+    }
+    return PI2_OK;
+}
+
+pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float *logits, int32_t all_logits) {
+    if (!c || !tokens || !logits) return pi2_set_error(PI2_ERR_INVALID, "NULL context, tokens or logits");
+    if (n_tokens < 1) return pi2_set_error(PI2_ERR_INVALID, "nothing to decode");
+    if (n_tokens > c->p.n_ctx - c->n_past)
+        return pi2_set_error(PI2_ERR_INVALID, "context full: %d + %d tokens > n_ctx %d", (int)c->n_past,
+                             (int)n_tokens, (int)c->p.n_ctx);
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->m->hp.n_vocab)
+            return pi2_set_error(PI2_ERR_INVALID, "token id %d is outside the vocabulary (%d)", (int)tokens[i],
+                                 (int)c->m->hp.n_vocab);
+    const int32_t start = c->n_past, n_vocab = c->m->hp.n_vocab;
+    pi2_status s = PI2_OK;
+    atomic_store(&c->abort, 0);
+    for (int32_t i = 0; i < n_tokens && !s; i += c->p.n_batch) {
+        const int32_t n = n_tokens - i < c->p.n_batch ? n_tokens - i : c->p.n_batch;
+        float *out = all_logits ? logits + (size_t)i * n_vocab : i + n == n_tokens ? logits : NULL;
+        if (!(s = step(c, tokens + i, n, out, all_logits))) c->n_past += n;
+    }
+    if (s || atomic_exchange(&c->abort, 0)) {
+        c->n_past = start;
+        atomic_store(&c->abort, 0);
+        return pi2_set_error(PI2_ERR_ABORTED, "decode aborted");
+    }
+    return PI2_OK;
+}

@@ -1,0 +1,103 @@
+/* matmul.c — the dense matrix products of the forward pass (matmul.h).
+ * Does: quantize x once per activation format (rows in parallel for batches); split the output
+ *       rows of a group of matrices into about TASKS_PER_THREAD tasks per thread; inside a task, walk token
+ *       tiles of TILE_TOK so a weight row and a tile of activations stay in L1 (prompt batches).
+ * Does not: choose kernels (kernels/traits.c) or skip rows (the sparse FFN will).
+ * Determinism: every out[t][r] is one vec_dot of fixed inputs, whichever thread computes it. */
+#include "matmul.h"
+#include "kernels/traits.h"
+
+#define MAX_GROUP 4
+#define TASKS_PER_THREAD 8   /* enough tasks to balance a busy core, few enough to keep the counter cold */
+#define MIN_ROWS 8
+#define TILE_TOK 16
+
+typedef struct {
+    const pi2_mm *mm;
+    int32_t n_mm, n_tok;
+    const pi2_type_traits *tr[MAX_GROUP];
+    const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
+    size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
+    int32_t first_task[MAX_GROUP + 1];
+    int64_t rows_per_task;
+    /* quantization job */
+    const float *x;
+    int64_t n_in;
+    const pi2_type_traits *qtr[MAX_GROUP];
+    uint8_t *qdst[MAX_GROUP];
+    int32_t n_formats;
+} mm_job;
+
+static size_t act_row_bytes(const pi2_type_traits *w, int64_t n_in, int32_t impl) {
+    const pi2_type_traits *a = pi2_traits(w->vec_dot_type, impl);
+    return (size_t)(n_in / a->block_size) * (size_t)a->type_size;
+}
+
+size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t impl) {
+    size_t total = 0;
+    for (int32_t i = 0; i < n_mm; i++) {
+        const pi2_type_traits *t = pi2_traits(mm[i].w->type, impl);
+        int shared = 0;
+        for (int32_t j = 0; j < i; j++)
+            shared |= pi2_traits(mm[j].w->type, impl)->vec_dot_type == t->vec_dot_type;
+        if (!shared) total += (size_t)n_tok * act_row_bytes(t, mm[i].w->n_in, impl);
+    }
+    return total;
+}
+
+static void quantize_task(void *arg, int32_t t, int32_t thread) {
+    (void)thread;
+    mm_job *j = arg;
+    for (int32_t f = 0; f < j->n_formats; f++) {
+        const size_t rb = (size_t)(j->n_in / j->qtr[f]->block_size) * (size_t)j->qtr[f]->type_size;
+        j->qtr[f]->quantize_act(j->x + (size_t)t * j->n_in, j->qdst[f] + (size_t)t * rb, j->n_in);
+    }
+}
+
+static void dot_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    mm_job *j = arg;
+    int32_t i = 0;
+    while (task >= j->first_task[i + 1]) i++;
+    const pi2_weight *w = j->mm[i].w;
+    const pi2_vec_dot_fn dot = j->tr[i]->vec_dot;
+    const int64_t r0 = (int64_t)(task - j->first_task[i]) * j->rows_per_task;
+    const int64_t r1 = r0 + j->rows_per_task < w->n_out ? r0 + j->rows_per_task : w->n_out;
+    float *out = j->mm[i].out;
+    for (int32_t t0 = 0; t0 < j->n_tok; t0 += TILE_TOK) {
+        const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+            for (int32_t t = t0; t < t1; t++)
+                dot(w->n_in, &out[(size_t)t * w->n_out + r], row, j->xq[i] + (size_t)t * j->xq_row[i]);
+        }
+    }
+}
+
+void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
+    mm_job j = {.mm = mm, .n_mm = n_mm, .n_tok = n_tok, .x = x, .n_in = mm[0].w->n_in};
+    uint8_t *free_xq = env->xq;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n_mm; i++) rows += mm[i].w->n_out;
+    const int64_t n_split = (int64_t)pi2_pool_n_threads(env->pool) * TASKS_PER_THREAD;
+    j.rows_per_task = (rows + n_split - 1) / n_split;
+    j.rows_per_task = j.rows_per_task < MIN_ROWS ? MIN_ROWS : (j.rows_per_task + MIN_ROWS - 1) / MIN_ROWS * MIN_ROWS;
+    j.first_task[0] = 0;
+    for (int32_t i = 0; i < n_mm; i++) {
+        j.tr[i] = pi2_traits(mm[i].w->type, env->impl);
+        j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
+        int32_t f = 0;
+        while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;
+        if (f == j.n_formats) {   /* a format not quantized yet in this group */
+            j.qtr[f] = pi2_traits(j.tr[i]->vec_dot_type, env->impl);
+            j.qdst[f] = free_xq;
+            free_xq += (size_t)n_tok * j.xq_row[i];
+            j.n_formats++;
+        }
+        j.xq[i] = j.qdst[f];
+        j.first_task[i + 1] = j.first_task[i] + (int32_t)((mm[i].w->n_out + j.rows_per_task - 1) / j.rows_per_task);
+    }
+    if (n_tok == 1) quantize_task(&j, 0, 0);
+    else pi2_pool_run(env->pool, quantize_task, &j, n_tok);
+    pi2_pool_run(env->pool, dot_task, &j, j.first_task[n_mm]);
+}

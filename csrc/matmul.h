@@ -1,0 +1,38 @@
+/* matmul.h — y = W·x for mapped weight matrices, over the type-traits table and the pool.
+ * Does: quantize each activation row once per format, then compute every output element with one
+ *       vec_dot call, output rows split into tasks of whole rows (bit-identical for any thread count).
+ * Does not: own weights (model.c maps them) or allocate (the caller gives the scratch). */
+#ifndef PI2_MATMUL_H
+#define PI2_MATMUL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "threadpool.h"
+
+typedef struct {
+    const uint8_t *data;   /* n_out rows of row_bytes, in the mapped file */
+    int32_t type;          /* ggml type id */
+    int64_t n_in, n_out;   /* values per row, rows */
+    size_t row_bytes;
+} pi2_weight;
+
+/* One product of a group sharing the input: out [n_tok][w->n_out]. */
+typedef struct {
+    const pi2_weight *w;
+    float *out;
+} pi2_mm;
+
+typedef struct {
+    pi2_pool *pool;
+    int32_t impl;          /* pi2_impl */
+    uint8_t *xq;           /* scratch for quantized activations (pi2_matmul_scratch bytes) */
+} pi2_matmul_env;
+
+/* Scratch bytes pi2_matmul needs for this group at n_tok tokens. */
+size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t impl);
+
+/* mm[i].out[t][r] = row r of mm[i].w · x[t], for t < n_tok; x is [n_tok][n_in] (all w share n_in).
+ * Weights whose vec_dot_type is the same share one quantized copy of x. */
+void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
+
+#endif

@@ -1,0 +1,222 @@
+/* model.c — pi2_model_load / pi2_model_free: map a model file and check its tensor descriptors.
+ * Does: validate hyper-parameters; mmap the file read-only; check every descriptor (role, layer,
+ *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
+ *       the file size) before making a view of it; require every tensor the architecture reads.
+ * Does not: parse GGUF (Python describes the tensors) or compute. */
+#define _GNU_SOURCE
+#include "model.h"
+#include "internal.h"
+#include "ops.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
+    "token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k", "attn_v",
+    "attn_output", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm",
+    "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"};
+
+static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
+
+/* The ggml shape (ne0, ne1) a role must have, and whether the architecture reads it at all. */
+static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64_t *ne1) {
+    const int64_t E = p->n_embd, q = (int64_t)p->n_head * p->head_dim, k = (int64_t)p->n_head_kv * p->head_dim;
+    const int64_t v = (int64_t)p->n_head_kv * p->head_dim_v, o = (int64_t)p->n_head * p->head_dim_v;
+    *ne1 = 1;
+    switch (role) {
+    case PI2_TENSOR_TOKEN_EMBD: case PI2_TENSOR_OUTPUT: *ne0 = E; *ne1 = p->n_vocab; return 1;
+    case PI2_TENSOR_OUTPUT_NORM: case PI2_TENSOR_ATTN_NORM: case PI2_TENSOR_FFN_NORM: *ne0 = E; return 1;
+    case PI2_TENSOR_ROPE_FREQS: *ne0 = p->n_rot / 2; return 1;
+    case PI2_TENSOR_ATTN_Q: *ne0 = E; *ne1 = q; return 1;
+    case PI2_TENSOR_ATTN_K: *ne0 = E; *ne1 = k; return 1;
+    case PI2_TENSOR_ATTN_V: *ne0 = E; *ne1 = v; return 1;
+    case PI2_TENSOR_ATTN_OUTPUT: *ne0 = o; *ne1 = E; return 1;
+    case PI2_TENSOR_ATTN_Q_BIAS: *ne0 = q; return p->qkv_bias;
+    case PI2_TENSOR_ATTN_K_BIAS: *ne0 = k; return p->qkv_bias;
+    case PI2_TENSOR_ATTN_V_BIAS: *ne0 = v; return p->qkv_bias;
+    case PI2_TENSOR_ATTN_Q_NORM: case PI2_TENSOR_ATTN_K_NORM: *ne0 = p->head_dim; return p->qk_norm;
+    case PI2_TENSOR_POST_ATTN_NORM: case PI2_TENSOR_POST_FFW_NORM: *ne0 = E; return p->post_norms;
+    case PI2_TENSOR_FFN_GATE: case PI2_TENSOR_FFN_UP: *ne0 = E; *ne1 = p->n_ff; return 1;
+    case PI2_TENSOR_FFN_DOWN: *ne0 = p->n_ff; *ne1 = E; return 1;
+    }
+    return 0;
+}
+
+static int is_vector(int32_t role) {
+    return role == PI2_TENSOR_OUTPUT_NORM || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_ATTN_NORM ||
+           (role >= PI2_TENSOR_ATTN_Q_BIAS && role <= PI2_TENSOR_POST_ATTN_NORM) ||
+           role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM;
+}
+
+static pi2_status check_params(const pi2_model_params *p) {
+    const int32_t dims[] = {p->n_vocab, p->n_embd, p->n_layer, p->n_ff, p->n_head, p->n_head_kv,
+                            p->head_dim, p->head_dim_v, p->n_rot};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] <= 0 || dims[i] > (1 << 24))
+            return pi2_set_error(PI2_ERR_INVALID, "hyper-parameter %zu out of range: %d", i, (int)dims[i]);
+    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_GEMMA3)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown architecture id %d", (int)p->arch);
+    if (p->ffn_act < PI2_ACT_SILU || p->ffn_act > PI2_ACT_RELU)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown FFN activation id %d", (int)p->ffn_act);
+    if (p->n_head % p->n_head_kv || p->n_rot % 2 || p->n_rot > p->head_dim || p->n_layer > 65536 ||
+        p->head_dim > 4096 || p->head_dim_v > 4096 || p->sliding_window < 0 || p->swa_period < 0)
+        return pi2_set_error(PI2_ERR_INVALID, "inconsistent attention hyper-parameters");
+    if (!(p->rms_eps > 0 && isfinite(p->rms_eps) && p->rope_base > 0 && isfinite(p->rope_base) &&
+          p->rope_freq_scale > 0 && isfinite(p->attn_scale) && isfinite(p->embd_scale) && p->logit_softcap >= 0))
+        return pi2_set_error(PI2_ERR_INVALID, "a float hyper-parameter is out of range");
+    return PI2_OK;
+}
+
+/* Check one descriptor against the file and the hyper-parameters. */
+static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32_t i) {
+    const pi2_model_params *p = &m->hp;
+    if (d->role < 0 || d->role >= PI2_TENSOR_COUNT)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor descriptor %d has unknown role %d", (int)i, (int)d->role);
+    const char *name = ROLE_NAMES[d->role];
+    if (per_layer(d->role) ? (d->layer < 0 || d->layer >= p->n_layer) : d->layer != -1)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s has layer %d (n_layer %d)", name, (int)d->layer, (int)p->n_layer);
+    int64_t ne0, ne1;
+    if (!expected(p, d->role, &ne0, &ne1))
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) is not read by this architecture", name, (int)d->layer);
+    if (d->ne[0] != ne0 || d->ne[1] != ne1 || d->ne[2] != 1 || d->ne[3] != 1)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                             name, (int)d->layer, (long long)d->ne[0], (long long)d->ne[1], (long long)d->ne[2],
+                             (long long)d->ne[3], (long long)ne0, (long long)ne1);
+    const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
+    if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !t->vec_dot))
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has ggml type %d, which pi2 cannot compute with",
+                             name, (int)d->layer, (int)d->type);
+    const pi2_type_traits *a = pi2_traits(t->vec_dot_type, PI2_IMPL_REF);
+    if (ne0 % t->block_size || ne0 % a->block_size)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s rows of %lld values are not whole %s blocks",
+                             name, (long long)ne0, ne0 % t->block_size ? t->name : a->name);
+    const uint64_t need = (uint64_t)ne1 * (uint64_t)(ne0 / t->block_size) * (uint64_t)t->type_size;
+    if (d->nbytes != need)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has %llu bytes, its shape and type need %llu",
+                             name, (int)d->layer, (unsigned long long)d->nbytes, (unsigned long long)need);
+    if (d->offset > m->map_size || d->nbytes > m->map_size - d->offset)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) at offset %llu + %llu bytes runs past the end of "
+                             "the file (%zu bytes)", name, (int)d->layer, (unsigned long long)d->offset,
+                             (unsigned long long)d->nbytes, m->map_size);
+    if (d->offset % 4)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) at offset %llu is not 4-byte aligned",
+                             name, (int)d->layer, (unsigned long long)d->offset);
+    return PI2_OK;
+}
+
+static pi2_weight weight_view(const pi2_model *m, const pi2_tensor_desc *d) {
+    const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
+    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1],
+                        (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size};
+}
+
+static void place(pi2_model *m, const pi2_tensor_desc *d) {
+    const float *f = (const float *)(m->map + d->offset);
+    pi2_layer *L = per_layer(d->role) ? &m->layers[d->layer] : NULL;
+    switch (d->role) {
+    case PI2_TENSOR_TOKEN_EMBD: m->token_embd = weight_view(m, d); break;
+    case PI2_TENSOR_OUTPUT: m->output = weight_view(m, d); break;
+    case PI2_TENSOR_OUTPUT_NORM: m->output_norm = f; break;
+    case PI2_TENSOR_ROPE_FREQS: m->rope_freqs = f; break;
+    case PI2_TENSOR_ATTN_NORM: L->attn_norm = f; break;
+    case PI2_TENSOR_ATTN_Q: L->q = weight_view(m, d); break;
+    case PI2_TENSOR_ATTN_K: L->k = weight_view(m, d); break;
+    case PI2_TENSOR_ATTN_V: L->v = weight_view(m, d); break;
+    case PI2_TENSOR_ATTN_OUTPUT: L->o = weight_view(m, d); break;
+    case PI2_TENSOR_ATTN_Q_BIAS: L->q_bias = f; break;
+    case PI2_TENSOR_ATTN_K_BIAS: L->k_bias = f; break;
+    case PI2_TENSOR_ATTN_V_BIAS: L->v_bias = f; break;
+    case PI2_TENSOR_ATTN_Q_NORM: L->q_norm = f; break;
+    case PI2_TENSOR_ATTN_K_NORM: L->k_norm = f; break;
+    case PI2_TENSOR_POST_ATTN_NORM: L->post_attn_norm = f; break;
+    case PI2_TENSOR_FFN_NORM: L->ffn_norm = f; break;
+    case PI2_TENSOR_FFN_GATE: L->gate = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_UP: L->up = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_DOWN: L->down = weight_view(m, d); break;
+    case PI2_TENSOR_POST_FFW_NORM: L->post_ffw_norm = f; break;
+    }
+}
+
+static pi2_status map_file(pi2_model *m, const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return pi2_set_error(PI2_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    pi2_status s = PI2_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+        s = pi2_set_error(PI2_ERR_IO, "%s is not a readable, non-empty regular file", path);
+    } else {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) s = pi2_set_error(PI2_ERR_IO, "cannot map %s: %s", path, strerror(errno));
+        else { m->map = p; m->map_size = (size_t)st.st_size; }
+    }
+    close(fd);
+    return s;
+}
+
+pi2_status pi2_model_load(const char *path, const pi2_model_params *params, const pi2_tensor_desc *tensors,
+                          int32_t n_tensors, pi2_model **out) {
+    if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
+    *out = NULL;
+    if (!path || !params || (!tensors && n_tensors) || n_tensors < 0)
+        return pi2_set_error(PI2_ERR_INVALID, "NULL path, params or tensors");
+    pi2_status s = check_params(params);
+    if (s) return s;
+    pi2_model *m = calloc(1, sizeof *m);
+    const size_t n_seen = (size_t)PI2_TENSOR_COUNT * ((size_t)params->n_layer + 1);
+    uint8_t *seen = calloc(n_seen, 1);
+    if (!m || !seen || !(m->layers = calloc((size_t)params->n_layer, sizeof *m->layers))) {
+        free(seen);
+        if (m) free(m->layers);
+        free(m);
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the model");
+    }
+    m->hp = *params;
+    if ((s = map_file(m, path))) goto fail;
+    for (int32_t i = 0; i < n_tensors; i++) {
+        const pi2_tensor_desc *d = &tensors[i];
+        if ((s = check_desc(m, d, i))) goto fail;
+        uint8_t *once = &seen[(size_t)(d->layer + 1) * PI2_TENSOR_COUNT + (size_t)d->role];
+        if (*once) { s = pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) is described twice", ROLE_NAMES[d->role], (int)d->layer); goto fail; }
+        *once = 1;
+        place(m, d);
+    }
+    for (int32_t layer = -1; layer < params->n_layer; layer++)
+        for (int32_t role = 0; role < PI2_TENSOR_COUNT; role++) {
+            int64_t ne0, ne1;
+            if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || !expected(params, role, &ne0, &ne1)) continue;
+            if (!seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT + (size_t)role]) {
+                s = pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) is missing", ROLE_NAMES[role], (int)layer);
+                goto fail;
+            }
+        }
+    for (int32_t il = 0; il < params->n_layer; il++) {
+        pi2_layer *L = &m->layers[il];
+        L->swa = params->sliding_window > 0 && params->swa_period > 0 && il % params->swa_period != params->swa_period - 1;
+        L->rope_local = L->swa && params->rope_base_local > 0;
+    }
+    if (params->ffn_act == PI2_ACT_GELU) {
+        if (!(m->gelu_table = malloc(65536 * sizeof *m->gelu_table))) { s = pi2_set_error(PI2_ERR_NOMEM, "out of memory"); goto fail; }
+        pi2_gelu_table(m->gelu_table);
+    }
+    free(seen);
+    *out = m;
+    return PI2_OK;
+fail:
+    free(seen);
+    pi2_model_free(m);
+    return s;
+}
+
+void pi2_model_free(pi2_model *m) {
+    if (!m) return;
+    if (m->map) munmap((void *)m->map, m->map_size);
+    free(m->gelu_table);
+    free(m->layers);
+    free(m);
+}

@@ -1,0 +1,36 @@
+/* model.h — the loaded model: hyper-parameters and views of its mapped tensors (internal).
+ * Every pointer here lies inside the read-only mapping and was checked by model.c. */
+#ifndef PI2_MODEL_H
+#define PI2_MODEL_H
+#include <stddef.h>
+
+#include "kernels/traits.h"
+#include "matmul.h"
+#include "pi2.h"
+
+typedef struct {
+    const float *attn_norm;                   /* [n_embd] */
+    pi2_weight q, k, v, o;                    /* attn_q, attn_k, attn_v, attn_output */
+    const float *q_bias, *k_bias, *v_bias;    /* [n_head*hd], [n_head_kv*hd], [n_head_kv*hdv] or NULL */
+    const float *q_norm, *k_norm;             /* [head_dim] or NULL */
+    const float *post_attn_norm;              /* [n_embd] or NULL */
+    const float *ffn_norm;                    /* [n_embd] */
+    pi2_weight gate, up, down;
+    const float *post_ffw_norm;               /* [n_embd] or NULL */
+    int32_t swa;                              /* 1: sliding-window layer */
+    int32_t rope_local;                       /* 1: RoPE with rope_base_local, else rope_base */
+} pi2_layer;
+
+struct pi2_model {
+    pi2_model_params hp;
+    const uint8_t *map;          /* the whole file, PROT_READ */
+    size_t map_size;
+    pi2_weight token_embd;       /* [n_vocab] rows of n_embd */
+    pi2_weight output;           /* [n_vocab] rows of n_embd (token_embd's bytes when tied) */
+    const float *output_norm;    /* [n_embd] */
+    const float *rope_freqs;     /* [n_rot/2] or NULL */
+    pi2_layer *layers;           /* [n_layer] */
+    pi2_fp16 *gelu_table;        /* [65536] when ffn_act is GELU, else NULL */
+};
+
+#endif

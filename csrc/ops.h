@@ -1,0 +1,47 @@
+/* ops.h — the element-wise and attention operations of the forward pass, as ggml's CPU backend
+ * computes them (pi2/reference.py is the specification: rms_norm, rope_cache, rope, softmax_rows,
+ * attention, gelu_f16, silu). */
+#ifndef PI2_OPS_H
+#define PI2_OPS_H
+#include <stdint.h>
+
+#include "kernels/traits.h"
+#include "threadpool.h"
+
+/* y = x / sqrt(mean(x^2) + eps) (float squares summed in double), times w when w is not NULL. y may be x. */
+void pi2_rms_norm(float *y, const float *x, const float *w, int64_t n, float eps);
+
+/* cs[2i], cs[2i+1] = cos, sin of angle i of position pos: theta_i = pos * base^(-2i/n_rot),
+ * built by repeated float multiplication, divided by freq_factors[i] if given, times freq_scale. */
+void pi2_rope_cache(float *cs /* [n_rot] */, int32_t pos, int32_t n_rot, float base, float freq_scale,
+                    const float *freq_factors);
+
+/* Rotate the first n_rot values of each of n_heads heads of x [n_heads][head_dim] in place:
+ * NEOX pairs (i, i + n_rot/2), else NORM pairs (2i, 2i+1). */
+void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs, int32_t neox);
+
+/* ggml's GELU table: out[h] = fp16(gelu(fp16 value h)) for every fp16 bit pattern h. */
+void pi2_gelu_table(pi2_fp16 *table /* [65536] */);
+
+/* gate[i] = act(gate[i]) * up[i] for n values. gelu_table is needed for PI2_ACT_GELU. */
+void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
+
+/* Causal multi-head attention over one layer's F16 cache, with grouped K/V heads. */
+typedef struct {
+    const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
+    const pi2_fp16 *k;         /* [n_ctx][n_head_kv][head_dim], positions 0..pos0+n_tok-1 filled */
+    const pi2_fp16 *v;         /* [n_head_kv][head_dim_v][n_ctx], transposed like ggml's V cache */
+    float *out;                /* [n_tok][n_head][head_dim_v] */
+    float *scores;             /* scratch [n_threads][n_ctx] */
+    pi2_fp16 *qh;              /* scratch [n_threads][head_dim] */
+    pi2_fp16 *ph;              /* scratch [n_threads][n_ctx] softmax weights in F16 */
+    int32_t n_tok, pos0, n_ctx;
+    int32_t n_head, n_head_kv, head_dim, head_dim_v;
+    int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */
+    float scale;               /* applied to q.k before the softmax */
+    pi2_vec_dot_fn dot_f16;    /* F16 vec_dot from the traits table */
+} pi2_attn;
+
+void pi2_attention(pi2_pool *pool, pi2_attn *a);
+
+#endif

@@ -18,10 +18,12 @@ _CHUNK_BYTES = 3 << 20          # float64 lane accumulators per row chunk: fits 
 @dataclass
 class Weights:
     """A quantized matrix as the kernels read it: q (nb, bs, n_out) small integers (int8/uint8), one scale per
-    block d (nb, n_out) and, for Q4_1, the block minimum m (nb, n_out)."""
+    block d (nb, n_out) and, for Q4_1, the block minimum m (nb, n_out); Q6_K: unsigned codes (nb, 256, n_out)
+    and int8 scales sc (nb, 16, n_out)."""
     q: np.ndarray
     d: np.ndarray
     m: np.ndarray | None = None
+    sc: np.ndarray | None = None     # K-quants: sub-block scales (nb, n_sub, n_out)
 
 
 def _row_chunks(n_tok: int, n_out: int, lanes: int):
@@ -80,3 +82,49 @@ def dot_q8_lanes(w: Weights, act: tuple) -> np.ndarray:
     for r0, r1 in _row_chunks(n_tok, n_out, 8):
         out[:, r0:r1] = hsum8(lane_fma(qy, dy, w, r0, r1, 8))
     return out
+
+
+# ---------------------------------------------------------------- Q6_K × Q8_K
+
+def _q6_scaled(w: Weights, b: int, r0: int, r1: int, bias: int) -> np.ndarray:
+    """(256, rows) float64: sub-block scale × (code − bias) of block b, exact integers."""
+    sc = np.repeat(w.sc[b, :, r0:r1].astype(F64), 16, axis=0)
+    return sc * (w.q[b, :, r0:r1].astype(F64) - bias)
+
+
+def dot_q6_k_tiled(w: Weights, act: tuple) -> np.ndarray:
+    """ggml's tiled K-quant matmul (AVX-512 VNNI microkernel), batches of 8+ tokens: per 256-block the exact
+    integer Σ scale·(code − 32)·q8 is converted to float, times d_x, then acc = fma(that, d_y, acc)."""
+    dy, qy, _ = act
+    n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
+    acc = np.zeros((n_tok, n_out), F32)
+    for b in range(nb):
+        s1 = (qy[:, b].astype(F64) @ _q6_scaled(w, b, 0, n_out, 32)).astype(F32)
+        res = (s1 * w.d[b][None, :]).astype(F32)
+        acc = (res.astype(F64) * dy[:, b, None] + acc).astype(F32)
+    return acc
+
+
+def dot_q6_k_vec(w: Weights, act: tuple) -> np.ndarray:
+    """ggml_vec_dot_q6_K_q8_K (AVX2), fewer than 8 tokens: int32 lane m sums scale·code·q8 over values whose
+    index mod 32 is in [4m, 4m+4), minus 32·(bsums·scales) of 32-value chunk m; converted to float,
+    acc = fma(d_y·d_x, lane, acc) per block, then hsum_float_8."""
+    dy, qy, bsums = act
+    n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
+    acc = np.zeros((8, n_tok, n_out), F32)
+    for b in range(nb):
+        ws = _q6_scaled(w, b, 0, n_out, 0).reshape(8, 8, 4, n_out).transpose(1, 0, 2, 3).reshape(8, 32, n_out)
+        ya = qy[:, b].astype(F64).reshape(n_tok, 8, 8, 4).transpose(2, 0, 1, 3).reshape(8, n_tok, 32)
+        lane = ya @ ws                                                         # (8, T, R)
+        bs = bsums[:, b].astype(F64).reshape(n_tok, 8, 2)                      # chunk m = sub-blocks 2m, 2m+1
+        sc = w.sc[b].astype(F64).reshape(8, 2, n_out)
+        corr = 32 * np.einsum("tmk,mkr->mtr", bs, sc)
+        lane = (lane - corr).astype(F32)
+        dd = (dy[:, b, None] * w.d[b][None, :]).astype(F64)
+        acc = (lane * dd + acc).astype(F32)
+    return hsum8(acc)
+
+
+def dot_q6_k_q8_k(w: Weights, act: tuple) -> np.ndarray:
+    """Q6_K weights: the tiled kernel from 8 tokens on (ggml_tiled_min_batch), vec_dot below."""
+    return dot_q6_k_tiled(w, act) if act[1].shape[0] >= 8 else dot_q6_k_vec(w, act)

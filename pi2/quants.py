@@ -11,7 +11,7 @@ import numpy as np
 from pi2 import qdot
 from pi2.errors import ModelFormatError, UnsupportedError
 from pi2.model.gguf_file import GGML_TYPES
-from pi2.quants_k import SPLITTERS as _K_SPLITTERS, quantize_q8_k
+from pi2.quants_k import SPLITTERS as _K_SPLITTERS, q6_k_codes, quantize_q8_k
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
 Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 12, 13, 14, 15, 30
@@ -223,6 +223,11 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
     (Q4_1) minimum m, each (nb, n_out) float32."""
     size = GGML_TYPES[qtype][2]
     b = raw.reshape(-1, size)
+    col = lambda a: np.ascontiguousarray(a.reshape(n_out, -1).T)  # noqa: E731
+    if qtype == Q6_K:
+        q = q6_k_codes(b).reshape(n_out, -1, 256).transpose(1, 2, 0)
+        sc = b[:, 192:208].view(np.int8).reshape(n_out, -1, 16).transpose(1, 2, 0)
+        return qdot.Weights(q=np.ascontiguousarray(q), d=col(_fp16(b[:, 208:210])), sc=np.ascontiguousarray(sc))
     m = None
     if qtype == Q4_1:
         q, m = _nibbles(b[:, 4:20]), _fp16(b[:, 2:4])
@@ -232,12 +237,11 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
     else:
         q = b[:, 2:34].view(np.int8)
     d = _fp16(b[:, 0:2])
-    col = lambda a: np.ascontiguousarray(a.reshape(n_out, -1).T)  # noqa: E731
     return qdot.Weights(q=np.ascontiguousarray(q.reshape(n_out, -1, 32).transpose(1, 2, 0)), d=col(d),
                         m=None if m is None else col(m))
 
 
-_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes}
+_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes, Q6_K: qdot.dot_q6_k_q8_k}
 
 
 class QuantLinear:

@@ -52,8 +52,8 @@ def split_q5_k(raw: np.ndarray, w: np.ndarray, mins: np.ndarray) -> None:
     np.negative(dmin * mn, out=mins)
 
 
-def split_q6_k(raw: np.ndarray, w: np.ndarray, mins: None) -> None:
-    """(B, 210) Q6_K blocks -> w (B, 256) = d·scale·(q − 32), float32; Q6_K has no mins."""
+def q6_k_codes(raw: np.ndarray) -> np.ndarray:
+    """(B, 210) Q6_K blocks -> the unsigned 6-bit codes (B, 256) uint8 in value order (value = code − 32)."""
     ql = raw[:, 0:128].reshape(-1, 2, 2, 32)               # [half, ql offset 0/32, l]
     q = np.empty((ql.shape[0], 2, 2, 2, 32), np.uint8)    # [half, nibble, offset, l] = [half, k, l]
     np.bitwise_and(ql, 0xF, out=q[:, :, 0])
@@ -61,7 +61,12 @@ def split_q6_k(raw: np.ndarray, w: np.ndarray, mins: None) -> None:
     q = q.reshape(-1, 2, 4, 32)
     qh = raw[:, 128:192].reshape(-1, 2, 1, 32)
     q |= ((qh >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3) << 4
-    q -= 32
+    return q.reshape(-1, 256)
+
+
+def split_q6_k(raw: np.ndarray, w: np.ndarray, mins: None) -> None:
+    """(B, 210) Q6_K blocks -> w (B, 256) = d·scale·(q − 32), float32; Q6_K has no mins."""
+    q = q6_k_codes(raw) - np.uint8(32)
     sc = raw[:, 192:208].view(np.int8).astype(np.float32)
     d = _fp16(raw[:, 208:210])
     np.multiply((d * sc)[:, :, None], q.view(np.int8).reshape(-1, 16, 16), out=w.reshape(-1, 16, 16))

@@ -24,6 +24,7 @@ class Weights:
     d: np.ndarray
     m: np.ndarray | None = None
     sc: np.ndarray | None = None     # K-quants: sub-block scales (nb, n_sub, n_out)
+    mn: np.ndarray | None = None     # Q4_K: sub-block mins (nb, 8, n_out); m then holds dmin
 
 
 def _row_chunks(n_tok: int, n_out: int, lanes: int):
@@ -128,3 +129,39 @@ def dot_q6_k_vec(w: Weights, act: tuple) -> np.ndarray:
 def dot_q6_k_q8_k(w: Weights, act: tuple) -> np.ndarray:
     """Q6_K weights: the tiled kernel from 8 tokens on (ggml_tiled_min_batch), vec_dot below."""
     return dot_q6_k_tiled(w, act) if act[1].shape[0] >= 8 else dot_q6_k_vec(w, act)
+
+
+# ---------------------------------------------------------------- Q4_K × Q8_K (CPU_REPACK q4_K_8x8)
+
+def _fma(a, b, c):
+    return (a.astype(F64) * b + c).astype(F32)
+
+
+def dot_q4_k_repack(w: Weights, act: tuple) -> np.ndarray:
+    """ggml_gemm/gemv_q4_K_8x8_q8_K (Q4_K weights are repacked on AVX2 machines). Tokens in groups of four go
+    through the GEMM, which converts Σ scale·Σ code·q8 of each 64-value pair of sub-blocks to float and
+    FMAs it with d_x·d_y (and the mins term likewise with dmin_x·d_y); the last T mod 4 tokens go through
+    the GEMV, which does the same once per 256-block. Result = acc − acc_min."""
+    dy, qy, bsums = act
+    n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
+    n_gemm = n_tok - n_tok % 4
+    acc = np.zeros((n_tok, n_out), F32)
+    accm = np.zeros((n_tok, n_out), F32)
+    for b in range(nb):
+        ya = qy[:, b].astype(F32).reshape(n_tok, 8, 32).transpose(1, 0, 2)               # (8, T, 32)
+        p = np.matmul(ya, w.q[b].astype(F32).reshape(8, 32, n_out)).astype(F64)         # (8, T, R) exact
+        isub = p * w.sc[b][:, None, :]                                                  # scale · Σ code·q8
+        bs32 = bsums[:, b].astype(F64).reshape(n_tok, 8, 2).sum(axis=-1).T              # (8, T)
+        msub = bs32[:, :, None] * w.mn[b][:, None, :]
+        isb = isub.reshape(4, 2, n_tok, n_out).sum(axis=1)                              # (4, T, R)
+        msb = msub.reshape(4, 2, n_tok, n_out).sum(axis=1)
+        dd = (dy[:, b, None] * w.d[b][None, :]).astype(F32)
+        dm = (dy[:, b, None] * w.m[b][None, :]).astype(F32)
+        g = slice(0, n_gemm)
+        for k in range(4):                                                              # GEMM rows
+            acc[g] = _fma(isb[k, g].astype(F32), dd[g], acc[g])
+            accm[g] = _fma(msb[k, g].astype(F32), dm[g], accm[g])
+        v = slice(n_gemm, n_tok)                                                        # GEMV rows
+        acc[v] = _fma(isb[:, v].sum(axis=0).astype(F32), dd[v], acc[v])
+        accm[v] = _fma(msb[:, v].sum(axis=0).astype(F32), dm[v], accm[v])
+    return acc - accm

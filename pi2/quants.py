@@ -11,7 +11,7 @@ import numpy as np
 from pi2 import qdot
 from pi2.errors import ModelFormatError, UnsupportedError
 from pi2.model.gguf_file import GGML_TYPES
-from pi2.quants_k import SPLITTERS as _K_SPLITTERS, q6_k_codes, quantize_q8_k
+from pi2.quants_k import SPLITTERS as _K_SPLITTERS, _nibbles_k, _scales_mins_k4, q6_k_codes, quantize_q8_k
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
 Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 12, 13, 14, 15, 30
@@ -228,6 +228,12 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
         q = q6_k_codes(b).reshape(n_out, -1, 256).transpose(1, 2, 0)
         sc = b[:, 192:208].view(np.int8).reshape(n_out, -1, 16).transpose(1, 2, 0)
         return qdot.Weights(q=np.ascontiguousarray(q), d=col(_fp16(b[:, 208:210])), sc=np.ascontiguousarray(sc))
+    if qtype == Q4_K:
+        sc, mn = _scales_mins_k4(b[:, 4:16])
+        q = _nibbles_k(b[:, 16:144]).reshape(n_out, -1, 256).transpose(1, 2, 0)
+        t8 = lambda a: np.ascontiguousarray(a.reshape(n_out, -1, 8).transpose(1, 2, 0))  # noqa: E731
+        return qdot.Weights(q=np.ascontiguousarray(q), d=col(_fp16(b[:, 0:2])), m=col(_fp16(b[:, 2:4])),
+                            sc=t8(sc), mn=t8(mn))
     m = None
     if qtype == Q4_1:
         q, m = _nibbles(b[:, 4:20]), _fp16(b[:, 2:4])
@@ -241,7 +247,8 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
                         m=None if m is None else col(m))
 
 
-_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes, Q6_K: qdot.dot_q6_k_q8_k}
+_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes, Q6_K: qdot.dot_q6_k_q8_k,
+          Q4_K: qdot.dot_q4_k_repack}
 
 
 class QuantLinear:

@@ -1,7 +1,8 @@
 # quants.py — the numpy lane of quantization: the specification the C kernels are tested against.
 # Does: dequantize ggml blocks (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) bit-exactly;
 #       quantize activations exactly as llama.cpp's x86 AVX2/AVX-512 CPU build does (Q8_0, Q8_1, Q8_K,
-#       F16, BF16); QuantLinear, what ggml's CPU mul_mat computes, up to float32 summation order;
+#       F16, BF16); QuantLinear, what ggml's CPU mul_mat computes: bit for bit in the x86 kernels' float order
+#       for Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (qdot.py), up to float32 summation order for the other types;
 #       quantize_weight for building fixtures (wraps gguf.quants).
 # Does not: read files (model/gguf_file.py) or run the model (reference.py). K-quant blocks live in quants_k.py.
 from __future__ import annotations
@@ -257,6 +258,8 @@ class QuantLinear:
     x @ W^T is computed as llama.cpp's CPU mul_mat does: the activation is quantized to
     vec_dot_type(qtype) and multiplied with the exact scaled weights d·q; weight mins (Q4_1, Q5_1,
     Q4_K, Q5_K) meet the activation only through its block sums (Q8_1's fp16 s, Q8_K's bsums).
+    Types in _EXACT run qdot's emulation of the x86 kernel (same float32 bits as llama.cpp); the others
+    one BLAS product of the float32 values (same value up to summation order).
     """
 
     def __init__(self, raw: np.ndarray, qtype: int, n_cols: int):

@@ -4,7 +4,9 @@ It computes what llama.cpp's CPU backend computes (flash attention off), roundin
 activations are quantized to the weight type's dot-product format before every matrix product
 (quants.QuantLinear), K and V are stored as F16, Q is rounded to F16 for K·Q and the softmax weights
 to F16 for the product with V, GELU goes through F16 as ggml's table does, and RoPE angles are built
-by repeated float32 multiplication. One function per concept; `ReferenceContext` holds a KV cache.
+by repeated float32 multiplication. Summation orders, FMAs and SIMD lanes follow ggml's x86 build
+(ggml_order.py, qdot.py), so on x86 llama.cpp's tensors are reproduced bit for bit for the kernels
+these models use. One function per concept; `ReferenceContext` holds a KV cache.
 Also serves `pi2 run --engine reference`.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 pi2_ctx_params pi2_ctx_default_params(void) {
-    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 256, .n_threads = 1, .impl = PI2_IMPL_AUTO};
+    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 512, .n_threads = 1, .impl = PI2_IMPL_AUTO};
 }
 
 /* The largest scratch any matrix product of a step needs at n_tok tokens. */
@@ -65,14 +65,12 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->up = alloc(B * hp->n_ff, sizeof(float), &ok);
     c->rope = alloc(2 * B * hp->n_rot, sizeof(float), &ok);
     c->scores = alloc(T * C, sizeof(float), &ok);
-    c->qh = alloc(T * hp->head_dim, sizeof(pi2_fp16), &ok);
-    c->ph = alloc(T * C, sizeof(pi2_fp16), &ok);
+    c->qf = alloc(T * hp->head_dim, sizeof(float), &ok);
     c->mm = (pi2_matmul_env){c->pool, p.impl, alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
     if (!ok) {
         pi2_ctx_free(c);
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context of %d positions", (int)p.n_ctx);
     }
-    c->dot_f16 = pi2_traits(PI2_T_F16, p.impl)->vec_dot;
     c->embd = pi2_traits(m->token_embd.type, p.impl);
     *out = c;
     return PI2_OK;
@@ -82,7 +80,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
-                    c->rope, c->scores, c->qh, c->ph, c->mm.xq};
+                    c->rope, c->scores, c->qf, c->mm.xq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c);
 }

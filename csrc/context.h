@@ -13,10 +13,10 @@ struct pi2_ctx {
     pi2_ctx_params p;
     pi2_pool *pool;
     pi2_matmul_env mm;           /* pool, impl and the quantized-activation scratch */
-    pi2_vec_dot_fn dot_f16;      /* F16 x F16 dot product for K.Q */
     const pi2_type_traits *embd; /* traits of token_embd's type (to_float) */
     int32_t n_past;              /* positions 0..n_past-1 of the cache are valid */
     _Atomic int32_t abort;       /* set by pi2_abort; checked per layer */
+    _Atomic int32_t busy;        /* a decode is running (a second concurrent one is refused) */
     pi2_trace_fn trace;
     void *trace_user;
     pi2_fp16 *k_cache;           /* [n_layer][n_ctx][n_head_kv * head_dim] */
@@ -31,8 +31,7 @@ struct pi2_ctx {
     float *gate, *up;            /* [B][n_ff] */
     float *rope;                 /* [2][B][n_rot] cos/sin pairs per position: [0] rope_base, [1] local */
     float *scores;               /* [n_threads][n_ctx] attention weights */
-    pi2_fp16 *qh;                /* [n_threads][head_dim] a query head in F16 */
-    pi2_fp16 *ph;                /* [n_threads][n_ctx] attention weights in F16 */
+    float *qf;                   /* [n_threads][head_dim] a query head rounded to F16 */
 };
 
 #endif

@@ -75,10 +75,9 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, 
     const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
     pi2_attn a = {
         .q = c->q, .k = c->k_cache + cells * hp->head_dim, .v = c->v_cache + cells * hp->head_dim_v,
-        .out = c->att, .scores = c->scores, .qh = c->qh, .ph = c->ph, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
+        .out = c->att, .scores = c->scores, .qf = c->qf, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
         .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
-        .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale,
-        .dot_f16 = c->dot_f16};
+        .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
     pi2_attention(c->pool, &a);
 }
 
@@ -174,6 +173,7 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
         if (tokens[i] < 0 || tokens[i] >= c->m->hp.n_vocab)
             return pi2_set_error(PI2_ERR_INVALID, "token id %d is outside the vocabulary (%d)", (int)tokens[i],
                                  (int)c->m->hp.n_vocab);
+    if (atomic_exchange(&c->busy, 1)) return pi2_set_error(PI2_ERR_INVALID, "a decode is already running on this context");
     const int32_t start = c->n_past, n_vocab = c->m->hp.n_vocab;
     pi2_status s = PI2_OK;
     atomic_store(&c->abort, 0);
@@ -184,8 +184,9 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
     }
     if (s || atomic_exchange(&c->abort, 0)) {
         c->n_past = start;
-        atomic_store(&c->abort, 0);
+        atomic_store(&c->busy, 0);
         return pi2_set_error(PI2_ERR_ABORTED, "decode aborted");
     }
+    atomic_store(&c->busy, 0);
     return PI2_OK;
 }

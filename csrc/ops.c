@@ -33,10 +33,23 @@ void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const 
         for (int32_t i = 0; i < half; i++) {
             float *a = xh + i * step, *b = a + stride;
             const float c = cs[2 * i], s = cs[2 * i + 1], x0 = *a, x1 = *b;
-            *a = x0 * c - x1 * s;
-            *b = x0 * s + x1 * c;
+            *a = fmaf(x0, c, -(x1 * s));   /* GCC's vectorised rotate_pairs (vfmaddsub) */
+            *b = fmaf(x0, s, x1 * c);
         }
     }
+}
+
+/* ggml_v_expf (AVX-512 branch): n = round(x log2 e), b = x - n ln2 in two FMAs, a degree-5
+ * polynomial, scaled by 2^n; |n| > 192 gives 0 or inf. Twin of ggml_order.v_expf. */
+static float v_expf(float x) {
+    const float r = 0x1.8p23f;
+    const float n = fmaf(x, 0x1.715476p+0f, r) - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (!(fabsf(n) <= 192.0f)) return n <= 0 ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
 }
 
 void pi2_gelu_table(pi2_fp16 *table) {
@@ -49,7 +62,7 @@ void pi2_gelu_table(pi2_fp16 *table) {
 
 void pi2_ffn_activate(float *g, const float *u, int64_t n, int32_t act, const pi2_fp16 *gelu_table) {
     if (act == 0) {          /* PI2_ACT_SILU */
-        for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + v_expf(0.0f - g[i])) * u[i];   /* ggml_v_silu */
     } else if (act == 1) {   /* PI2_ACT_GELU, through the F16 table like ggml */
         for (int64_t i = 0; i < n; i++) {
             const float x = g[i];
@@ -61,36 +74,55 @@ void pi2_ffn_activate(float *g, const float *u, int64_t n, int32_t act, const pi
     }
 }
 
-/* One (token, head): softmax(scale * q.k) over the visible keys, weights rounded to F16, times V. */
+/* Horizontal sum of 16 lanes as GCC expands _mm512_reduce_add_ps: halves, halves, (0+2, 1+3), 0+1. */
+static float reduce16(const float *v) {
+    float r8[8], r4[4];
+    for (int i = 0; i < 8; i++) r8[i] = v[8 + i] + v[i];
+    for (int i = 0; i < 4; i++) r4[i] = r8[4 + i] + r8[i];
+    return (r4[0] + r4[2]) + (r4[1] + r4[3]);
+}
+
+/* Sum of x[j]·y[j] for j in [j0, j1) in ggml's F16 dot-product order (ggml_order.dot_f16_vec and
+ * dot_f16_tinyblas): element j goes to lane j % 16 of accumulator (j % 64) / 16 (one token,
+ * ggml_vec_dot_f16) or of the single accumulator (batches, tinyBLAS); lanes are then reduced.
+ * x and y hold F16 values, so each product is exact in float and needs no FMA. */
+static float dot_f16_order(const float *x, const pi2_fp16 *y, int32_t j0, int32_t j1, int vec) {
+    float acc[4][16] = {{0}};
+    for (int32_t j = j0; j < j1; j++) acc[vec ? (j & 63) >> 4 : 0][j & 15] += x[j] * pi2_fp16_to_f32(y[j]);
+    if (!vec) return reduce16(acc[0]);
+    float v[16];
+    for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    return reduce16(v);
+}
+
+/* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
+ * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V. */
 static void attn_task(void *arg, int32_t task, int32_t thread) {
     const pi2_attn *a = arg;
-    const int32_t t = task / a->n_head, h = task % a->n_head;
+    const int32_t t = task / a->n_head, h = task % a->n_head, vec = a->n_tok == 1;
     const int32_t hkv = h / (a->n_head / a->n_head_kv), pos = a->pos0 + t;
     const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
     const size_t k_stride = (size_t)a->n_head_kv * a->head_dim;
-    float *s = a->scores + (size_t)thread * a->n_ctx;
-    pi2_fp16 *qh = a->qh + (size_t)thread * a->head_dim, *ph = a->ph + (size_t)thread * a->n_ctx;
+    float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * a->head_dim;
     const float *q = a->q + ((size_t)t * a->n_head + h) * a->head_dim;
-    for (int32_t d = 0; d < a->head_dim; d++) qh[d] = pi2_f32_to_fp16(q[d]);
+    for (int32_t d = 0; d < a->head_dim; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
 
     float max = -INFINITY;
     for (int32_t j = j0; j <= pos; j++) {
-        float kq;
-        a->dot_f16(a->head_dim, &kq, a->k + (size_t)j * k_stride + (size_t)hkv * a->head_dim, qh);
-        s[j] = kq * a->scale;
+        s[j] = dot_f16_order(qf, a->k + (size_t)j * k_stride + (size_t)hkv * a->head_dim, 0, a->head_dim, vec) * a->scale;
         if (s[j] > max) max = s[j];
     }
     double sum = 0.0;
-    for (int32_t j = j0; j <= pos; j++) {
-        s[j] = expf(s[j] - max);
-        sum += (double)s[j];
+    for (int32_t g = j0 & ~15; g <= pos; g += 16) {
+        float lane[16] = {0};
+        for (int32_t j = g > j0 ? g : j0; j < g + 16 && j <= pos; j++) lane[j & 15] = s[j] = v_expf(s[j] - max);
+        sum += (double)reduce16(lane);
     }
     const float inv = (float)(1.0 / sum);
-    for (int32_t j = j0; j <= pos; j++) ph[j] = pi2_f32_to_fp16(s[j] * inv);
+    for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
     float *out = a->out + ((size_t)t * a->n_head + h) * a->head_dim_v;
     const pi2_fp16 *v = a->v + (size_t)hkv * a->head_dim_v * a->n_ctx;
-    for (int32_t d = 0; d < a->head_dim_v; d++)
-        a->dot_f16(pos - j0 + 1, &out[d], v + (size_t)d * a->n_ctx + j0, ph + j0);
+    for (int32_t d = 0; d < a->head_dim_v; d++) out[d] = dot_f16_order(s, v + (size_t)d * a->n_ctx, j0, pos + 1, vec);
 }
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {

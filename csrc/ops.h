@@ -26,20 +26,19 @@ void pi2_gelu_table(pi2_fp16 *table /* [65536] */);
 /* gate[i] = act(gate[i]) * up[i] for n values. gelu_table is needed for PI2_ACT_GELU. */
 void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 
-/* Causal multi-head attention over one layer's F16 cache, with grouped K/V heads. */
+/* Causal multi-head attention over one layer's F16 cache, with grouped K/V heads, in ggml's float
+ * order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's attention. */
 typedef struct {
     const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
     const pi2_fp16 *k;         /* [n_ctx][n_head_kv][head_dim], positions 0..pos0+n_tok-1 filled */
     const pi2_fp16 *v;         /* [n_head_kv][head_dim_v][n_ctx], transposed like ggml's V cache */
     float *out;                /* [n_tok][n_head][head_dim_v] */
-    float *scores;             /* scratch [n_threads][n_ctx] */
-    pi2_fp16 *qh;              /* scratch [n_threads][head_dim] */
-    pi2_fp16 *ph;              /* scratch [n_threads][n_ctx] softmax weights in F16 */
+    float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
+    float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
     int32_t n_tok, pos0, n_ctx;
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */
     float scale;               /* applied to q.k before the softmax */
-    pi2_vec_dot_fn dot_f16;    /* F16 vec_dot from the traits table */
 } pi2_attn;
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a);

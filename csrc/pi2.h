@@ -158,7 +158,7 @@ typedef struct {
     int32_t impl;       /* pi2_impl of the kernels */
 } pi2_ctx_params;
 
-/* n_ctx 4096, n_batch 256, n_threads 1, impl PI2_IMPL_AUTO. */
+/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO. */
 pi2_ctx_params pi2_ctx_default_params(void);
 
 /* A context on `model` (which must outlive it). PI2_ERR_NOMEM, PI2_ERR_INVALID (bad params), or
@@ -169,7 +169,8 @@ void pi2_ctx_free(pi2_ctx *ctx);
 
 /* Evaluate n_tokens tokens after the n_past cached ones and advance n_past. logits receives
  * n_vocab floats of the last token, or n_tokens * n_vocab (row per token) when all_logits.
- * PI2_ERR_INVALID: bad token id, n_tokens < 1, or the context would overflow n_ctx;
+ * PI2_ERR_INVALID: bad token id, n_tokens < 1, the context would overflow n_ctx, or another decode
+ * is running on this context (one decode at a time per context; any thread may call);
  * PI2_ERR_ABORTED: pi2_abort() was called during the decode; n_past is then unchanged. */
 pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, float *logits,
                       int32_t all_logits);

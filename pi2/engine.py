@@ -9,6 +9,7 @@ Does not: loop over weights in Python or decide anything about models.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,7 +211,7 @@ class CContext:
     n_past, n_ctx; the same interface as reference.ReferenceContext. Ctrl-C during a decode stops it
     at the next layer boundary and raises KeyboardInterrupt (the cache stays as before the call)."""
 
-    def __init__(self, cmodel: CModel, n_ctx: int, n_threads: int = 0, impl: str = "auto", n_batch: int = 256):
+    def __init__(self, cmodel: CModel, n_ctx: int, n_threads: int = 0, impl: str = "auto", n_batch: int = 512):
         p = lib.pi2_ctx_default_params()
         p.n_ctx, p.n_batch, p.impl = n_ctx, n_batch, _impl(impl)
         p.n_threads = n_threads if n_threads > 0 else _default_threads()
@@ -269,16 +270,30 @@ class CContext:
             return st, (ffi.string(lib.pi2_last_error()).decode("utf-8", "replace") if st < 0 else "")
         if not long or threading.current_thread() is not threading.main_thread():
             return call()
-        result = []
-        t = threading.Thread(target=lambda: result.append(call()), name="pi2-decode", daemon=True)
-        t.start()
-        interrupted = False
-        while t.is_alive():
+        result, stop, finished = [], [], threading.Event()
+
+        def helper():
             try:
-                t.join()
+                result.append(call() if not stop else (lib.PI2_ERR_ABORTED, ""))
+            finally:
+                finished.set()
+        th = threading.Thread(target=helper, name="pi2-decode", daemon=True)
+        idle_since = None
+        while True:   # Ctrl-C may land anywhere here, even inside start(): wait until the helper ends
+            try:
+                if th.ident is None and not stop:
+                    th.start()
+                if finished.wait(0.1):
+                    break
+                if th.is_alive():
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > 1.0:   # interrupted before the thread was created
+                    break
             except KeyboardInterrupt:
-                interrupted = True
+                stop.append(True)
                 lib.pi2_abort(self._h)
-        if interrupted:
+        if stop:
             raise KeyboardInterrupt
         return result[0]

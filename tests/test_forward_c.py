@@ -29,7 +29,7 @@ ARCHS = ["llama", "qwen2", "gemma3"]
 WTYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "F32", "BF16"]
 NMSE_LOGITS = 1e-3        # fixtures: float-order differences amplified by 8-bit activation roundings
 NMSE_CHECKPOINT = 1e-9    # Q8_0 fixtures: the engines agree bit for bit; this only absorbs a rare flip
-NMSE_REAL = 2e-3          # real models: K-quant kernels and libm tanhf vs numpy differ in float order
+NMSE_REAL = 5e-3          # real models: K-quant kernel float order; GELU table from libm tanhf (numpy in the reference)
 PROMPT = [3, 17, 42, 99, 7, 256, 300, 11, 64, 128, 5, 77, 200, 401, 33, 9, 150, 18, 260, 71]
 
 
@@ -255,9 +255,9 @@ def replace_path(m, path):
 def test_real_model_matches_reference(key):
     m = load_model(model_file(key))
     tok = m.tokenizer
-    ids = tok.encode("The water cycle moves water between the oceans, the air and the land. "
-                     "It starts when the sun heats", parse_special=True)[:32]
-    assert len(ids) >= 24
+    ids = tok.encode("The water cycle moves water between the oceans, the air and the land. It starts when "
+                     "the sun heats the surface of the sea and turns some of it into vapour.", parse_special=True)[:32]
+    assert len(ids) == 32
     ref, c = ReferenceContext(m, 64), CContext(CModel.from_model(m), 64, n_threads=2)
     R, a = traced(ref, ids)
     C, b = traced(c, ids)

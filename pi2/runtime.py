@@ -1,6 +1,7 @@
 """runtime.py — opening a model and an evaluation context for a chosen engine, with the run's settings.
 
-Owns: engine selection (`reference` now; the C engine plugs in here), the context size rule
+Owns: engine selection (`c`, the compiled forward pass, which `auto` picks; `reference`, the numpy
+specification; `auto` falls back to it for what the C engine cannot run yet), the context size rule
 (-c 0 = the model's training context; default 4096 capped at it), and prompt preparation.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pi2.errors import UsageError
 from pi2.model.loader import Model, load_model
 
-ENGINES = ("auto", "reference")
+ENGINES = ("auto", "c", "reference")
 DEFAULT_CTX = 4096
 
 
@@ -32,8 +33,12 @@ def open_context(model: Model, cfg: RunConfig):
     """A fresh evaluation context on `model` for the configured engine."""
     if cfg.engine not in ENGINES:
         raise UsageError(f"unknown engine '{cfg.engine}' (choose from {', '.join(ENGINES)})")
+    n_ctx = resolve_ctx(model, cfg.n_ctx)
+    if cfg.engine == "c" or (cfg.engine == "auto" and not model.config.sparse):
+        from pi2.engine import CContext, CModel
+        return CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
     from pi2.reference import ReferenceContext
-    return ReferenceContext(model, resolve_ctx(model, cfg.n_ctx))
+    return ReferenceContext(model, n_ctx)
 
 
 def open_model(path) -> Model:

@@ -32,6 +32,7 @@ struct pi2_ctx {
     float *rope;                 /* [2][B][n_rot] cos/sin pairs per position: [0] rope_base, [1] local */
     float *scores;               /* [n_threads][n_ctx] attention weights */
     float *qf;                   /* [n_threads][head_dim] a query head rounded to F16 */
+    float *kf, *vf;              /* [n_threads][n_ctx * head_dim(_v)] one K/V head converted to float */
 };
 
 #endif

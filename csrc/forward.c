@@ -75,7 +75,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, 
     const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
     pi2_attn a = {
         .q = c->q, .k = c->k_cache + cells * hp->head_dim, .v = c->v_cache + cells * hp->head_dim_v,
-        .out = c->att, .scores = c->scores, .qf = c->qf, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
+        .out = c->att, .scores = c->scores, .qf = c->qf, .kf = c->kf, .vf = c->vf, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
         .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
         .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
     pi2_attention(c->pool, &a);

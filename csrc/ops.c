@@ -85,46 +85,66 @@ static float reduce16(const float *v) {
 /* Sum of x[j]·y[j] for j in [j0, j1) in ggml's F16 dot-product order (ggml_order.dot_f16_vec and
  * dot_f16_tinyblas): element j goes to lane j % 16 of accumulator (j % 64) / 16 (one token,
  * ggml_vec_dot_f16) or of the single accumulator (batches, tinyBLAS); lanes are then reduced.
- * x and y hold F16 values, so each product is exact in float and needs no FMA. */
-static float dot_f16_order(const float *x, const pi2_fp16 *y, int32_t j0, int32_t j1, int vec) {
+ * x and y hold F16 values (as floats), so each product is exact and needs no FMA. */
+static float dot_f16_order(const float *x, const float *y, int32_t j0, int32_t j1, int vec) {
     float acc[4][16] = {{0}};
-    for (int32_t j = j0; j < j1; j++) acc[vec ? (j & 63) >> 4 : 0][j & 15] += x[j] * pi2_fp16_to_f32(y[j]);
+    int32_t j = j0;
+    for (; j < j1 && (j & 15); j++) acc[vec ? (j & 63) >> 4 : 0][j & 15] += x[j] * y[j];
+    for (; j + 16 <= j1; j += 16) {   /* whole aligned groups of 16: one vector of lanes */
+        float *a = acc[vec ? (j & 63) >> 4 : 0];
+        for (int l = 0; l < 16; l++) a[l] += x[j + l] * y[j + l];
+    }
+    for (; j < j1; j++) acc[vec ? (j & 63) >> 4 : 0][j & 15] += x[j] * y[j];
     if (!vec) return reduce16(acc[0]);
     float v[16];
     for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
     return reduce16(v);
 }
 
-/* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
- * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V. */
+static void f16_to_f32_row(float *dst, const pi2_fp16 *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)   /* fixed-length blocks: the compiler vectorises the conversion */
+        for (int l = 0; l < 16; l++) dst[i + l] = pi2_fp16_to_f32(src[i + l]);
+    for (; i < n; i++) dst[i] = pi2_fp16_to_f32(src[i]);
+}
+
+/* One (token, K/V head): its visible keys and values are converted to float once, then for each
+ * query head of the group: softmax(scale · q.k) over them (ggml_order.softmax: v_expf, sums of 16
+ * aligned positions reduced in float and added into a double), weights rounded to F16, times V. */
 static void attn_task(void *arg, int32_t task, int32_t thread) {
     const pi2_attn *a = arg;
-    const int32_t t = task / a->n_head, h = task % a->n_head, vec = a->n_tok == 1;
-    const int32_t hkv = h / (a->n_head / a->n_head_kv), pos = a->pos0 + t;
-    const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    const size_t k_stride = (size_t)a->n_head_kv * a->head_dim;
-    float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * a->head_dim;
-    const float *q = a->q + ((size_t)t * a->n_head + h) * a->head_dim;
-    for (int32_t d = 0; d < a->head_dim; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
+    const int32_t g = a->n_head / a->n_head_kv, t = task / a->n_head_kv, hkv = task % a->n_head_kv;
+    const int32_t pos = a->pos0 + t, vec = a->n_tok == 1, hd = a->head_dim, hdv = a->head_dim_v;
+    const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n_kv = pos + 1;
+    float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * hd;
+    float *kf = a->kf + (size_t)thread * a->n_ctx * hd;        /* [j][hd], j in [j0, pos] */
+    float *vf = a->vf + (size_t)thread * a->n_ctx * hdv;       /* [d][n_kv], positions j0..pos used */
+    for (int32_t j = j0; j <= pos; j++)
+        f16_to_f32_row(kf + (size_t)j * hd, a->k + ((size_t)j * a->n_head_kv + hkv) * hd, hd);
+    for (int32_t d = 0; d < hdv; d++)
+        f16_to_f32_row(vf + (size_t)d * n_kv + j0, a->v + ((size_t)hkv * hdv + d) * a->n_ctx + j0, pos + 1 - j0);
 
-    float max = -INFINITY;
-    for (int32_t j = j0; j <= pos; j++) {
-        s[j] = dot_f16_order(qf, a->k + (size_t)j * k_stride + (size_t)hkv * a->head_dim, 0, a->head_dim, vec) * a->scale;
-        if (s[j] > max) max = s[j];
+    for (int32_t h = hkv * g; h < (hkv + 1) * g; h++) {
+        const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
+        for (int32_t d = 0; d < hd; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
+        float max = -INFINITY;
+        for (int32_t j = j0; j <= pos; j++) {
+            s[j] = dot_f16_order(qf, kf + (size_t)j * hd, 0, hd, vec) * a->scale;
+            if (s[j] > max) max = s[j];
+        }
+        double sum = 0.0;
+        for (int32_t b = j0 & ~15; b <= pos; b += 16) {
+            float lane[16] = {0};
+            for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j] = v_expf(s[j] - max);
+            sum += (double)reduce16(lane);
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
+        float *out = a->out + ((size_t)t * a->n_head + h) * hdv;
+        for (int32_t d = 0; d < hdv; d++) out[d] = dot_f16_order(s, vf + (size_t)d * n_kv, j0, n_kv, vec);
     }
-    double sum = 0.0;
-    for (int32_t g = j0 & ~15; g <= pos; g += 16) {
-        float lane[16] = {0};
-        for (int32_t j = g > j0 ? g : j0; j < g + 16 && j <= pos; j++) lane[j & 15] = s[j] = v_expf(s[j] - max);
-        sum += (double)reduce16(lane);
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
-    float *out = a->out + ((size_t)t * a->n_head + h) * a->head_dim_v;
-    const pi2_fp16 *v = a->v + (size_t)hkv * a->head_dim_v * a->n_ctx;
-    for (int32_t d = 0; d < a->head_dim_v; d++) out[d] = dot_f16_order(s, v + (size_t)d * a->n_ctx, j0, pos + 1, vec);
 }
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
-    pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
+    pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head_kv);
 }

@@ -35,6 +35,7 @@ typedef struct {
     float *out;                /* [n_tok][n_head][head_dim_v] */
     float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
+    float *kf, *vf;            /* scratch [n_threads][n_ctx * head_dim(_v)]: one K/V head as floats */
     int32_t n_tok, pos0, n_ctx;
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */

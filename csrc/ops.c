@@ -39,6 +39,8 @@ void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const 
     }
 }
 
+static inline float pow2i(int e) { return pi2_f32_from_bits((uint32_t)(e + 127) << 23); }   /* -126 <= e <= 127 */
+
 /* ggml_v_expf (AVX-512 branch): n = round(x log2 e), b = x - n ln2 in two FMAs, a degree-5
  * polynomial, scaled by 2^n; |n| > 192 gives 0 or inf. Twin of ggml_order.v_expf. */
 static float v_expf(float x) {
@@ -49,7 +51,10 @@ static float v_expf(float x) {
     const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
                          fmaf(0x1.ffffecp-1f, b, 1.0f));
     if (!(fabsf(n) <= 192.0f)) return n <= 0 ? 0.0f : INFINITY;
-    return ldexpf(j, (int)n);
+    const int e = (int)n;   /* j * 2^e with one rounding, as vscalefps and ldexpf: split e so the first product stays exact */
+    if (e > 127) return j * pow2i(127) * pow2i(e - 127);
+    if (e < -126) return j * pow2i(-100) * pow2i(e + 100);
+    return j * pow2i(e);
 }
 
 void pi2_gelu_table(pi2_fp16 *table) {

@@ -66,8 +66,8 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->rope = alloc(2 * B * hp->n_rot, sizeof(float), &ok);
     c->scores = alloc(T * C, sizeof(float), &ok);
     c->qf = alloc(T * hp->head_dim, sizeof(float), &ok);
-    c->kf = alloc(T * C * hp->head_dim, sizeof(float), &ok);
-    c->vf = alloc(T * C * hp->head_dim_v, sizeof(float), &ok);
+    c->kf = alloc(C * kd, sizeof(float), &ok);
+    c->vf = alloc(C * vd, sizeof(float), &ok);
     c->mm = (pi2_matmul_env){c->pool, p.impl, alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
     if (!ok) {
         pi2_ctx_free(c);

@@ -32,7 +32,8 @@ struct pi2_ctx {
     float *rope;                 /* [2][B][n_rot] cos/sin pairs per position: [0] rope_base, [1] local */
     float *scores;               /* [n_threads][n_ctx] attention weights */
     float *qf;                   /* [n_threads][head_dim] a query head rounded to F16 */
-    float *kf, *vf;              /* [n_threads][n_ctx * head_dim(_v)] one K/V head converted to float */
+    float *kf;                   /* [n_ctx][n_head_kv * head_dim] one layer's keys as floats (attention) */
+    float *vf;                   /* [n_head_kv * head_dim_v][n_ctx] one layer's values as floats */
 };
 
 #endif

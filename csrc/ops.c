@@ -5,6 +5,10 @@
 
 #include <math.h>
 
+/* a·b + c with one rounding of the exact product's sum, as ggml_order.fma32 emulates FMA: the product
+ * of two floats is exact in double (no libm call, no FMA instruction needed). */
+static inline float fma32(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
+
 void pi2_rms_norm(float *y, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0;
     for (int64_t i = 0; i < n; i++) ss += (double)(x[i] * x[i]);
@@ -33,8 +37,8 @@ void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const 
         for (int32_t i = 0; i < half; i++) {
             float *a = xh + i * step, *b = a + stride;
             const float c = cs[2 * i], s = cs[2 * i + 1], x0 = *a, x1 = *b;
-            *a = fmaf(x0, c, -(x1 * s));   /* GCC's vectorised rotate_pairs (vfmaddsub) */
-            *b = fmaf(x0, s, x1 * c);
+            *a = fma32(x0, c, -(x1 * s));   /* GCC's vectorised rotate_pairs (vfmaddsub) */
+            *b = fma32(x0, s, x1 * c);
         }
     }
 }
@@ -45,11 +49,11 @@ static inline float pow2i(int e) { return pi2_f32_from_bits((uint32_t)(e + 127) 
  * polynomial, scaled by 2^n; |n| > 192 gives 0 or inf. Twin of ggml_order.v_expf. */
 static float v_expf(float x) {
     const float r = 0x1.8p23f;
-    const float n = fmaf(x, 0x1.715476p+0f, r) - r;
-    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float n = fma32(x, 0x1.715476p+0f, r) - r;
+    const float b = fma32(-n, 0x1.7f7d1cp-20f, fma32(-n, 0x1.62e4p-1f, x));
     const float u = b * b;
-    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
-                         fmaf(0x1.ffffecp-1f, b, 1.0f));
+    const float j = fma32(fma32(fma32(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fma32(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                         fma32(0x1.ffffecp-1f, b, 1.0f));
     if (!(fabsf(n) <= 192.0f)) return n <= 0 ? 0.0f : INFINITY;
     const int e = (int)n;   /* j * 2^e with one rounding, as vscalefps and ldexpf: split e so the first product stays exact */
     if (e > 127) return j * pow2i(127) * pow2i(e - 127);
@@ -92,17 +96,48 @@ static float reduce16(const float *v) {
  * ggml_vec_dot_f16) or of the single accumulator (batches, tinyBLAS); lanes are then reduced.
  * x and y hold F16 values (as floats), so each product is exact and needs no FMA. */
 static float dot_f16_order(const float *x, const float *y, int32_t j0, int32_t j1, int vec) {
-    float acc[4][16] = {{0}};
+    float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0}, v[16];
+    float *acc[4] = {a0, vec ? a1 : a0, vec ? a2 : a0, vec ? a3 : a0};   /* accumulator of (j % 64) / 16 */
     int32_t j = j0;
-    for (; j < j1 && (j & 15); j++) acc[vec ? (j & 63) >> 4 : 0][j & 15] += x[j] * y[j];
-    for (; j + 16 <= j1; j += 16) {   /* whole aligned groups of 16: one vector of lanes */
-        float *a = acc[vec ? (j & 63) >> 4 : 0];
-        for (int l = 0; l < 16; l++) a[l] += x[j + l] * y[j + l];
+    for (; j < j1 && (j & 15); j++) acc[(j & 63) >> 4][j & 15] += x[j] * y[j];
+    for (; j + 16 <= j1 && (j & 63); j += 16)
+        for (int l = 0; l < 16; l++) acc[(j & 63) >> 4][l] += x[j + l] * y[j + l];
+    if (vec)
+        for (; j + 64 <= j1; j += 64)     /* whole aligned groups of 64: four vectors of lanes */
+            for (int l = 0; l < 16; l++) {
+                a0[l] += x[j + l] * y[j + l];
+                a1[l] += x[j + 16 + l] * y[j + 16 + l];
+                a2[l] += x[j + 32 + l] * y[j + 32 + l];
+                a3[l] += x[j + 48 + l] * y[j + 48 + l];
+            }
+    else
+        for (; j + 16 <= j1; j += 16)
+            for (int l = 0; l < 16; l++) a0[l] += x[j + l] * y[j + l];
+    for (; j + 16 <= j1; j += 16)
+        for (int l = 0; l < 16; l++) acc[(j & 63) >> 4][l] += x[j + l] * y[j + l];
+    for (; j < j1; j++) acc[(j & 63) >> 4][j & 15] += x[j] * y[j];
+    if (!vec) return reduce16(a0);
+    for (int l = 0; l < 16; l++) v[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
+    return reduce16(v);
+}
+
+/* dot_f16_order(x, y, 0, n, vec) for whole groups (q.k over a head): accumulators stay in registers. */
+static inline float dot_f16_head(const float *x, const float *y, int32_t n, int vec) {
+    float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0}, v[16];
+    if (n % (vec ? 64 : 16)) return dot_f16_order(x, y, 0, n, vec);
+    if (!vec) {
+        for (int32_t i = 0; i < n; i += 16)
+            for (int l = 0; l < 16; l++) a0[l] += x[i + l] * y[i + l];
+        return reduce16(a0);
     }
-    for (; j < j1; j++) acc[vec ? (j & 63) >> 4 : 0][j & 15] += x[j] * y[j];
-    if (!vec) return reduce16(acc[0]);
-    float v[16];
-    for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    for (int32_t i = 0; i < n; i += 64)
+        for (int l = 0; l < 16; l++) {
+            a0[l] += x[i + l] * y[i + l];
+            a1[l] += x[i + 16 + l] * y[i + 16 + l];
+            a2[l] += x[i + 32 + l] * y[i + 32 + l];
+            a3[l] += x[i + 48 + l] * y[i + 48 + l];
+        }
+    for (int l = 0; l < 16; l++) v[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
     return reduce16(v);
 }
 
@@ -113,28 +148,22 @@ static void f16_to_f32_row(float *dst, const pi2_fp16 *src, int64_t n) {
     for (; i < n; i++) dst[i] = pi2_fp16_to_f32(src[i]);
 }
 
-/* One (token, K/V head): its visible keys and values are converted to float once, then for each
- * query head of the group: softmax(scale · q.k) over them (ggml_order.softmax: v_expf, sums of 16
- * aligned positions reduced in float and added into a double), weights rounded to F16, times V. */
+/* One (token, K/V head), for each query head of its group: softmax(scale · q.k) over the visible
+ * keys (ggml_order.softmax: v_expf, sums of 16 aligned positions reduced in float and added into a
+ * double), weights rounded to F16, times V. Keys and values come from the float copies. */
 static void attn_task(void *arg, int32_t task, int32_t thread) {
     const pi2_attn *a = arg;
     const int32_t g = a->n_head / a->n_head_kv, t = task / a->n_head_kv, hkv = task % a->n_head_kv;
     const int32_t pos = a->pos0 + t, vec = a->n_tok == 1, hd = a->head_dim, hdv = a->head_dim_v;
-    const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0, n_kv = pos + 1;
+    const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    const size_t kd = (size_t)a->n_head_kv * hd;
     float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * hd;
-    float *kf = a->kf + (size_t)thread * a->n_ctx * hd;        /* [j][hd], j in [j0, pos] */
-    float *vf = a->vf + (size_t)thread * a->n_ctx * hdv;       /* [d][n_kv], positions j0..pos used */
-    for (int32_t j = j0; j <= pos; j++)
-        f16_to_f32_row(kf + (size_t)j * hd, a->k + ((size_t)j * a->n_head_kv + hkv) * hd, hd);
-    for (int32_t d = 0; d < hdv; d++)
-        f16_to_f32_row(vf + (size_t)d * n_kv + j0, a->v + ((size_t)hkv * hdv + d) * a->n_ctx + j0, pos + 1 - j0);
-
     for (int32_t h = hkv * g; h < (hkv + 1) * g; h++) {
         const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
         for (int32_t d = 0; d < hd; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
         float max = -INFINITY;
         for (int32_t j = j0; j <= pos; j++) {
-            s[j] = dot_f16_order(qf, kf + (size_t)j * hd, 0, hd, vec) * a->scale;
+            s[j] = dot_f16_head(qf, a->kf + (size_t)j * kd + (size_t)hkv * hd, hd, vec) * a->scale;
             if (s[j] > max) max = s[j];
         }
         double sum = 0.0;
@@ -146,10 +175,33 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
         const float inv = (float)(1.0 / sum);
         for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
         float *out = a->out + ((size_t)t * a->n_head + h) * hdv;
-        for (int32_t d = 0; d < hdv; d++) out[d] = dot_f16_order(s, vf + (size_t)d * n_kv, j0, n_kv, vec);
+        const float *v = a->vf + (size_t)hkv * hdv * a->n_ctx;
+        for (int32_t d = 0; d < hdv; d++) out[d] = dot_f16_order(s, v + (size_t)d * a->n_ctx, j0, pos + 1, vec);
+    }
+}
+
+#define CONVERT_CHUNK 8192   /* values per conversion task */
+
+/* Task i < n_k: a chunk of the keys [jlo, n_kv) (contiguous); then one task per V row (head, dim). */
+static void convert_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const pi2_attn *a = arg;
+    const int32_t n_kv = a->pos0 + a->n_tok, jlo = a->window && a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0;
+    const size_t kd = (size_t)a->n_head_kv * a->head_dim, k_vals = (size_t)(n_kv - jlo) * kd;
+    const int32_t n_k = (int32_t)((k_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
+    if (task < n_k) {
+        const size_t i0 = (size_t)jlo * kd + (size_t)task * CONVERT_CHUNK, n = k_vals - (size_t)task * CONVERT_CHUNK;
+        f16_to_f32_row(a->kf + i0, a->k + i0, n < CONVERT_CHUNK ? (int64_t)n : CONVERT_CHUNK);
+    } else {
+        const size_t row = (size_t)(task - n_k) * a->n_ctx + jlo;
+        f16_to_f32_row(a->vf + row, a->v + row, n_kv - jlo);
     }
 }
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
+    const int32_t n_kv = a->pos0 + a->n_tok, jlo = a->window && a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0;
+    const size_t k_vals = (size_t)(n_kv - jlo) * a->n_head_kv * a->head_dim;
+    const int32_t n_k = (int32_t)((k_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
+    pi2_pool_run(pool, convert_task, a, n_k + a->n_head_kv * a->head_dim_v);
     pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head_kv);
 }

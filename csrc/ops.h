@@ -27,7 +27,8 @@ void pi2_gelu_table(pi2_fp16 *table /* [65536] */);
 void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 
 /* Causal multi-head attention over one layer's F16 cache, with grouped K/V heads, in ggml's float
- * order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's attention. */
+ * order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's attention. The
+ * visible part of the cache is converted to float once per call (exact: F16 values). */
 typedef struct {
     const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
     const pi2_fp16 *k;         /* [n_ctx][n_head_kv][head_dim], positions 0..pos0+n_tok-1 filled */
@@ -35,7 +36,8 @@ typedef struct {
     float *out;                /* [n_tok][n_head][head_dim_v] */
     float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
-    float *kf, *vf;            /* scratch [n_threads][n_ctx * head_dim(_v)]: one K/V head as floats */
+    float *kf;                 /* scratch [n_ctx][n_head_kv][head_dim]: the visible keys as floats */
+    float *vf;                 /* scratch [n_head_kv][head_dim_v][n_ctx]: the visible values as floats */
     int32_t n_tok, pos0, n_ctx;
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */

@@ -123,6 +123,21 @@ def test_kv_cache_continuity(tmp_path_factory, arch):
     assert np.array_equal(c.decode(PROMPT[:8], all_logits=True), CContext(cm, 64, 1).decode(PROMPT[:8], all_logits=True))
 
 
+def test_long_context_attention(tmp_path):
+    """150 positions: whole groups of 16 and 64 keys in the lane order of both F16 dot products, and a
+    sliding window that starts mid-group (gemma3 layer 0, checked at its attention output)."""
+    for arch, window in (("llama", None), ("gemma3", 40)):
+        m = load_model(write_model(tmp_path / f"{arch}.gguf", arch=arch, n_layer=6 if arch == "gemma3" else 2,
+                                   sliding_window=window, n_ctx=512))
+        ref, c = ReferenceContext(m, 256), CContext(CModel.from_model(m), 256, n_threads=2)
+        tokens = list(np.random.default_rng(1).integers(0, m.config.n_vocab, 150))
+        for piece in (tokens, [5], [9], [77]):
+            R, a = traced(ref, piece)
+            C, b = traced(c, piece)
+            assert nmse(R[("kqv_out", 0)], C[("kqv_out", 0)]) <= NMSE_CHECKPOINT
+            assert nmse(a, b) <= NMSE_LOGITS and (a.argmax(-1) == b.argmax(-1)).all()
+
+
 def test_batches_longer_than_n_batch(tmp_path_factory):
     """A decode longer than n_batch runs in steps and matches the reference's rows."""
     m, cm = fixture_model(tmp_path_factory, "llama")

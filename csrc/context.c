@@ -4,6 +4,7 @@
  * Does not: compute (forward.c). */
 #include "context.h"
 #include "internal.h"
+#include "ops.h"
 
 #include <stdlib.h>
 
@@ -68,6 +69,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->qf = alloc(T * hp->head_dim, sizeof(float), &ok);
     c->kf = alloc(C * kd, sizeof(float), &ok);
     c->vf = alloc(C * vd, sizeof(float), &ok);
+    c->acc = alloc(T * pi2_attn_acc_floats(hp->head_dim, hp->head_dim_v), sizeof(float), &ok);
     c->mm = (pi2_matmul_env){c->pool, p.impl, alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
     if (!ok) {
         pi2_ctx_free(c);
@@ -82,7 +84,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
-                    c->rope, c->scores, c->qf, c->kf, c->vf, c->mm.xq};
+                    c->rope, c->scores, c->qf, c->kf, c->vf, c->acc, c->mm.xq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c);
 }

@@ -4,6 +4,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <string.h>
 
 /* a·b + c with one rounding of the exact product's sum, as ggml_order.fma32 emulates FMA: the product
  * of two floats is exact in double (no libm call, no FMA instruction needed). */
@@ -91,61 +92,76 @@ static float reduce16(const float *v) {
     return (r4[0] + r4[2]) + (r4[1] + r4[3]);
 }
 
-/* Sum of x[j]·y[j] for j in [j0, j1) in ggml's F16 dot-product order (ggml_order.dot_f16_vec and
- * dot_f16_tinyblas): element j goes to lane j % 16 of accumulator (j % 64) / 16 (one token,
- * ggml_vec_dot_f16) or of the single accumulator (batches, tinyBLAS); lanes are then reduced.
- * x and y hold F16 values (as floats), so each product is exact and needs no FMA. */
-static float dot_f16_order(const float *x, const float *y, int32_t j0, int32_t j1, int vec) {
-    float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0}, v[16];
-    float *acc[4] = {a0, vec ? a1 : a0, vec ? a2 : a0, vec ? a3 : a0};   /* accumulator of (j % 64) / 16 */
-    int32_t j = j0;
-    for (; j < j1 && (j & 15); j++) acc[(j & 63) >> 4][j & 15] += x[j] * y[j];
-    for (; j + 16 <= j1 && (j & 63); j += 16)
-        for (int l = 0; l < 16; l++) acc[(j & 63) >> 4][l] += x[j + l] * y[j + l];
+/* ggml's two F16 dot-product orders (ggml_order.dot_f16_vec, dot_f16_tinyblas): term i of a dot
+ * product goes to lane i % 16 of accumulator (i % 64) / 16 (one token, ggml_vec_dot_f16) or of a
+ * single accumulator (batches, tinyBLAS); accumulators add up in term order, then lanes are
+ * combined ((0+2) + (1+3)) and reduced (reduce16). Terms are products of F16 values, exact in
+ * float, so no FMA is involved. Here many dot products run side by side (keys for q.k, value
+ * dimensions for p.V): each (accumulator, lane) is a row of `width` floats updated by an axpy. */
+#define KEY_BLOCK 64   /* keys scored together */
+/* The lane loops below are plain float multiplies and adds, exact per element, so wider vectors
+ * give the same bits: on x86-64 GCC/Clang build them also for AVX2 and AVX-512 and pick at load. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDE_CLONES
+#endif
+#define ACC(vec, i) ((vec) ? ((i) & 63) >> 4 : 0)
+
+/* out[k] = the dot products' results from acc [4][16][width] (only [0] when !vec). */
+WIDE_CLONES static void lanes_reduce(float *out, float *acc, int64_t width, int vec) {
+    float *a[4] = {acc, acc + 16 * width, acc + 32 * width, acc + 48 * width};
     if (vec)
-        for (; j + 64 <= j1; j += 64)     /* whole aligned groups of 64: four vectors of lanes */
-            for (int l = 0; l < 16; l++) {
-                a0[l] += x[j + l] * y[j + l];
-                a1[l] += x[j + 16 + l] * y[j + 16 + l];
-                a2[l] += x[j + 32 + l] * y[j + 32 + l];
-                a3[l] += x[j + 48 + l] * y[j + 48 + l];
-            }
-    else
-        for (; j + 16 <= j1; j += 16)
-            for (int l = 0; l < 16; l++) a0[l] += x[j + l] * y[j + l];
-    for (; j + 16 <= j1; j += 16)
-        for (int l = 0; l < 16; l++) acc[(j & 63) >> 4][l] += x[j + l] * y[j + l];
-    for (; j < j1; j++) acc[(j & 63) >> 4][j & 15] += x[j] * y[j];
-    if (!vec) return reduce16(a0);
-    for (int l = 0; l < 16; l++) v[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
-    return reduce16(v);
+        for (int l = 0; l < 16; l++)
+            for (int64_t k = 0; k < width; k++)
+                a[0][l * width + k] = (a[0][l * width + k] + a[2][l * width + k]) + (a[1][l * width + k] + a[3][l * width + k]);
+    float *v = a[0];
+    for (int i = 0; i < 8; i++)
+        for (int64_t k = 0; k < width; k++) v[i * width + k] = v[(8 + i) * width + k] + v[i * width + k];
+    for (int i = 0; i < 4; i++)
+        for (int64_t k = 0; k < width; k++) v[i * width + k] = v[(4 + i) * width + k] + v[i * width + k];
+    for (int64_t k = 0; k < width; k++) out[k] = (v[k] + v[2 * width + k]) + (v[width + k] + v[3 * width + k]);
 }
 
-/* dot_f16_order(x, y, 0, n, vec) for whole groups (q.k over a head): accumulators stay in registers. */
-static inline float dot_f16_head(const float *x, const float *y, int32_t n, int vec) {
-    float a0[16] = {0}, a1[16] = {0}, a2[16] = {0}, a3[16] = {0}, v[16];
-    if (n % (vec ? 64 : 16)) return dot_f16_order(x, y, 0, n, vec);
-    if (!vec) {
-        for (int32_t i = 0; i < n; i += 16)
-            for (int l = 0; l < 16; l++) a0[l] += x[i + l] * y[i + l];
-        return reduce16(a0);
-    }
-    for (int32_t i = 0; i < n; i += 64)
-        for (int l = 0; l < 16; l++) {
-            a0[l] += x[i + l] * y[i + l];
-            a1[l] += x[i + 16 + l] * y[i + 16 + l];
-            a2[l] += x[i + 32 + l] * y[i + 32 + l];
-            a3[l] += x[i + 48 + l] * y[i + 48 + l];
-        }
-    for (int l = 0; l < 16; l++) v[l] = (a0[l] + a2[l]) + (a1[l] + a3[l]);
-    return reduce16(v);
-}
-
-static void f16_to_f32_row(float *dst, const pi2_fp16 *src, int64_t n) {
+WIDE_CLONES static void f16_to_f32_row(float *dst, const pi2_fp16 *src, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)   /* fixed-length blocks: the compiler vectorises the conversion */
         for (int l = 0; l < 16; l++) dst[i + l] = pi2_fp16_to_f32(src[i + l]);
     for (; i < n; i++) dst[i] = pi2_fp16_to_f32(src[i]);
+}
+
+int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v) {
+    return 64 * (int64_t)(KEY_BLOCK > head_dim_v ? KEY_BLOCK : head_dim_v);
+}
+
+/* s[j] = scale · (q . key j) for j in [j0, j1): q.k for a block of keys at a time. */
+WIDE_CLONES static void score_keys(const pi2_attn *a, const float *q, const float *kT, float *s, int32_t j0, int32_t j1,
+                       float *acc, int vec) {
+    for (int32_t jb = j0; jb < j1; jb += KEY_BLOCK) {
+        const int32_t nb = j1 - jb < KEY_BLOCK ? j1 - jb : KEY_BLOCK;
+        memset(acc, 0, (size_t)(vec ? 64 : 16) * nb * sizeof *acc);
+        for (int32_t i = 0; i < a->head_dim; i++) {
+            float *row = acc + (size_t)(ACC(vec, i) * 16 + (i & 15)) * nb;
+            const float *kr = kT + (size_t)i * a->n_ctx + jb, qi = q[i];
+            for (int32_t k = 0; k < nb; k++) row[k] += qi * kr[k];
+        }
+        lanes_reduce(s + jb, acc, nb, vec);
+        for (int32_t k = 0; k < nb; k++) s[jb + k] *= a->scale;
+    }
+}
+
+/* out[d] = sum over j in [j0, j1) of p[j] · V[j][d]. */
+WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const float *v, float *out, int32_t j0, int32_t j1,
+                         float *acc, int vec) {
+    const int32_t hdv = a->head_dim_v;
+    const size_t vd = (size_t)a->n_head_kv * hdv;
+    memset(acc, 0, (size_t)(vec ? 64 : 16) * hdv * sizeof *acc);
+    for (int32_t j = j0; j < j1; j++) {
+        float *row = acc + (size_t)(ACC(vec, j) * 16 + (j & 15)) * hdv;
+        const float *vr = v + (size_t)j * vd, pj = p[j];
+        for (int32_t d = 0; d < hdv; d++) row[d] += pj * vr[d];
+    }
+    lanes_reduce(out, acc, hdv, vec);
 }
 
 /* One (token, K/V head), for each query head of its group: softmax(scale · q.k) over the visible
@@ -156,16 +172,14 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
     const int32_t g = a->n_head / a->n_head_kv, t = task / a->n_head_kv, hkv = task % a->n_head_kv;
     const int32_t pos = a->pos0 + t, vec = a->n_tok == 1, hd = a->head_dim, hdv = a->head_dim_v;
     const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    const size_t kd = (size_t)a->n_head_kv * hd;
     float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * hd;
+    float *acc = a->acc + (size_t)thread * pi2_attn_acc_floats(hd, hdv);
     for (int32_t h = hkv * g; h < (hkv + 1) * g; h++) {
         const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
         for (int32_t d = 0; d < hd; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
+        score_keys(a, qf, a->kf + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
         float max = -INFINITY;
-        for (int32_t j = j0; j <= pos; j++) {
-            s[j] = dot_f16_head(qf, a->kf + (size_t)j * kd + (size_t)hkv * hd, hd, vec) * a->scale;
-            if (s[j] > max) max = s[j];
-        }
+        for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
         double sum = 0.0;
         for (int32_t b = j0 & ~15; b <= pos; b += 16) {
             float lane[16] = {0};
@@ -174,34 +188,32 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
         }
         const float inv = (float)(1.0 / sum);
         for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
-        float *out = a->out + ((size_t)t * a->n_head + h) * hdv;
-        const float *v = a->vf + (size_t)hkv * hdv * a->n_ctx;
-        for (int32_t d = 0; d < hdv; d++) out[d] = dot_f16_order(s, v + (size_t)d * a->n_ctx, j0, pos + 1, vec);
+        weigh_values(a, s, a->vf + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
     }
 }
 
 #define CONVERT_CHUNK 8192   /* values per conversion task */
 
-/* Task i < n_k: a chunk of the keys [jlo, n_kv) (contiguous); then one task per V row (head, dim). */
+/* Task i < n_v: a chunk of the values [jlo, n_kv) (contiguous); then one task per K row (head, dim). */
 static void convert_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const pi2_attn *a = arg;
     const int32_t n_kv = a->pos0 + a->n_tok, jlo = a->window && a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0;
-    const size_t kd = (size_t)a->n_head_kv * a->head_dim, k_vals = (size_t)(n_kv - jlo) * kd;
-    const int32_t n_k = (int32_t)((k_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
-    if (task < n_k) {
-        const size_t i0 = (size_t)jlo * kd + (size_t)task * CONVERT_CHUNK, n = k_vals - (size_t)task * CONVERT_CHUNK;
-        f16_to_f32_row(a->kf + i0, a->k + i0, n < CONVERT_CHUNK ? (int64_t)n : CONVERT_CHUNK);
+    const size_t vd = (size_t)a->n_head_kv * a->head_dim_v, v_vals = (size_t)(n_kv - jlo) * vd;
+    const int32_t n_v = (int32_t)((v_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
+    if (task < n_v) {
+        const size_t i0 = (size_t)jlo * vd + (size_t)task * CONVERT_CHUNK, n = v_vals - (size_t)task * CONVERT_CHUNK;
+        f16_to_f32_row(a->vf + i0, a->v + i0, n < CONVERT_CHUNK ? (int64_t)n : CONVERT_CHUNK);
     } else {
-        const size_t row = (size_t)(task - n_k) * a->n_ctx + jlo;
-        f16_to_f32_row(a->vf + row, a->v + row, n_kv - jlo);
+        const size_t row = (size_t)(task - n_v) * a->n_ctx + jlo;
+        f16_to_f32_row(a->kf + row, a->k + row, n_kv - jlo);
     }
 }
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
     const int32_t n_kv = a->pos0 + a->n_tok, jlo = a->window && a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0;
-    const size_t k_vals = (size_t)(n_kv - jlo) * a->n_head_kv * a->head_dim;
-    const int32_t n_k = (int32_t)((k_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
-    pi2_pool_run(pool, convert_task, a, n_k + a->n_head_kv * a->head_dim_v);
+    const size_t v_vals = (size_t)(n_kv - jlo) * a->n_head_kv * a->head_dim_v;
+    const int32_t n_v = (int32_t)((v_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
+    pi2_pool_run(pool, convert_task, a, n_v + a->n_head_kv * a->head_dim);
     pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head_kv);
 }

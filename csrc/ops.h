@@ -31,13 +31,14 @@ void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, cons
  * visible part of the cache is converted to float once per call (exact: F16 values). */
 typedef struct {
     const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
-    const pi2_fp16 *k;         /* [n_ctx][n_head_kv][head_dim], positions 0..pos0+n_tok-1 filled */
-    const pi2_fp16 *v;         /* [n_head_kv][head_dim_v][n_ctx], transposed like ggml's V cache */
+    const pi2_fp16 *k;         /* [n_head_kv][head_dim][n_ctx] (transposed), positions 0..pos0+n_tok-1 filled */
+    const pi2_fp16 *v;         /* [n_ctx][n_head_kv][head_dim_v] */
     float *out;                /* [n_tok][n_head][head_dim_v] */
     float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
-    float *kf;                 /* scratch [n_ctx][n_head_kv][head_dim]: the visible keys as floats */
-    float *vf;                 /* scratch [n_head_kv][head_dim_v][n_ctx]: the visible values as floats */
+    float *kf;                 /* scratch like k, as floats (the visible positions) */
+    float *vf;                 /* scratch like v, as floats */
+    float *acc;                /* scratch [n_threads][pi2_attn_acc_floats()] lane accumulators */
     int32_t n_tok, pos0, n_ctx;
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */
@@ -45,5 +46,7 @@ typedef struct {
 } pi2_attn;
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a);
+/* Floats of accumulator scratch one attention thread needs. */
+int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
 
 #endif

@@ -164,32 +164,30 @@ WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const fl
     lanes_reduce(out, acc, hdv, vec);
 }
 
-/* One (token, K/V head), for each query head of its group: softmax(scale · q.k) over the visible
- * keys (ggml_order.softmax: v_expf, sums of 16 aligned positions reduced in float and added into a
- * double), weights rounded to F16, times V. Keys and values come from the float copies. */
+/* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
+ * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V.
+ * Keys and values come from the float copies. */
 static void attn_task(void *arg, int32_t task, int32_t thread) {
     const pi2_attn *a = arg;
-    const int32_t g = a->n_head / a->n_head_kv, t = task / a->n_head_kv, hkv = task % a->n_head_kv;
+    const int32_t t = task / a->n_head, h = task % a->n_head, hkv = h / (a->n_head / a->n_head_kv);
     const int32_t pos = a->pos0 + t, vec = a->n_tok == 1, hd = a->head_dim, hdv = a->head_dim_v;
     const int32_t j0 = a->window && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
     float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * hd;
     float *acc = a->acc + (size_t)thread * pi2_attn_acc_floats(hd, hdv);
-    for (int32_t h = hkv * g; h < (hkv + 1) * g; h++) {
-        const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
-        for (int32_t d = 0; d < hd; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
-        score_keys(a, qf, a->kf + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
-        float max = -INFINITY;
-        for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
-        double sum = 0.0;
-        for (int32_t b = j0 & ~15; b <= pos; b += 16) {
-            float lane[16] = {0};
-            for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j] = v_expf(s[j] - max);
-            sum += (double)reduce16(lane);
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
-        weigh_values(a, s, a->vf + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
+    const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
+    for (int32_t d = 0; d < hd; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
+    score_keys(a, qf, a->kf + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
+    float max = -INFINITY;
+    for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
+    double sum = 0.0;
+    for (int32_t b = j0 & ~15; b <= pos; b += 16) {
+        float lane[16] = {0};
+        for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j] = v_expf(s[j] - max);
+        sum += (double)reduce16(lane);
     }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
+    weigh_values(a, s, a->vf + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
 }
 
 #define CONVERT_CHUNK 8192   /* values per conversion task */
@@ -215,5 +213,5 @@ void pi2_attention(pi2_pool *pool, pi2_attn *a) {
     const size_t v_vals = (size_t)(n_kv - jlo) * a->n_head_kv * a->head_dim_v;
     const int32_t n_v = (int32_t)((v_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
     pi2_pool_run(pool, convert_task, a, n_v + a->n_head_kv * a->head_dim);
-    pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head_kv);
+    pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
 }

@@ -266,6 +266,7 @@ def replace_path(m, path):
 # ---------------------------------------------------------------- real models
 
 @pytest.mark.model
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"])
 def test_real_model_matches_reference(key):
     m = load_model(model_file(key))

@@ -149,6 +149,23 @@ def bench(
     b.run(params)
 
 
+@app.command()
+def convert(
+    model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="output file (default MODEL.pi2.gguf)"),
+    calib: Optional[Path] = typer.Option(None, "--calib", help="calibration text (default: the one pi2 ships)"),
+    calib_tokens: int = typer.Option(4096, "--calib-tokens", help="calibration tokens to profile"),
+    layout: str = typer.Option("bundle-ud", "--layout", help="bundle-ud | bundle-gud"),
+    ffn_type: str = typer.Option("auto", "--ffn-type", help="row type of down: auto | f32 | f16"),
+    threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
+):
+    """Convert a GGUF model to a pi2 file: profile neurons, order them hot-first, bundle up and down rows."""
+    from pi2 import convert as cv
+    rep = cv.convert(_model_path(model, model_opt), output, calib=calib, calib_tokens=calib_tokens,
+                     ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0))
+    print(cv.summary(rep))
+
+
 def _click_exceptions():
     """(ClickException, UsageError, NoArgsIsHelpError, aborts, exits) as raised by this Typer: recent
     Typer vendors click as typer._click and has its own Abort and Exit; older Typer uses click's."""

@@ -1,0 +1,95 @@
+# layout.py — the pi2 file's FFN layout: neuron order, the row type of the transposed `down`, and bundles.
+# Owns: the hot-first permutation, choosing the down row type from the source's bits, re-quantizing
+#       down columns to rows, and packing (gate,) up and down rows into fixed-size bundle records.
+# Does not: profile activations (profile.py) or write files (writer.py).
+from __future__ import annotations
+
+import numpy as np
+
+from pi2.errors import UnsupportedError
+from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
+from pi2.quants import dequantize, quantize_weight
+
+LAYOUTS = ("bundle-ud", "bundle-gud")
+FFN_TYPES = ("auto", "f32", "f16")
+BUNDLE_ALIGN = 32
+# source type of ffn_down -> row type of the transposed rows (elementwise types transpose exactly)
+_DOWN_ROW = {"F32": "F32", "F16": "F16", "BF16": "BF16",
+             "Q4_0": "Q5_0", "IQ4_NL": "Q5_0", "IQ4_XS": "Q5_0",
+             "Q4_1": "Q5_1", "Q4_K": "Q5_1", "Q3_K": "Q5_1", "Q2_K": "Q5_1",
+             "Q5_0": "Q8_0", "Q5_1": "Q8_0", "Q5_K": "Q8_0", "Q6_K": "Q8_0", "Q8_0": "Q8_0"}
+
+
+def permutation(freq: np.ndarray) -> np.ndarray:
+    """New index -> source neuron, by descending frequency (ties keep source order)."""
+    return np.argsort(-np.asarray(freq, np.float64), kind="stable").astype(np.int32)
+
+
+def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed: bool = True) -> int:
+    """ggml type of the down rows. A source already stored as rows (PWRI ffn_down_t) keeps its type."""
+    if ffn_type == "f32":
+        return TYPE_IDS["F32"]
+    if ffn_type == "f16":
+        return TYPE_IDS["F16"]
+    name = GGML_TYPES[src_type][0]
+    if not transposed:
+        return src_type
+    row = _DOWN_ROW.get(name)
+    if row is None:
+        raise UnsupportedError(f"cannot choose a row type for ffn_down of type {name}; use --ffn-type f32 or f16")
+    if GGML_TYPES[TYPE_IDS[row]][1] > 1 and n_embd % GGML_TYPES[TYPE_IDS[row]][1]:
+        return TYPE_IDS["F16"]
+    return TYPE_IDS[row]
+
+
+def row_bytes(qtype: int, n: int) -> int:
+    _, block, size = GGML_TYPES[qtype]
+    return n // block * size
+
+
+def encode_rows(x: np.ndarray, qtype: int) -> np.ndarray:
+    """float32 (rows, n) -> uint8 (rows, row_bytes) of qtype."""
+    x = np.ascontiguousarray(x, np.float32)
+    if GGML_TYPES[qtype][0] == "F32":
+        return x.view(np.uint8).reshape(x.shape[0], -1)
+    if GGML_TYPES[qtype][0] == "F16":
+        return x.astype(np.float16).view(np.uint8).reshape(x.shape[0], -1)
+    return quantize_weight(x, qtype)
+
+
+def down_rows(src_raw: np.ndarray, src_type: int, n_embd: int, n_ff: int, perm: np.ndarray,
+              row_type: int, transposed: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
+    """Down as rows in the new neuron order: (bytes (n_ff, row_bytes), float32 values as stored (n_ff, n_embd),
+    relative L2 error of the stored values against the source's)."""
+    if not transposed:                                  # already rows (PWRI ffn_down_t)
+        src = dequantize(src_raw, src_type, n_embd)[perm]
+        if row_type == src_type:
+            return np.ascontiguousarray(src_raw[perm]), src, 0.0
+    else:
+        src = np.ascontiguousarray(dequantize(src_raw, src_type, n_ff).T[perm])   # (n_ff, n_embd)
+    raw = encode_rows(src, row_type)
+    got = dequantize(raw, row_type, n_embd)
+    err = float(np.linalg.norm(got - src) / (np.linalg.norm(src) or 1.0))
+    return raw, got, err
+
+
+def bundle(parts: list, n_ff: int) -> np.ndarray:
+    """Concatenate per-neuron byte rows (each (n_ff, k)) and zero-pad to a multiple of BUNDLE_ALIGN."""
+    width = sum(p.shape[1] for p in parts)
+    padded = -(-width // BUNDLE_ALIGN) * BUNDLE_ALIGN
+    out = np.zeros((n_ff, padded), np.uint8)
+    at = 0
+    for p in parts:
+        out[:, at:at + p.shape[1]] = p
+        at += p.shape[1]
+    return out.view(np.int8)
+
+
+def unbundle(b: np.ndarray, widths: list) -> list:
+    """Split bundle records (n_ff, bundle_bytes) back into their byte parts."""
+    b = np.asarray(b).view(np.uint8)
+    out, at = [], 0
+    for w in widths:
+        out.append(b[:, at:at + w])
+        at += w
+    return out

@@ -1,0 +1,215 @@
+# profile.py — activation statistics of a model's FFN neurons on calibration text.
+# Owns: running the model over evenly spaced chunks of the calibration tokens with the trace hook,
+#       per-layer streaming statistics (a fine |act(gate)| histogram for thresholds, per-neuron exceedance
+#       counts on a coarse magnitude grid for frequencies, a token subsample of act and act·up for errors),
+#       and deriving thresholds, frequencies and FFN-output errors at each keep fraction.
+# Does not: reorder, quantize or write anything (layout.py, writer.py).
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pi2.errors import UsageError
+
+DEFAULT_CALIB = Path(__file__).resolve().parent.parent / "data" / "calib.txt"
+KEEP_GRID = np.round(np.arange(1, 21) * 0.05, 2).astype(np.float32)    # 0.05 .. 1.0
+DEFAULT_KEEP = 0.5
+CHUNK = 256
+ERR_TOKENS = 512                              # token rows kept per layer for the error statistics
+_HIST = np.logspace(-8, 4, 2401)              # layer-wide |act| histogram edges (200 per decade)
+_COARSE = np.logspace(-4, 1, 41)              # per-neuron exceedance grid (8 per decade)
+SCORES = ("act", "act_up", "act_up_down")
+
+
+def act_fn(name: str):
+    if name == "silu":
+        return lambda g: g / (1.0 + np.exp(-g))
+    if name == "gelu":
+        c = np.float32(np.sqrt(2.0 / np.pi))
+        return lambda g: 0.5 * g * (1.0 + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
+    return lambda g: np.maximum(g, 0)
+
+
+def calib_tokens(tokenizer, path: Path | None, n_tokens: int) -> tuple[list, str, int]:
+    """Chunks of CHUNK tokens evenly spaced over the calibration text; (chunks, text sha256, tokens used)."""
+    path = Path(path) if path else DEFAULT_CALIB
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read calibration text {path}: {e.strerror}") from None
+    if n_tokens < 16:
+        raise UsageError(f"--calib-tokens must be at least 16 (got {n_tokens})")
+    ids = tokenizer.encode(data.decode("utf-8", "replace"), add_special=False)
+    if len(ids) < 16:
+        raise UsageError(f"calibration text {path} has only {len(ids)} tokens")
+    size = min(CHUNK, n_tokens, len(ids))
+    n_avail = len(ids) // size
+    n_chunks = max(1, min(n_avail, -(-n_tokens // size)))
+    starts = np.linspace(0, n_avail - 1, n_chunks).round().astype(int) * size
+    bos = [tokenizer.bos_id] if getattr(tokenizer, "add_bos", False) and tokenizer.bos_id is not None else []
+    chunks = [bos + ids[s:s + size - len(bos)] for s in starts]
+    return chunks, hashlib.sha256(data).hexdigest(), sum(len(c) for c in chunks)
+
+
+@dataclass
+class LayerStats:
+    n_ff: int
+    hist: np.ndarray = None          # counts of |act| per _HIST bin (+ under/overflow)
+    exceed: np.ndarray = None        # (n_ff, len(_COARSE)) tokens with |act| > grid value
+    n_tok: int = 0
+    act: list = field(default_factory=list)     # subsample rows of act(gate), float16
+    h: list = field(default_factory=list)       # subsample rows of act(gate)·up, float16
+    n_sub: int = 0
+
+    def __post_init__(self):
+        self.hist = np.zeros(len(_HIST) + 1, np.int64)
+        self.exceed = np.zeros((self.n_ff, len(_COARSE)), np.int64)
+
+    def add(self, a: np.ndarray, up: np.ndarray, stride: int) -> None:
+        s = np.abs(a)
+        self.hist += np.bincount(np.searchsorted(_HIST, s.ravel()), minlength=len(_HIST) + 1)
+        bins = np.searchsorted(_COARSE, s, side="left")          # number of grid values strictly below s
+        cnt = np.zeros((self.n_ff, len(_COARSE) + 1), np.int64)
+        idx = bins + (np.arange(self.n_ff) * (len(_COARSE) + 1))[None, :]
+        cnt.ravel()[:] = np.bincount(idx.ravel(), minlength=cnt.size)
+        # tokens with s > grid[j] = those whose bin count exceeds j
+        self.exceed += np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1][:, 1:]
+        rows = np.arange(0, a.shape[0], stride)
+        rows = rows[:max(0, ERR_TOKENS - self.n_sub)]
+        if rows.size:
+            self.act.append(a[rows].astype(np.float16))
+            self.h.append((a[rows] * up[rows]).astype(np.float16))
+            self.n_sub += rows.size
+        self.n_tok += a.shape[0]
+
+    def threshold(self, keep: float) -> float:
+        """|act| threshold keeping the fraction `keep` of (token, neuron) pairs (log-interpolated)."""
+        if keep >= 1.0:
+            return 0.0
+        total = self.hist.sum()
+        above = total - np.cumsum(self.hist)       # above[k] = pairs in bins > k, i.e. s > _HIST[k]
+        target = keep * total
+        k = int(np.searchsorted(-above[:-1], -target, side="left"))   # first edge with above <= target
+        if k <= 0:
+            return float(_HIST[0])
+        if k >= len(_HIST):
+            return float(_HIST[-1])
+        a0, a1 = above[k - 1], above[k]
+        f = 0.0 if a0 == a1 else (a0 - target) / (a0 - a1)
+        return float(np.exp(np.log(_HIST[k - 1]) + f * (np.log(_HIST[k]) - np.log(_HIST[k - 1]))))
+
+    def frequency(self, t: float) -> np.ndarray:
+        """Per-neuron fraction of tokens with |act| > t (log-interpolated on the coarse grid)."""
+        e = self.exceed / max(self.n_tok, 1)
+        if t <= _COARSE[0]:
+            return e[:, 0].astype(np.float32)
+        if t >= _COARSE[-1]:
+            return e[:, -1].astype(np.float32)
+        j = int(np.searchsorted(_COARSE, t)) - 1
+        f = (np.log(t) - np.log(_COARSE[j])) / (np.log(_COARSE[j + 1]) - np.log(_COARSE[j]))
+        return ((1 - f) * e[:, j] + f * e[:, j + 1]).astype(np.float32)
+
+
+def ffn_errors(act: np.ndarray, h: np.ndarray, down: np.ndarray, thresholds, score: np.ndarray | None = None):
+    """Relative L2 error of the FFN output (tokens × n_embd) when pairs with score <= t are dropped.
+    act, h: (tokens, n_ff); down: (n_embd, n_ff) float32; score defaults to |act|."""
+    s = np.abs(act) if score is None else score
+    full = h @ down.T
+    norm = float(np.sum(full.astype(np.float64) ** 2)) or 1.0
+    out = []
+    for t in thresholds:
+        dropped = np.where(s > t, 0, h) @ down.T
+        out.append(np.sqrt(float(np.sum(dropped.astype(np.float64) ** 2)) / norm))
+    return np.asarray(out, np.float32)
+
+
+def score_values(kind: str, act: np.ndarray, h: np.ndarray, down_norms: np.ndarray) -> np.ndarray:
+    if kind == "act":
+        return np.abs(act)
+    if kind == "act_up":
+        return np.abs(h)
+    return np.abs(h) * down_norms[None, :]
+
+
+def keep_errors(score: np.ndarray, h: np.ndarray, down: np.ndarray, grid) -> np.ndarray:
+    """Errors at each keep fraction when the layer keeps the top `keep` of pairs by `score`."""
+    flat = np.sort(score.ravel())
+    ts = [0.0 if k >= 1 else float(flat[min(len(flat) - 1, int(round((1 - k) * len(flat))))]) for k in grid]
+    return ffn_errors(score, h, down, [t if k < 1 else -1.0 for t, k in zip(ts, grid)], score=score)
+
+
+@dataclass
+class Profile:
+    layers: list                # LayerStats per layer
+    calib_sha256: str
+    n_tokens: int
+    thresh: np.ndarray = None   # (n_layer, len(KEEP_GRID))
+    freq: list = None           # per layer (n_ff,) float32, source order
+    err: np.ndarray = None      # (n_layer, len(KEEP_GRID))
+
+
+def run_profile(model, chunks, n_threads: int = 0, progress: bool = True) -> list:
+    """Decode the chunks with the C engine (the reference engine for PWRI files), collecting per-layer stats."""
+    from pi2.runtime import RunConfig, open_context
+
+    cfg = model.config
+    act = act_fn(cfg.ffn_act)
+    n_ctx = max(len(c) for c in chunks)
+    engine = "reference" if cfg.sparse else "c"
+    ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=n_threads, engine=engine))
+    layers = [LayerStats(cfg.n_ff) for _ in range(cfg.n_layer)]
+    stride = max(1, sum(len(c) for c in chunks) // ERR_TOKENS)
+    gate = {}
+
+    def trace(name, il, x):
+        if name == "ffn_gate":
+            gate[il] = np.asarray(x, np.float32).reshape(-1, cfg.n_ff)
+        elif name == "ffn_up" and il in gate:
+            layers[il].add(act(gate.pop(il)), np.asarray(x, np.float32).reshape(-1, cfg.n_ff), stride)
+
+    if hasattr(ctx, "set_trace"):
+        ctx.set_trace(trace)
+    else:
+        ctx.trace = trace
+    try:
+        for c in tqdm(chunks, desc="profile", unit="chunk", disable=not progress):
+            ctx.reset()
+            ctx.decode(c)
+    finally:
+        if hasattr(ctx, "set_trace"):
+            ctx.set_trace(None)
+    if any(l.n_tok == 0 for l in layers):
+        raise RuntimeError("the engine reported no FFN activations")
+    return layers
+
+
+def summarize(layers, downs, calib_sha, n_tokens, default_keep=DEFAULT_KEEP, progress=True) -> Profile:
+    """Thresholds at the keep grid, frequencies at the default keep's threshold, errors at each keep.
+    downs(il) -> (n_embd, n_ff) float32 down matrix of layer il (source neuron order)."""
+    n = len(layers)
+    thresh = np.zeros((n, len(KEEP_GRID)), np.float32)
+    err = np.zeros((n, len(KEEP_GRID)), np.float32)
+    freq = []
+    for il in tqdm(range(n), desc="statistics", unit="layer", disable=not progress):
+        L = layers[il]
+        thresh[il] = [L.threshold(k) for k in KEEP_GRID]
+        freq.append(L.frequency(L.threshold(default_keep)))
+        a, h = np.concatenate(L.act).astype(np.float32), np.concatenate(L.h).astype(np.float32)
+        ts = [t if k < 1 else -1.0 for t, k in zip(thresh[il], KEEP_GRID)]
+        err[il] = ffn_errors(a, h, downs(il), ts)
+    return Profile(layers, calib_sha, n_tokens, thresh, freq, err)
+
+
+def keep_for_error(err_row: np.ndarray, target: float) -> float:
+    """Smallest keep on the grid whose error is <= target (linear interpolation between grid points)."""
+    for j, e in enumerate(err_row):
+        if e <= target:
+            if j == 0:
+                return float(KEEP_GRID[0])
+            e0, k0, k1 = err_row[j - 1], KEEP_GRID[j - 1], KEEP_GRID[j]
+            return float(k0 + (k1 - k0) * (e0 - target) / max(e0 - e, 1e-12))
+    return 1.0

@@ -1,0 +1,148 @@
+# writer.py — writing the pi2 file: GGUF metadata with the source's value types, tensors, and the safe
+# replace (a temporary file beside the output, renamed only after a complete, flushed write).
+# Owns: the KV type scan of the source header, GGUFWriter setup (alignment 4096), temporary-file naming,
+#       clean-up of a failed write and of stale temporary files left by killed conversions.
+# Does not: decide tensor contents (__init__.py, layout.py).
+from __future__ import annotations
+
+import errno
+import os
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from pi2.errors import Pi2Error
+
+ALIGNMENT = 4096
+_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+class ConvertError(Pi2Error):
+    """A conversion that could not be completed (nothing is left under the output name)."""
+
+
+def kv_types(path) -> dict:
+    """key -> (value type, array element type or None), read from the GGUF header."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        n_kv = struct.unpack_from("<q", head, 16)[0]
+        buf = f.read()
+    pos, out = 0, {}
+
+    def u(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, buf, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    for _ in range(n_kv):
+        n = u("<Q")
+        key = buf[pos:pos + n].decode("utf-8", "replace")
+        pos += n
+        vt = u("<I")
+        sub = None
+        if vt == 8:
+            n = u("<Q")
+            pos += n
+        elif vt == 9:
+            sub, count = u("<I"), u("<Q")
+            if sub == 8:
+                for _ in range(count):
+                    n = u("<Q")
+                    pos += n
+            else:
+                pos += count * _SIZES[sub]
+        else:
+            pos += _SIZES[vt]
+        out[key] = (vt, sub)
+    return out
+
+
+def add_kv(w: GGUFWriter, key: str, value, vtype: int, sub: int | None) -> None:
+    vt = GGUFValueType(vtype)
+    if vt == GGUFValueType.ARRAY:
+        vals = value.tolist() if isinstance(value, np.ndarray) else list(value)
+        if not vals:
+            return                      # GGUFWriter cannot write empty arrays
+        w.add_key_value(key, vals, vt, sub_type=GGUFValueType(sub))
+    else:
+        w.add_key_value(key, value, vt)
+
+
+def temp_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.{os.getpid()}.tmp")
+
+
+def remove_stale_temps(out: Path) -> None:
+    """Remove temporary files of earlier conversions to `out` whose process is gone."""
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(\d+)\.tmp$")
+    try:
+        names = os.listdir(out.parent)
+    except OSError:
+        return
+    for name in names:
+        m = pat.match(name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue                     # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(out.parent / name)
+        except OSError:
+            pass
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return "no space left on device"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return str(e) or type(e).__name__
+
+
+def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = True) -> None:
+    """kvs: [(key, value, vtype, sub)]; tensors: [(name, array, raw_dtype or None)] with arrays in numpy
+    row order. Writes to a temporary file in out's directory and renames it over `out` at the end."""
+    out = Path(out)
+    remove_stale_temps(out)
+    tmp = temp_path(out)
+    w = GGUFWriter(str(tmp), arch)
+    try:
+        w.add_custom_alignment(ALIGNMENT)
+        for key, value, vt, sub in kvs:
+            add_kv(w, key, value, vt, sub)
+        for name, arr, raw in tensors:
+            if raw is None:
+                w.add_tensor(name, arr)
+            else:
+                w.add_tensor(name, arr, raw_dtype=GGMLQuantizationType(raw))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=progress)
+        for f in w.fout or []:
+            f.flush()
+            os.fsync(f.fileno())
+        w.close()
+        os.replace(tmp, out)
+    except BaseException as e:
+        try:
+            w.close()
+        except Exception:
+            pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ConvertError(f"cannot write {out}: {_reason(e)} (nothing was written under that name)") from e

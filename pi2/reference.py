@@ -16,6 +16,7 @@ import numpy as np
 from pi2.errors import UsageError
 from pi2.model.loader import Model
 from pi2 import ggml_order as go
+from pi2 import sparse
 from pi2.quants import QuantLinear
 
 F16 = np.float16
@@ -113,8 +114,8 @@ class ReferenceWeights:
         self.layers = []
         for il in range(cfg.n_layer):
             b = f"blk.{il}."
-            L = {n: lin(b + n + ".weight") for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")}
-            L["ffn_down"] = lin(b + "ffn_down.weight")
+            L = {n: lin(b + n + ".weight") for n in ("attn_q", "attn_k", "attn_v", "attn_output")}
+            L.update(sparse.ffn_weights(model, il))     # dense, PowerInfer ffn_down_t or pi2 bundles
             L["attn_norm"], L["ffn_norm"] = vec(b + "attn_norm.weight"), vec(b + "ffn_norm.weight")
             if cfg.qkv_bias:
                 for n in ("q", "k", "v"):
@@ -129,10 +130,12 @@ class ReferenceWeights:
 class ReferenceContext:
     """A sequence being evaluated: the F16 KV cache and the position of the next token."""
 
-    def __init__(self, model: Model, n_ctx: int, weights: ReferenceWeights | None = None):
+    def __init__(self, model: Model, n_ctx: int, weights: ReferenceWeights | None = None,
+                 keep: float | None = None, dense: bool = False):
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
         self.w = weights or ReferenceWeights(model)
+        self.ffn = sparse.SparseFFN(model, self.w.layers, keep, dense)   # which neurons each token computes
         self.k = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
         self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
         self.n_past = 0
@@ -140,6 +143,9 @@ class ReferenceContext:
 
     def reset(self) -> None:
         self.n_past = 0
+
+    def bench_stats(self) -> dict:
+        return self.ffn.stats()
 
     def _cb(self, name, il, x):
         if self.trace is not None:
@@ -208,7 +214,7 @@ class ReferenceContext:
         self._cb("ffn_inp", il, x)
         h = rms_norm(x, L["ffn_norm"], cfg.rms_eps)
         self._cb("ffn_norm", il, h)
-        f = ffn(h, L, cfg.ffn_act, lambda name, t: self._cb(name, il, t))
+        f = self.ffn(il, L, h, x, lambda name, t: self._cb(name, il, t))
         if cfg.post_norms:
             f = rms_norm(f, L["post_ffw"], cfg.rms_eps)
         self._cb("ffn_out", il, f)

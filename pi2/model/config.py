@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pi2.errors import ModelFormatError, UnsupportedError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo")
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,17 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False          # gemma3 per-head RMSNorm of q and k
     post_norms: bool = False       # gemma3 post-attention and post-FFN norms
-    ffn_act: str = "silu"          # silu | gelu (tanh approximation) | relu
+    ffn_act: str = "silu"          # silu | gelu (tanh approximation) | relu | drelu (relu(gate)·relu(up))
     embd_scale: float = 1.0        # gemma3: sqrt(n_embd)
     attn_scale: float = 0.0        # scale of q·k; 1/sqrt(head_dim) unless the architecture says otherwise
     q_prescale: bool = False       # gemma3 scales q before the K·Q product instead of inside the softmax
     logit_softcap: float = 0.0     # logits = c·tanh(logits/c) when set
     sliding_window: int = 0        # 0 = full attention on every layer
     swa_period: int = 0            # gemma3: layer il is global when il % swa_period == swa_period - 1
-    sparse: bool = False           # a PowerInfer PWRI file
+    sparse: bool = False           # a PowerInfer PWRI file (or a pi2 file converted from one)
+    ffn_down_t: bool = False       # down stored transposed as ffn_down_t (PowerInfer files)
+    pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/sparse.py
+    ffn_layout: str = ""           # pi2 files: pi2.ffn.layout (bundle-ud | bundle-gud)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -110,9 +113,16 @@ class ModelConfig:
                       head_dim=head_dim, head_dim_v=head_dim_v, n_rot=n_rot,
                       rms_eps=float(eps if eps is not None else 1e-6),
                       rope_base=float(get("rope.freq_base", 10000.0)), rope_freq_scale=freq_scale,
-                      attn_scale=1.0 / math.sqrt(head_dim), sparse=(magic == "PWRI"))
-        if arch == "llama":
-            return cls(rope_neox=False, ffn_act="relu" if magic == "PWRI" else "silu", **common)
+                      attn_scale=1.0 / math.sqrt(head_dim))
+        is_pi2 = "pi2.version" in kv
+        pwri = (kv.get("pi2.source.magic") if is_pi2 else magic) == "PWRI"
+        common.update(sparse=pwri, pi2=is_pi2, ffn_down_t=not is_pi2 and "blk.0.ffn_down_t.weight" in tensors,
+                      ffn_layout=str(kv.get("pi2.ffn.layout", "bundle-ud")) if is_pi2 else "")
+        if is_pi2 and common["ffn_layout"] not in ("bundle-ud", "bundle-gud"):
+            raise UnsupportedError(f"pi2.ffn.layout '{common['ffn_layout']}' is not supported (bundle-ud, bundle-gud)")
+        if arch in ("llama", "bamboo"):
+            act = ("drelu" if pwri else "relu") if arch == "bamboo" else ("relu" if pwri else "silu")
+            return cls(rope_neox=False, ffn_act=act, **common)
         if arch == "qwen2":
             return cls(rope_neox=True, qkv_bias=True, **common)
         # gemma3

@@ -18,7 +18,7 @@ SUPPORTED_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple]:
-    """Every tensor an architecture reads, with its ggml `ne` (None marks an optional tensor's shape check only)."""
+    """Every tensor an architecture reads, with its ggml `ne` (a None dimension matches any size)."""
     e, hd, hdv = cfg.n_embd, cfg.head_dim, cfg.head_dim_v
     q_out, k_out, v_out = cfg.n_head * hd, cfg.n_head_kv * hd, cfg.n_head_kv * hdv
     want = {"token_embd.weight": (e, cfg.n_vocab), "output_norm.weight": (e,)}
@@ -27,12 +27,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple]:
         want.update({
             b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q_out), b + "attn_k.weight": (e, k_out),
             b + "attn_v.weight": (e, v_out), b + "attn_output.weight": (cfg.n_head * hdv, e),
-            b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, cfg.n_ff), b + "ffn_up.weight": (e, cfg.n_ff),
+            b + "ffn_norm.weight": (e,),
         })
-        if cfg.sparse:
-            want[b + "ffn_down_t.weight"] = (e, cfg.n_ff)
-        else:
-            want[b + "ffn_down.weight"] = (cfg.n_ff, e)
+        want.update(_ffn_tensors(cfg, b))
         if cfg.qkv_bias:
             want.update({b + "attn_q.bias": (q_out,), b + "attn_k.bias": (k_out,), b + "attn_v.bias": (v_out,)})
         if cfg.qk_norm:
@@ -40,6 +37,30 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple]:
         if cfg.post_norms:
             want.update({b + "post_attention_norm.weight": (e,), b + "post_ffw_norm.weight": (e,)})
     return want
+
+
+def _ffn_tensors(cfg: ModelConfig, b: str) -> dict[str, tuple]:
+    """A layer's FFN tensors: dense GGUF, PowerInfer (`ffn_down_t`, predictors fc1/fc2 of any width r) or pi2
+    (bundles and their statistics, see pi2/sparse.py; gate rows in the bundles in `bundle-gud` layout)."""
+    e, f = cfg.n_embd, cfg.n_ff
+    if cfg.pi2:
+        want = {b + "ffn_bundle.weight": (None, f), b + "ffn_perm.weight": (f,), b + "ffn_freq.weight": (f,),
+                b + "ffn_thresh.weight": (None,), b + "ffn_err.weight": (None,)}
+        if cfg.ffn_layout != "bundle-gud":
+            want[b + "ffn_gate.weight"] = (e, f)
+        return want
+    want = {b + "ffn_gate.weight": (e, f), b + "ffn_up.weight": (e, f)}
+    if cfg.sparse or cfg.ffn_down_t:
+        want[b + "ffn_down_t.weight"] = (e, f)
+    else:
+        want[b + "ffn_down.weight"] = (f, e)
+    if cfg.sparse:
+        want.update({b + "fc1.weight": (e, None), b + "fc2.weight": (None, f)})
+    return want
+
+
+# pi2 files' raw tensors (everything else must be a weight type from SUPPORTED_TYPES)
+_RAW_TYPES = {"ffn_bundle.weight": "I8", "ffn_perm.weight": "I32"}
 
 
 @dataclass
@@ -99,8 +120,14 @@ def load_model(path: str | os.PathLike) -> Model:
             t = f.tensors.get(name)
             if t is None:
                 raise ModelFormatError(f"{f.path}: tensor '{name}' is missing")
-            if tuple(t.ne) != tuple(ne):
-                raise ModelFormatError(f"{f.path}: tensor '{name}' has shape {list(t.ne)}, expected {list(ne)}")
+            if len(t.ne) != len(ne) or any(w is not None and int(a) != w for a, w in zip(t.ne, ne)):
+                shape = [w if w is not None else "*" for w in ne]
+                raise ModelFormatError(f"{f.path}: tensor '{name}' has shape {list(t.ne)}, expected {shape}")
+            raw = _RAW_TYPES.get(name.split(".", 2)[-1]) if cfg.pi2 else None
+            if raw is not None:
+                if t.type_name != raw:
+                    raise ModelFormatError(f"{f.path}: tensor '{name}' has type {t.type_name}, expected {raw}")
+                continue
             if t.type_name not in SUPPORTED_TYPES:
                 raise UnsupportedError(f"{f.path}: tensor '{name}' has type {t.type_name}, which pi2 does not "
                                        f"support yet (supported: {', '.join(sorted(SUPPORTED_TYPES))})")

@@ -1,0 +1,298 @@
+"""sparse.py — the sparse FFN of the numpy reference: which neurons a token activates, and the FFN over them.
+
+Owns: the active-set rules (predictor score >= threshold, ReLU gate > 0, |act(gate)| > t_L, and the on-the-fly
+top-F fraction per token for plain GGUF files), the allocation of a model-wide keep-fraction across layers
+from the pi2 file's error curves, reading a layer's FFN weights (dense GGUF, PowerInfer `ffn_down_t`, pi2
+bundles), and the count of FFN weight bytes each token touches.
+The FFN over active neurons is llama.cpp's dense FFN with the inactive neurons' h = act(gate)·up set to 0
+(gate and up rows are the same quantized dot products); with every neuron active it is the dense FFN bit
+for bit. Down stored as rows (PowerInfer, pi2) is the axpy y = Σ_i h_i·down_row_i in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pi2 import ggml_order as go
+from pi2.errors import ModelFormatError, UsageError
+from pi2.model.gguf_file import GGML_TYPES
+from pi2.quants import QuantLinear, dequantize
+
+SCORES = ("act", "act_up")      # pi2.ffn.score: |act(gate)| or |act(gate)·up|
+
+
+def row_bytes(qtype: int, n: int) -> int:
+    _, block, size = GGML_TYPES[qtype]
+    return n // block * size
+
+
+# ------------------------------------------------------------------ active-set rules
+
+def predictor_scores(h_pre: np.ndarray, fc1: QuantLinear, fc2: QuantLinear) -> np.ndarray:
+    """PowerInfer's predictor: raw scores fc2·relu(fc1·h_pre), no sigmoid; h_pre is the residual before ffn_norm."""
+    return fc2(np.maximum(fc1(h_pre), np.float32(0)))
+
+
+def predictor_mask(h_pre, fc1, fc2, threshold: float = 0.0) -> np.ndarray:
+    """Active iff score >= threshold (0.0 is sigmoid >= 0.5)."""
+    return predictor_scores(h_pre, fc1, fc2) >= np.float32(threshold)
+
+
+def relu_mask(gate: np.ndarray) -> np.ndarray:
+    """ReLU-family models: active iff gate > 0 (the others contribute exactly 0)."""
+    return gate > 0
+
+
+def act_values(gate: np.ndarray, act: str) -> np.ndarray:
+    """act(gate) as the dense FFN computes it (ggml's SiLU, GELU through F16, ReLU)."""
+    if act == "silu":
+        return go.v_silu(gate)
+    if act == "gelu":
+        from pi2.reference import gelu_f16
+        return gelu_f16(gate)
+    return np.maximum(gate, np.float32(0))
+
+
+def threshold_mask(score: np.ndarray, t: float) -> np.ndarray:
+    """CATS-style rule: active iff |score| > t (score = act(gate), or act(gate)·up)."""
+    return np.abs(score) > np.float32(t)
+
+
+def topk_mask(score: np.ndarray, keep: float) -> np.ndarray:
+    """The top ceil(keep·n) neurons of each token by |score| (ties: lower index first): the threshold t_L
+    computed on the fly per token and layer, for files without calibrated thresholds."""
+    n = score.shape[-1]
+    k = min(n, max(1, math.ceil(keep * n - 1e-9)))
+    order = np.argsort(-np.abs(score), axis=-1, kind="stable")[..., :k]
+    mask = np.zeros(score.shape, bool)
+    np.put_along_axis(mask, order, True, axis=-1)
+    return mask
+
+
+# ------------------------------------------------------------------ allocation of a model-wide keep
+
+def _lower_hull(x: np.ndarray, y: np.ndarray) -> list:
+    """Indices of the lower convex hull of the points (x[i], y[i]), x increasing."""
+    hull: list = []
+    for i in range(len(x)):
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def allocate_keep(err: np.ndarray, grid: np.ndarray, keep: float) -> np.ndarray:
+    """Per-layer keep fractions with mean `keep` that minimise the summed error, err (n_layer, len(grid)) being
+    each layer's FFN error at the grid's keep fractions (piecewise linear in between). Greedy marginal
+    allocation on each curve's lower convex hull (the Lagrangian optimum): every layer starts at grid[0]
+    and the budget goes to the hull segments with the steepest error drop per unit of keep first, so layers
+    with flat curves keep fewer neurons."""
+    err, grid = np.asarray(err, np.float64), np.asarray(grid, np.float64)
+    n_layer = err.shape[0]
+    if len(grid) == 0 or np.any(np.diff(grid) <= 0):
+        raise ModelFormatError("pi2.ffn.keep_grid must be a non-empty increasing list")
+    if keep >= grid[-1]:
+        return np.full(n_layer, min(keep, 1.0))
+    if keep < grid[0]:
+        raise UsageError(f"--keep {keep:g} is below the smallest calibrated keep {grid[0]:g} of this file")
+    segs = []
+    for il in range(n_layer):
+        h = _lower_hull(grid, err[il])
+        for j, (a, b) in enumerate(zip(h, h[1:])):
+            segs.append(((err[il, b] - err[il, a]) / (grid[b] - grid[a]), il, j, grid[b] - grid[a]))
+    out = np.full(n_layer, grid[0])
+    budget = n_layer * (keep - grid[0])
+    for _, il, _, length in sorted(segs):
+        take = min(length, budget)
+        out[il] += take
+        budget -= take
+        if budget <= 0:
+            break
+    return out
+
+
+def layer_thresholds(thresh: np.ndarray, grid: np.ndarray, keeps: np.ndarray) -> np.ndarray:
+    """t_L interpolated (linearly) in each layer's threshold table at its allocated keep."""
+    return np.array([np.interp(k, grid, thresh[il]) for il, k in enumerate(keeps)], np.float32)
+
+
+# ------------------------------------------------------------------ a layer's FFN weights
+
+def _rows(raw: np.ndarray, qtype: int, n: int) -> QuantLinear:
+    return QuantLinear.from_raw(np.ascontiguousarray(raw), qtype, n)
+
+
+def ffn_weights(model, il: int) -> dict:
+    """A layer's FFN as the reference reads it: ffn_gate / ffn_up (QuantLinear, neuron rows), then either
+    ffn_down (QuantLinear, dense GGUF) or down_rows (QuantLinear whose row i is neuron i's output), and
+    fc1 / fc2 when the layer has a predictor. pi2 files: gate, up and down rows come from the bundle."""
+    cfg, f = model.config, model.file
+    b, e = f"blk.{il}.", cfg.n_embd
+    lin = lambda name: _rows(model.raw(name), model.tensor(name).type, model.tensor(name).ne[0])  # noqa: E731
+    L: dict = {}
+    if b + "fc1.weight" in f.tensors and b + "fc2.weight" in f.tensors:
+        L["fc1"], L["fc2"] = lin(b + "fc1.weight"), lin(b + "fc2.weight")
+    if not cfg.pi2:
+        L["ffn_gate"], L["ffn_up"] = lin(b + "ffn_gate.weight"), lin(b + "ffn_up.weight")
+        if cfg.sparse or cfg.ffn_down_t:
+            L["down_rows"] = lin(b + "ffn_down_t.weight")
+        else:
+            L["ffn_down"] = lin(b + "ffn_down.weight")
+        return L
+    kv = f.kv
+    try:
+        up_t = int(kv["pi2.ffn.up_types"][il])
+        down_t = int(kv["pi2.ffn.down_types"][il])
+        gate_t = int(kv["pi2.ffn.gate_types"][il]) if cfg.ffn_layout == "bundle-gud" else None
+    except (KeyError, IndexError, TypeError):
+        raise ModelFormatError(f"{model.path}: pi2.ffn.up_types/down_types (and gate_types for bundle-gud) "
+                               f"must give a type for layer {il}") from None
+    rec = model.raw(b + "ffn_bundle.weight")
+    off = 0
+    if gate_t is not None:
+        n = row_bytes(gate_t, e)
+        L["ffn_gate"], off = _rows(rec[:, :n], gate_t, e), n
+    else:
+        L["ffn_gate"] = lin(b + "ffn_gate.weight")
+    nu, nd = row_bytes(up_t, e), row_bytes(down_t, e)
+    if off + nu + nd > rec.shape[1]:
+        raise ModelFormatError(f"{model.path}: {b}ffn_bundle records of {rec.shape[1]} bytes cannot hold "
+                               f"their rows ({off + nu + nd} bytes)")
+    L["ffn_up"] = _rows(rec[:, off:off + nu], up_t, e)
+    L["down_rows"] = _rows(rec[:, off + nu:off + nu + nd], down_t, e)
+    L["bundle_bytes"] = rec.shape[1]
+    return L
+
+
+def _nbytes(q: QuantLinear) -> int:
+    return int(q.raw.nbytes)
+
+
+class SparseFFN:
+    """How one context computes its FFN layers, and what it has touched (for `pi2 bench`).
+
+    rule: dense | predictor | relu | threshold (pi2 file, calibrated t_L) | topk (per-token top-F)."""
+
+    def __init__(self, model, layers: list, keep: float | None = None, dense: bool = False):
+        cfg, kv = model.config, model.file.kv
+        self.cfg, self.act = cfg, cfg.ffn_act
+        if keep is not None and not 0.0 < keep <= 1.0:
+            raise UsageError(f"invalid --keep {keep:g}: it is a fraction of the FFN neurons in (0, 1]")
+        self.threshold = float(kv.get("powerinfer.sparse_threshold", 0.0) or 0.0)
+        self.score = str(kv.get("pi2.ffn.score", "act"))
+        if self.score not in SCORES:
+            raise ModelFormatError(f"pi2.ffn.score '{self.score}' is not one of {', '.join(SCORES)}")
+        has_pred = all("fc1" in L for L in layers)
+        relu = self.act in ("relu", "drelu")
+        if keep is None:
+            keep = float(kv.get("pi2.ffn.default_keep", 1.0)) if cfg.pi2 and not relu else None
+        self.keep, self.thresholds, self.layer_keep = keep, None, None
+        if dense or (keep is not None and keep >= 1.0):
+            self.rule = "dense"
+        elif cfg.sparse and has_pred:
+            self.rule = "predictor"
+        elif relu and (cfg.sparse or cfg.pi2):
+            self.rule = "relu"
+        elif keep is None:
+            self.rule = "dense"
+        elif cfg.pi2:
+            self.rule = "threshold"
+            grid = np.asarray(kv["pi2.ffn.keep_grid"], np.float64)
+            err = np.stack([model.raw(f"blk.{il}.ffn_err.weight").view(np.float32).reshape(-1)
+                            for il in range(cfg.n_layer)])
+            thr = np.stack([model.raw(f"blk.{il}.ffn_thresh.weight").view(np.float32).reshape(-1)
+                            for il in range(cfg.n_layer)])
+            if err.shape[1] != len(grid) or thr.shape[1] != len(grid):
+                raise ModelFormatError(f"{model.path}: ffn_err/ffn_thresh need {len(grid)} values (pi2.ffn.keep_grid)")
+            self.layer_keep = allocate_keep(err, grid, keep)
+            self.thresholds = layer_thresholds(thr, grid, self.layer_keep)
+        else:
+            self.rule = "topk"
+        self._row_bytes = [self._bytes(L) for L in layers]
+        self.n_tokens = self.n_active = 0
+        self.bytes = 0
+
+    @staticmethod
+    def _bytes(L: dict) -> tuple:
+        """(predictor bytes, gate row bytes, up+down bytes per neuron, n_ff) of one layer."""
+        g = L["ffn_gate"]
+        down = L["down_rows"] if "down_rows" in L else L["ffn_down"]
+        pred = _nbytes(L["fc1"]) + _nbytes(L["fc2"]) if "fc1" in L else 0
+        return pred, _nbytes(g) // g.n_out, (_nbytes(L["ffn_up"]) + _nbytes(down)) // g.n_out, g.n_out
+
+    def __call__(self, il: int, L: dict, x: np.ndarray, h_pre: np.ndarray, trace=lambda name, t: None):
+        """The FFN of layer il on x = ffn_norm(h_pre)."""
+        if il == 0:
+            self.n_tokens += x.shape[0]
+        g, u = L["ffn_gate"](x), L["ffn_up"](x)
+        trace("ffn_gate", g)
+        trace("ffn_up", u)
+        h = combine(g, u, self.act)
+        trace("ffn_swiglu", h)
+        pred, gate_b, ud_b, n_ff = self._row_bytes[il]
+        if self.rule == "dense":
+            mask, n_act = None, n_ff * x.shape[0]
+            self.bytes += (gate_b + ud_b) * n_act
+        else:
+            if self.rule == "predictor":
+                mask = predictor_mask(h_pre, L["fc1"], L["fc2"], self.threshold)
+            else:
+                mask = self._mask_from(il, g, h)
+            n_act = int(mask.sum())
+            self.bytes += pred * x.shape[0] + (gate_b * (n_act if self.rule == "predictor" else n_ff * x.shape[0])
+                                               + ud_b * n_act)
+            h = np.where(mask, h, np.float32(0))
+            trace("ffn_mask", mask)
+        self.n_active += n_act
+        if "ffn_down" in L:
+            return L["ffn_down"](h)
+        return axpy_rows(h, L["down_rows"])
+
+    def _mask_from(self, il: int, g, h):
+        if self.rule == "relu":
+            return relu_mask(g)
+        score = h if self.score == "act_up" and self.rule == "threshold" else act_values(g, self.act)
+        if self.rule == "threshold":
+            return threshold_mask(score, self.thresholds[il])
+        return topk_mask(score, self.keep)
+
+    def stats(self) -> dict:
+        """Mean keep-fraction over every (token, layer) and FFN weight bytes touched per token."""
+        n = max(self.n_tokens, 1)
+        total = sum(r[3] for r in self._row_bytes) * n
+        return {"ffn_keep": round(self.n_active / total, 6) if self.n_tokens else (1.0 if self.rule == "dense" else 0.0),
+                "ffn_bytes_per_token": int(round(self.bytes / n))}
+
+    def describe(self) -> str:
+        what = {"dense": "dense FFN", "predictor": f"predictor (score >= {self.threshold:g})",
+                "relu": "ReLU gate > 0", "threshold": f"calibrated thresholds at keep {self.keep:g}",
+                "topk": f"per-token top {self.keep:g} of |act(gate)|"}
+        return what[self.rule]
+
+
+def combine(g: np.ndarray, u: np.ndarray, act: str) -> np.ndarray:
+    """h = act(gate)·up as the dense FFN computes it; drelu (bamboo): relu(gate)·relu(up)."""
+    if act == "silu":
+        return go.swiglu(g, u)
+    if act == "gelu":
+        from pi2.reference import gelu_f16
+        return gelu_f16(g) * u
+    z = np.float32(0)
+    return np.maximum(g, z) * (np.maximum(u, z) if act == "drelu" else u)
+
+
+def axpy_rows(h: np.ndarray, down: QuantLinear) -> np.ndarray:
+    """y = Σ_i h_i·down_row_i over the neurons with h_i != 0 (PowerInfer skips zeros), float32."""
+    if getattr(down, "_rows_f32", None) is None:
+        down._rows_f32 = dequantize(down.raw, down.qtype, down.n_in)
+    y = np.zeros((h.shape[0], down.n_in), np.float32)
+    for t in range(h.shape[0]):
+        nz = np.flatnonzero(h[t])
+        if nz.size:
+            y[t] = h[t, nz] @ down._rows_f32[nz]
+    return y

@@ -36,6 +36,8 @@ class BenchParams:
     output: str = "md"
     warmup: bool = True
     progress: bool = False
+    keep: float | None = None        # --keep (None = the file's default)
+    dense: bool = False              # --dense
 
 
 @dataclass
@@ -104,7 +106,7 @@ def _pair(s: str) -> tuple:
 
 
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
-                engine="auto", warmup=True, progress=False) -> BenchParams:
+                engine="auto", warmup=True, progress=False, keep=None, dense=False) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams."""
     from pi2.runtime import ENGINES
     models = tuple(str(m) for m in models or ())
@@ -121,7 +123,7 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
                     n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
-                    warmup=warmup, progress=progress)
+                    warmup=warmup, progress=progress, keep=keep, dense=dense)
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
     return p
@@ -227,7 +229,7 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         for t in tests:
             groups.setdefault((t.engine, t.n_threads), []).append(t)
         for (engine, nt), group in groups.items():
-            ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine))
+            ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine, keep=p.keep, dense=p.dense))
             resolved = engine_name(ctx)
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))
@@ -244,10 +246,18 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
                     t.samples_ns.append(runner.once(t.n_prompt, t.n_gen, t.n_batch))
                 stats = getattr(ctx, "bench_stats", None)
                 extra = dict(stats()) if callable(stats) else {}
+                extra.setdefault("ffn_keep", 1.0)       # engines without a sparse FFN compute every neuron
+                extra.setdefault("ffn_bytes_per_token", dense_ffn_bytes(model))
                 emit(report.record(t, info, resolved, test_time, peak_rss(), extra))
             del ctx, runner
     finally:
         model.close()
+
+
+def dense_ffn_bytes(model) -> int:
+    """FFN weight bytes a dense token reads: every gate, up and down matrix."""
+    return sum(t.nbytes for n, t in model.file.tensors.items()
+               if n.endswith((".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight", ".ffn_down_t.weight")))
 
 
 def summarize(samples_ns: list, n_tokens: int) -> dict:

@@ -18,6 +18,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 _VERBOSE = False
 ModelArg = typer.Argument(None, metavar="[MODEL]", help="GGUF model file", show_default=False)
 ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as the positional MODEL)")
+KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neurons computed per token "
+                       "(default: the pi2 file's, else 1.0 = dense)", show_default=False)
+DenseOpt = typer.Option(False, "--dense", help="compute every FFN neuron (no sparsity)")
 
 
 def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
@@ -66,6 +69,7 @@ def run(
     conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks"),
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
@@ -77,7 +81,7 @@ def run(
         model=_model_path(model, model_opt), prompt=text, n_predict=n_predict, threads=max(threads, 0),
         ctx_size=ctx_size, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
         repeat_last_n=repeat_last_n, seed=seed, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
-        json_out=json_out, engine=engine)
+        json_out=json_out, engine=engine, keep=keep, dense=dense)
     if conversation:
         commands.chat(opts)
     else:
@@ -120,10 +124,12 @@ def perplexity(
     chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     from pi2 import commands
-    commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine)
+    commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine,
+                        keep, dense)
 
 
 @app.command()
@@ -141,11 +147,12 @@ def bench(
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the warm-up run"),
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     from pi2 import bench as b
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
-                           output, engine, warmup=not no_warmup, progress=progress)
+                           output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense)
     b.run(params)
 
 

@@ -31,6 +31,8 @@ class RunOptions:
     display_prompt: bool = True
     json_out: bool = False
     engine: str = "auto"
+    keep: Optional[float] = None    # model-wide mean FFN keep-fraction (None = the file's default)
+    dense: bool = False
 
 
 def _check(opts: RunOptions) -> None:
@@ -48,7 +50,7 @@ def _open(opts: RunOptions):
     from pi2.sampling import Sampler, SamplerParams
     timings = Timings()
     model = open_model(opts.model)
-    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine))
+    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense))
     sp = SamplerParams(temp=opts.temp, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
                        repeat_penalty=opts.repeat_penalty, repeat_last_n=opts.repeat_last_n, seed=opts.seed)
     sampler = Sampler(sp, model.config.n_vocab, ctx.n_ctx)
@@ -175,7 +177,8 @@ def info(model_path: Path, list_tensors: bool = False) -> None:
     describe(model_path, list_tensors)
 
 
-def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str) -> None:
+def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str,
+               keep: Optional[float] = None, dense: bool = False) -> None:
     """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
     import time
     from pi2.perplexity import format_final, perplexity as ppl
@@ -186,7 +189,7 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
     model = open_model(model_path)
     tok = model.tokenizer
-    ctx = open_context(model, RunConfig(n_ctx, threads, engine))
+    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense))
     n_ctx = ctx.n_ctx       # -c 0 means the model's training context, as in llama-perplexity
     t0 = time.perf_counter()
     tokens = tok.encode(text, add_special=None, parse_special=False)

@@ -6,6 +6,7 @@ specification; `auto` falls back to it for what the C engine cannot run yet), th
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from pi2.errors import UsageError
@@ -20,6 +21,19 @@ class RunConfig:
     n_ctx: int = DEFAULT_CTX      # 0 = the model's training context
     n_threads: int = 0            # 0 = all cores
     engine: str = "auto"
+    keep: float | None = None     # --keep: model-wide mean FFN keep-fraction (None = the file's default)
+    dense: bool = False           # --dense: every FFN neuron
+
+
+_NOTED: list = []
+
+
+def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
+    """Runs that need the sparse FFN: PowerInfer and pi2 files (unless --dense), or --keep below 1."""
+    c = model.config
+    if cfg.dense:
+        return c.pi2 or c.ffn_down_t or c.sparse     # their FFN layout still needs the reference
+    return c.sparse or c.pi2 or c.ffn_down_t or (cfg.keep is not None and cfg.keep < 1.0)
 
 
 def resolve_ctx(model: Model, n_ctx: int) -> int:
@@ -33,12 +47,21 @@ def open_context(model: Model, cfg: RunConfig):
     """A fresh evaluation context on `model` for the configured engine."""
     if cfg.engine not in ENGINES:
         raise UsageError(f"unknown engine '{cfg.engine}' (choose from {', '.join(ENGINES)})")
+    if cfg.keep is not None and not 0.0 < cfg.keep <= 1.0:
+        raise UsageError(f"invalid --keep {cfg.keep:g}: a fraction of the FFN neurons in (0, 1]")
     n_ctx = resolve_ctx(model, cfg.n_ctx)
-    if cfg.engine == "c" or (cfg.engine == "auto" and not model.config.sparse):
+    sparse = is_sparse_run(model, cfg)
+    if cfg.engine == "c" and sparse:
+        raise UsageError("the C engine has no sparse FFN yet", hint="use --engine reference (or auto), or --dense")
+    if cfg.engine == "c" or (cfg.engine == "auto" and not sparse):
         from pi2.engine import CContext, CModel
         return CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
+    if cfg.engine == "auto" and not _NOTED:
+        _NOTED.append(True)
+        print("pi2: note: sparse and pi2 FFNs run on the numpy reference engine until the C sparse FFN lands",
+              file=sys.stderr)
     from pi2.reference import ReferenceContext
-    return ReferenceContext(model, n_ctx)
+    return ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense)
 
 
 def open_model(path) -> Model:

@@ -53,8 +53,8 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     const size_t B = (size_t)c->p.n_batch, T = (size_t)p.n_threads, L = (size_t)hp->n_layer, C = (size_t)p.n_ctx;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     int ok = 1;
-    c->k_cache = alloc(L * C * kd, sizeof(pi2_fp16), &ok);
-    c->v_cache = alloc(L * C * vd, sizeof(pi2_fp16), &ok);
+    c->k_cache = alloc(L * C * kd, sizeof(float), &ok);
+    c->v_cache = alloc(L * C * vd, sizeof(float), &ok);
     c->x = alloc(B * hp->n_embd, sizeof(float), &ok);
     c->xn = alloc(B * hp->n_embd, sizeof(float), &ok);
     c->q = alloc(B * hp->n_head * hp->head_dim, sizeof(float), &ok);
@@ -67,8 +67,6 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->rope = alloc(2 * B * hp->n_rot, sizeof(float), &ok);
     c->scores = alloc(T * C, sizeof(float), &ok);
     c->qf = alloc(T * hp->head_dim, sizeof(float), &ok);
-    c->kf = alloc(C * kd, sizeof(float), &ok);
-    c->vf = alloc(C * vd, sizeof(float), &ok);
     c->acc = alloc(T * pi2_attn_acc_floats(hp->head_dim, hp->head_dim_v), sizeof(float), &ok);
     c->mm = (pi2_matmul_env){c->pool, p.impl, alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
     if (!ok) {
@@ -84,7 +82,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
-                    c->rope, c->scores, c->qf, c->kf, c->vf, c->acc, c->mm.xq};
+                    c->rope, c->scores, c->qf, c->acc, c->mm.xq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c);
 }

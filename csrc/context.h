@@ -19,8 +19,8 @@ struct pi2_ctx {
     _Atomic int32_t busy;        /* a decode is running (a second concurrent one is refused) */
     pi2_trace_fn trace;
     void *trace_user;
-    pi2_fp16 *k_cache;           /* [n_layer][n_head_kv * head_dim][n_ctx] (transposed) */
-    pi2_fp16 *v_cache;           /* [n_layer][n_ctx][n_head_kv * head_dim_v] */
+    float *k_cache;              /* [n_layer][n_head_kv * head_dim][n_ctx] (transposed), F16 values as floats */
+    float *v_cache;              /* [n_layer][n_ctx][n_head_kv * head_dim_v], F16 values as floats */
     float *x;                    /* [B][n_embd] residual stream */
     float *xn;                   /* [B][n_embd] normed block input */
     float *q;                    /* [B][n_head * head_dim] */
@@ -32,8 +32,6 @@ struct pi2_ctx {
     float *rope;                 /* [2][B][n_rot] cos/sin pairs per position: [0] rope_base, [1] local */
     float *scores;               /* [n_threads][n_ctx] attention weights */
     float *qf;                   /* [n_threads][head_dim] a query head rounded to F16 */
-    float *kf;                   /* [n_head_kv * head_dim][n_ctx] one layer's keys as floats (attention) */
-    float *vf;                   /* [n_ctx][n_head_kv * head_dim_v] one layer's values as floats */
     float *acc;                  /* [n_threads][attention accumulators] (pi2_attn_acc_floats) */
 };
 

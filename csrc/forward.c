@@ -58,16 +58,16 @@ static void rope_rows(pi2_ctx *c, const pi2_layer *L, float *x, int32_t n_heads,
                  hp->rope_neox);
 }
 
-/* Append the batch's k and v, rounded to F16, at positions pos0.. of layer il (K transposed). */
+/* Append the batch's k and v, rounded to F16 (kept as floats), at positions pos0.. of layer il (K transposed). */
 static void store_kv(pi2_ctx *c, int32_t il, int32_t pos0, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t n_ctx = (size_t)c->p.n_ctx;
-    pi2_fp16 *k = c->k_cache + (size_t)il * n_ctx * kd + pos0;
-    pi2_fp16 *v = c->v_cache + ((size_t)il * n_ctx + pos0) * vd;
+    float *k = c->k_cache + (size_t)il * n_ctx * kd + pos0;
+    float *v = c->v_cache + ((size_t)il * n_ctx + pos0) * vd;
     for (int32_t t = 0; t < n; t++)
-        for (size_t i = 0; i < kd; i++) k[i * n_ctx + t] = pi2_f32_to_fp16(c->k[t * kd + i]);
-    for (size_t i = 0; i < (size_t)n * vd; i++) v[i] = pi2_f32_to_fp16(c->v[i]);
+        for (size_t i = 0; i < kd; i++) k[i * n_ctx + t] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->k[t * kd + i]));
+    for (size_t i = 0; i < (size_t)n * vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->v[i]));
 }
 
 static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
@@ -75,7 +75,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, 
     const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
     pi2_attn a = {
         .q = c->q, .k = c->k_cache + cells * hp->head_dim, .v = c->v_cache + cells * hp->head_dim_v,
-        .out = c->att, .scores = c->scores, .qf = c->qf, .kf = c->kf, .vf = c->vf, .acc = c->acc, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
+        .out = c->att, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
         .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
         .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
     pi2_attention(c->pool, &a);

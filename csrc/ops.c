@@ -46,20 +46,65 @@ void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const 
 
 static inline float pow2i(int e) { return pi2_f32_from_bits((uint32_t)(e + 127) << 23); }   /* -126 <= e <= 127 */
 
+/* The lane loops below are plain float (or exact double) operations, equal per element at any
+ * vector width: on x86-64 GCC build them also for AVX2 and AVX-512 and pick at load. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDE_CLONES
+#endif
+
+/* Selects on integer masks (all ones or zero): GCC will not if-convert float selects under its
+ * default trapping-math rules, and these loops must vectorise. */
+static inline uint32_t mask_if(int cond) { return (uint32_t)0 - (uint32_t)(cond != 0); }
+static inline float select_f(uint32_t mask, float a, float b) {
+    return pi2_f32_from_bits((mask & pi2_f32_to_bits(a)) | (~mask & pi2_f32_to_bits(b)));
+}
+
 /* ggml_v_expf (AVX-512 branch): n = round(x log2 e), b = x - n ln2 in two FMAs, a degree-5
- * polynomial, scaled by 2^n; |n| > 192 gives 0 or inf. Twin of ggml_order.v_expf. */
-static float v_expf(float x) {
+ * polynomial, scaled by 2^n; |n| > 192 gives 0 or inf. Twin of ggml_order.v_expf, branch-free:
+ * j * 2^n is one rounding, as vscalefps and ldexpf; outside the normal exponents n is split so the
+ * first product stays exact (the second factor is 1 otherwise). */
+static inline float v_expf(float x) {
     const float r = 0x1.8p23f;
     const float n = fma32(x, 0x1.715476p+0f, r) - r;
     const float b = fma32(-n, 0x1.7f7d1cp-20f, fma32(-n, 0x1.62e4p-1f, x));
     const float u = b * b;
     const float j = fma32(fma32(fma32(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fma32(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
                          fma32(0x1.ffffecp-1f, b, 1.0f));
-    if (!(fabsf(n) <= 192.0f)) return n <= 0 ? 0.0f : INFINITY;
-    const int e = (int)n;   /* j * 2^e with one rounding, as vscalefps and ldexpf: split e so the first product stays exact */
-    if (e > 127) return j * pow2i(127) * pow2i(e - 127);
-    if (e < -126) return j * pow2i(-100) * pow2i(e + 100);
-    return j * pow2i(e);
+    const uint32_t nb = pi2_f32_to_bits(n), abs_nb = nb & 0x7FFFFFFFu;
+    const uint32_t in_range = mask_if(abs_nb <= 0x43400000u);            /* |n| <= 192 (not NaN) */
+    const int e = (int)select_f(in_range, n, 0.0f);
+    int e1 = e < -126 ? -100 : e;
+    e1 = e1 > 127 ? 127 : e1;
+    const float y = j * pow2i(e1) * pow2i(e - e1);
+    const uint32_t to_zero = mask_if(abs_nb <= 0x7F800000u && (nb >> 31));   /* n <= 0, not NaN */
+    return select_f(in_range, y, select_f(to_zero, 0.0f, INFINITY));
+}
+
+/* pi2_fp16_to_f32(pi2_f32_to_fp16(x)) (traits.h's FP16-library bit tricks), with integer selects. */
+static inline float f16_round(float f) {
+    const uint32_t w = pi2_f32_to_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    bias = bias < 0x71000000u ? 0x71000000u : bias;
+    const float base = pi2_f32_from_bits((bias >> 1) + 0x07800000u) + (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    const uint32_t bb = pi2_f32_to_bits(base), nonsign = ((bb >> 13) & 0x7C00u) + (bb & 0x0FFFu);
+    const uint32_t is_nan = mask_if(shl1_w > 0xFF000000u);
+    const uint32_t h = ((sign >> 16) | (is_nan & 0x7E00u) | (~is_nan & nonsign)) & 0xFFFFu;
+    const uint32_t w2 = h << 16, two_w = w2 + w2;
+    const float normalized = pi2_f32_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = pi2_f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+    return pi2_f32_from_bits((w2 & 0x80000000u) | pi2_f32_to_bits(select_f(mask_if(two_w < (1u << 27)), denormalized, normalized)));
+}
+
+/* s[i] = v_expf(s[i] - max) */
+WIDE_CLONES static void exp_shifted(float *s, int64_t n, float max) {
+    for (int64_t i = 0; i < n; i++) s[i] = v_expf(s[i] - max);
+}
+
+/* g[i] = silu(g[i]) * u[i], as ggml_v_silu then the product */
+WIDE_CLONES static void swiglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + v_expf(0.0f - g[i])) * u[i];
 }
 
 void pi2_gelu_table(pi2_fp16 *table) {
@@ -72,7 +117,7 @@ void pi2_gelu_table(pi2_fp16 *table) {
 
 void pi2_ffn_activate(float *g, const float *u, int64_t n, int32_t act, const pi2_fp16 *gelu_table) {
     if (act == 0) {          /* PI2_ACT_SILU */
-        for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + v_expf(0.0f - g[i])) * u[i];   /* ggml_v_silu */
+        swiglu(g, u, n);
     } else if (act == 1) {   /* PI2_ACT_GELU, through the F16 table like ggml */
         for (int64_t i = 0; i < n; i++) {
             const float x = g[i];
@@ -99,13 +144,6 @@ static float reduce16(const float *v) {
  * float, so no FMA is involved. Here many dot products run side by side (keys for q.k, value
  * dimensions for p.V): each (accumulator, lane) is a row of `width` floats updated by an axpy. */
 #define KEY_BLOCK 64   /* keys scored together */
-/* The lane loops below are plain float multiplies and adds, exact per element, so wider vectors
- * give the same bits: on x86-64 GCC/Clang build them also for AVX2 and AVX-512 and pick at load. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define WIDE_CLONES
-#endif
 #define ACC(vec, i) ((vec) ? ((i) & 63) >> 4 : 0)
 
 /* out[k] = the dot products' results from acc [4][16][width] (only [0] when !vec). */
@@ -123,11 +161,9 @@ WIDE_CLONES static void lanes_reduce(float *out, float *acc, int64_t width, int 
     for (int64_t k = 0; k < width; k++) out[k] = (v[k] + v[2 * width + k]) + (v[width + k] + v[3 * width + k]);
 }
 
-WIDE_CLONES static void f16_to_f32_row(float *dst, const pi2_fp16 *src, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)   /* fixed-length blocks: the compiler vectorises the conversion */
-        for (int l = 0; l < 16; l++) dst[i + l] = pi2_fp16_to_f32(src[i + l]);
-    for (; i < n; i++) dst[i] = pi2_fp16_to_f32(src[i]);
+/* w[i] = F16 rounding of w[i] * inv (the attention weights as ggml stores them) */
+WIDE_CLONES static void scale_to_f16(float *w, int64_t n, float inv) {
+    for (int64_t i = 0; i < n; i++) w[i] = f16_round(w[i] * inv);
 }
 
 int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v) {
@@ -166,7 +202,7 @@ WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const fl
 
 /* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
  * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V.
- * Keys and values come from the float copies. */
+ * Keys and values come from the cache. */
 static void attn_task(void *arg, int32_t task, int32_t thread) {
     const pi2_attn *a = arg;
     const int32_t t = task / a->n_head, h = task % a->n_head, hkv = h / (a->n_head / a->n_head_kv);
@@ -175,43 +211,19 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
     float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * hd;
     float *acc = a->acc + (size_t)thread * pi2_attn_acc_floats(hd, hdv);
     const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
-    for (int32_t d = 0; d < hd; d++) qf[d] = pi2_fp16_to_f32(pi2_f32_to_fp16(q[d]));
-    score_keys(a, qf, a->kf + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
+    for (int32_t d = 0; d < hd; d++) qf[d] = f16_round(q[d]);
+    score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
     float max = -INFINITY;
     for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
+    exp_shifted(s + j0, pos + 1 - j0, max);
     double sum = 0.0;
     for (int32_t b = j0 & ~15; b <= pos; b += 16) {
         float lane[16] = {0};
-        for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j] = v_expf(s[j] - max);
+        for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j];
         sum += (double)reduce16(lane);
     }
-    const float inv = (float)(1.0 / sum);
-    for (int32_t j = j0; j <= pos; j++) s[j] = pi2_fp16_to_f32(pi2_f32_to_fp16(s[j] * inv));
-    weigh_values(a, s, a->vf + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
+    scale_to_f16(s + j0, pos + 1 - j0, (float)(1.0 / sum));
+    weigh_values(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
 }
 
-#define CONVERT_CHUNK 8192   /* values per conversion task */
-
-/* Task i < n_v: a chunk of the values [jlo, n_kv) (contiguous); then one task per K row (head, dim). */
-static void convert_task(void *arg, int32_t task, int32_t thread) {
-    (void)thread;
-    const pi2_attn *a = arg;
-    const int32_t n_kv = a->pos0 + a->n_tok, jlo = a->window && a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0;
-    const size_t vd = (size_t)a->n_head_kv * a->head_dim_v, v_vals = (size_t)(n_kv - jlo) * vd;
-    const int32_t n_v = (int32_t)((v_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
-    if (task < n_v) {
-        const size_t i0 = (size_t)jlo * vd + (size_t)task * CONVERT_CHUNK, n = v_vals - (size_t)task * CONVERT_CHUNK;
-        f16_to_f32_row(a->vf + i0, a->v + i0, n < CONVERT_CHUNK ? (int64_t)n : CONVERT_CHUNK);
-    } else {
-        const size_t row = (size_t)(task - n_v) * a->n_ctx + jlo;
-        f16_to_f32_row(a->kf + row, a->k + row, n_kv - jlo);
-    }
-}
-
-void pi2_attention(pi2_pool *pool, pi2_attn *a) {
-    const int32_t n_kv = a->pos0 + a->n_tok, jlo = a->window && a->pos0 - a->window + 1 > 0 ? a->pos0 - a->window + 1 : 0;
-    const size_t v_vals = (size_t)(n_kv - jlo) * a->n_head_kv * a->head_dim_v;
-    const int32_t n_v = (int32_t)((v_vals + CONVERT_CHUNK - 1) / CONVERT_CHUNK);
-    pi2_pool_run(pool, convert_task, a, n_v + a->n_head_kv * a->head_dim);
-    pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
-}
+void pi2_attention(pi2_pool *pool, pi2_attn *a) { pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head); }

@@ -26,18 +26,17 @@ void pi2_gelu_table(pi2_fp16 *table /* [65536] */);
 /* gate[i] = act(gate[i]) * up[i] for n values. gelu_table is needed for PI2_ACT_GELU. */
 void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 
-/* Causal multi-head attention over one layer's F16 cache, with grouped K/V heads, in ggml's float
- * order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's attention. The
- * visible part of the cache is converted to float once per call (exact: F16 values). */
+/* Causal multi-head attention over one layer's cache of F16 values, with grouped K/V heads, in
+ * ggml's float order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's
+ * attention. The cache holds each F16 value as the float it stands for (exact), converted once
+ * when the token is stored, so no step converts the cache again. */
 typedef struct {
     const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
-    const pi2_fp16 *k;         /* [n_head_kv][head_dim][n_ctx] (transposed), positions 0..pos0+n_tok-1 filled */
-    const pi2_fp16 *v;         /* [n_ctx][n_head_kv][head_dim_v] */
+    const float *k;            /* [n_head_kv][head_dim][n_ctx] (transposed), positions 0..pos0+n_tok-1 filled */
+    const float *v;            /* [n_ctx][n_head_kv][head_dim_v] */
     float *out;                /* [n_tok][n_head][head_dim_v] */
     float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
-    float *kf;                 /* scratch like k, as floats (the visible positions) */
-    float *vf;                 /* scratch like v, as floats */
     float *acc;                /* scratch [n_threads][pi2_attn_acc_floats()] lane accumulators */
     int32_t n_tok, pos0, n_ctx;
     int32_t n_head, n_head_kv, head_dim, head_dim_v;

@@ -161,7 +161,7 @@ def convert(
     model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="output file (default MODEL.pi2.gguf)"),
     calib: Optional[Path] = typer.Option(None, "--calib", help="calibration text (default: the one pi2 ships)"),
-    calib_tokens: int = typer.Option(4096, "--calib-tokens", help="calibration tokens to profile"),
+    calib_tokens: int = typer.Option(2048, "--calib-tokens", help="calibration tokens to profile"),
     layout: str = typer.Option("bundle-ud", "--layout", help="bundle-ud | bundle-gud"),
     ffn_type: str = typer.Option("auto", "--ffn-type", help="row type of down: auto | f32 | f16"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),

@@ -22,7 +22,7 @@ from pi2.quants import dequantize
 
 PI2_VERSION = 1
 SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (see profile.SCORES)
-DEFAULT_CALIB_TOKENS = 4096
+DEFAULT_CALIB_TOKENS = 2048
 _SKIP_KEYS = ("general.alignment", "general.architecture")
 
 __all__ = ["convert", "ConvertError", "ConvertReport", "default_output"]

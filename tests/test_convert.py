@@ -265,3 +265,11 @@ def test_smollm2_statistics(tmp_path):
     k = np.asarray(rep.keep_at_10pct)
     assert 0.05 <= k.min() and k.max() <= 0.9
     print(f"convert SmolLM2 (512 tokens): {time.perf_counter() - t0:.1f}s")
+
+
+def test_info_shows_sparse_metadata(q41):
+    _, out, _ = q41
+    r = subprocess.run([sys.executable, "-m", "pi2", "info", str(out)], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "bundle-ud" in r.stdout and "keep @10% err" in r.stdout and "hot80" in r.stdout

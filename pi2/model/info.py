@@ -12,7 +12,8 @@ from rich.table import Table
 from pi2.model.loader import load_model
 
 _GROUPS = [("embedding", r"^token_embd\."), ("output", r"^output\."), ("attention", r"\.attn_(q|k|v|output|qkv)\."),
-           ("ffn", r"\.ffn_(gate|up|down|down_t)\."), ("predictor", r"\.fc[12]\."), ("norms", r"norm"),
+           ("ffn", r"\.ffn_(gate|up|down|down_t|bundle)\."), ("pi2 statistics", r"\.ffn_(perm|freq|thresh|err)\."),
+           ("predictor", r"\.fc[12]\."), ("norms", r"norm"),
            ("other", r".")]
 
 
@@ -29,6 +30,35 @@ def human_bytes(n: float) -> str:
 
 def human_count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def _pi2_rows(m) -> list:
+    """Sparse metadata of a pi2 file: layout, calibration, down types, keep for 10 % FFN error, hot skew."""
+    import numpy as np
+    kv, f = m.file.kv, m.file
+    if "pi2.version" not in kv:
+        return []
+    grid = np.asarray(kv.get("pi2.ffn.keep_grid", []), np.float32)
+    keep10, hot80 = [], []
+    for il in range(m.config.n_layer):
+        err = f.raw(f"blk.{il}.ffn_err.weight").view(np.float32).ravel()
+        ok = np.nonzero(err <= 0.10)[0]
+        keep10.append(float(grid[ok[0]]) if ok.size else 1.0)
+        fr = np.sort(f.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel())[::-1]
+        cum = np.cumsum(fr) / max(float(fr.sum()), 1e-30)
+        hot80.append((int(np.searchsorted(cum, 0.8)) + 1) / fr.size)
+    from pi2.model.gguf_file import GGML_TYPES
+    types = sorted({GGML_TYPES[int(t)][0] for t in kv.get("pi2.ffn.down_types", [])})
+    k = np.asarray(keep10)
+    return [
+        ("pi2 file", f"v{kv['pi2.version']}, layout {kv.get('pi2.ffn.layout')}, down rows {', '.join(types)}, "
+                     f"score {kv.get('pi2.ffn.score')}, default keep {kv.get('pi2.ffn.default_keep', 0):.2f}"),
+        ("calibration", f"{kv.get('pi2.calib.tokens')} tokens (sha256 {str(kv.get('pi2.calib.sha256'))[:12]}), "
+                        f"from {kv.get('pi2.source.file')}"),
+        ("keep @10% err", f"mean {k.mean():.2f} (layers {k.min():.2f}..{k.max():.2f}): "
+                          + " ".join(f"{x:.2f}" for x in k)),
+        ("hot80", f"{np.mean(hot80):.2f} of neurons carry 80% of activations (uniform 0.80)"),
+    ]
 
 
 def describe(path, list_tensors: bool = False, console: Console | None = None) -> None:
@@ -54,6 +84,7 @@ def describe(path, list_tensors: bool = False, console: Console | None = None) -
                       f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, add_bos {tok.add_bos}"),
         ("chat template", "yes" if kv.get("tokenizer.chat_template") else "no"),
     ]
+    rows += _pi2_rows(m)
     for k, v in rows:
         head.add_row(f"[bold]{k}[/]", v)
     console.print(head)

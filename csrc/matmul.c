@@ -3,7 +3,8 @@
  *       rows of a group of matrices into about TASKS_PER_THREAD tasks per thread; inside a task, walk token
  *       tiles of TILE_TOK so a weight row and a tile of activations stay in L1 (prompt batches).
  * Does not: choose kernels (kernels/traits.c) or skip rows (the sparse FFN will).
- * Determinism: every out[t][r] is one vec_dot of fixed inputs, whichever thread computes it. */
+ * Determinism: every out[t][r] is one vec_dot of fixed inputs, whichever thread computes it; which
+ *       float order (vec_dot or vec_dot_batch) depends on the batch size and t as in ggml. */
 #include "matmul.h"
 #include "kernels/traits.h"
 
@@ -60,7 +61,7 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
     int32_t i = 0;
     while (task >= j->first_task[i + 1]) i++;
     const pi2_weight *w = j->mm[i].w;
-    const pi2_vec_dot_fn dot = j->tr[i]->vec_dot;
+    const pi2_type_traits *tr = j->tr[i];
     const int64_t r0 = (int64_t)(task - j->first_task[i]) * j->rows_per_task;
     const int64_t r1 = r0 + j->rows_per_task < w->n_out ? r0 + j->rows_per_task : w->n_out;
     float *out = j->mm[i].out;
@@ -69,7 +70,7 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = w->data + (size_t)r * w->row_bytes;
             for (int32_t t = t0; t < t1; t++)
-                dot(w->n_in, &out[(size_t)t * w->n_out + r], row, j->xq[i] + (size_t)t * j->xq_row[i]);
+                (pi2_uses_batch_dot(tr, j->n_tok, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, &out[(size_t)t * w->n_out + r], row, j->xq[i] + (size_t)t * j->xq_row[i]);
         }
     }
 }

@@ -1,7 +1,8 @@
 /* ref.c — scalar reference kernels: the C twin of pi2/quants.py and of ggml's generic kernels.
  * Does: to_float for every known type; the activation quantizers of llama.cpp's x86 build, as
- *       pi2/quants.py specifies them (Q8_0, Q8_1, Q8_K, F16, BF16, F32), on every CPU; vec_dot for every weight type, summing integers per
- *       block and applying the scales afterwards, as ggml's scalar code does.
+ *       pi2/quants.py specifies them (Q8_0, Q8_1, Q8_K, F16, BF16, F32), on every CPU; vec_dot for every
+ *       weight type, summing integers per block and applying the scales afterwards: Q4_K and Q6_K
+ *       (ref_k.h) in llama.cpp's x86 float order for single tokens and for batches (vec_dot_batch).
  * Does not: use SIMD or pick implementations (traits.c), validate arguments (api.c).
  * Always built; fast paths (x86.c, neon.c) are tested against these functions. Must be compiled
  * without floating-point contraction (-std=c11 / -ffp-contract=off) to stay bit-exact. */
@@ -312,7 +313,7 @@ static void q8_0_vec_dot(int64_t n, float *s, const void *w, const void *xq) {
     *s = sumf;
 }
 
-/* Q4_K and Q5_K: Σ_j sc_j·(q·q8 over sub-block j), then d·that − dmin·Σ_j mn_j·bsum_j. */
+/* Q5_K: Σ_j sc_j·(q·q8 over sub-block j), then d·that − dmin·Σ_j mn_j·bsum_j. */
 static void q45_K_vec_dot(int64_t n, float *s, const void *w, const void *xq, int five) {
     const blk_q8_K *y = xq;
     const size_t stride = five ? sizeof(blk_q5_K) : sizeof(blk_q4_K);
@@ -342,32 +343,9 @@ static void q45_K_vec_dot(int64_t n, float *s, const void *w, const void *xq, in
     }
     *s = sumf;
 }
-static void q4_K_vec_dot(int64_t n, float *s, const void *w, const void *x) { q45_K_vec_dot(n, s, w, x, 0); }
 static void q5_K_vec_dot(int64_t n, float *s, const void *w, const void *x) { q45_K_vec_dot(n, s, w, x, 1); }
 
-static void q6_K_vec_dot(int64_t n, float *s, const void *w, const void *xq) {
-    const blk_q6_K *x = w; const blk_q8_K *y = xq;
-    float sumf = 0;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        int32_t isum = 0;
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
-            const int8_t *sc = x[i].scales + 8 * h, *q8 = y[i].qs + 128 * h;
-            for (int g = 0; g < 8; g++) {        /* 16-value groups: k = g/2, l in [16(g%2), +16) */
-                const int k = g / 2;
-                int dot = 0;
-                for (int l = 16 * (g % 2); l < 16 * (g % 2) + 16; l++) {
-                    const int lo = (k & 1) ? ql[l + 32] : ql[l];
-                    const int q = ((k < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-                    dot += q * q8[32 * k + l];
-                }
-                isum += sc[g] * dot;
-            }
-        }
-        sumf += pi2_fp16_to_f32(x[i].d) * y[i].d * isum;
-    }
-    *s = sumf;
-}
+#include "ref_k.h"   /* Q4_K and Q6_K in ggml's x86 float order */
 
 /* ---------------- the reference table ---------------- */
 
@@ -389,5 +367,9 @@ void pi2_kernels_fill_ref(pi2_type_traits *tab) {
     ROW(PI2_T_Q5_K, "Q5_K", 256, 176, PI2_T_Q8_K, q5_K_to_float, q5_K_vec_dot, q8_K_from_float);
     ROW(PI2_T_Q6_K, "Q6_K", 256, 210, PI2_T_Q8_K, q6_K_to_float, q6_K_vec_dot, q8_K_from_float);
     ROW(PI2_T_Q8_K, "Q8_K", 256, 292, PI2_T_Q8_K, q8_K_to_float, NULL, q8_K_from_float);
+    tab[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot;
+    tab[PI2_T_Q4_K].batch_group = 4, tab[PI2_T_Q4_K].batch_min = 4;
+    tab[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot;
+    tab[PI2_T_Q6_K].batch_group = 1, tab[PI2_T_Q6_K].batch_min = 8;
     tab[PI2_T_Q8_1].vec_dot_impl = tab[PI2_T_Q8_K].vec_dot_impl = NULL;  /* activation-only */
 }

@@ -56,7 +56,16 @@ typedef struct {
     pi2_vec_dot_fn vec_dot;        /* NULL for activation-only types (Q8_1, Q8_K) */
     pi2_quantize_fn quantize_act;  /* float row -> vec_dot_type blocks */
     const char *vec_dot_impl;      /* "ref", "avx2", "avx512vnni", "neon", "dotprod" */
+    pi2_vec_dot_fn vec_dot_batch;  /* the float order of ggml's batch kernel (NULL: vec_dot's) */
+    int32_t batch_group, batch_min;/* which tokens of a batch use it: pi2_uses_batch_dot */
 } pi2_type_traits;
+
+/* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in
+ * whole groups of 4 tokens by its GEMM (the rest by its GEMV), and Q6_K batches of 8 or more by
+ * its tiled kernel, each with its own float order. */
+static inline int pi2_uses_batch_dot(const pi2_type_traits *t, int32_t n_tok, int32_t tok) {
+    return t->vec_dot_batch && n_tok >= t->batch_min && tok < n_tok - n_tok % t->batch_group;
+}
 
 /* ISA bits (same values as PI2_ISA_* in pi2.h). */
 enum { PI2_K_AVX2 = 1, PI2_K_AVX512VNNI = 2, PI2_K_NEON = 4, PI2_K_DOTPROD = 8 };

@@ -51,6 +51,8 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     /* K-quants scale int16 pair sums, so VNNI brings nothing: the AVX2 kernels serve both. */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, "avx2");
     set_dot(t, PI2_T_Q6_K, q6_K_vec_dot_avx2, "avx2");
+    t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
+    t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);

@@ -2,7 +2,8 @@
  * once with AVX-512 VNNI, where the u8·s8 4-way dot becomes one vpdpbusd.
  * Needs: X86_TARGET (function attribute), X86_FN(name) (suffixes every name), X86_VNNI (0/1).
  * Does not: stand alone; every function is static and named through X86_FN.
- * Each kernel names its twin in ref.c; results differ from it only by float summation order. */
+ * Each kernel names its twin in ref.c (or ref_k.h). Q4_K, Q6_K, Q4_1, Q5_0 and Q8_0 compute in
+ * the float order of pi2/qdot.py, the others differ from their twin by float summation order. */
 
 static inline X86_TARGET float X86_FN(hsum)(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -116,68 +117,128 @@ static X86_TARGET void X86_FN(q8_0_vec_dot)(int64_t n, float *s, const void *w, 
 }
 
 #if !X86_VNNI
-/* twin: q4_K_vec_dot in ref.c. maddubs pairs (u4·s8), madd by the sub-block scale. */
-static X86_TARGET void X86_FN(q4_K_vec_dot)(int64_t n, float *s, const void *w, const void *xq) {
-    const blk_q4_K *x = w; const blk_q8_K *y = xq;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps();
-    float summ = 0;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        int32_t msum = 0;
-        for (int j = 0; j < 8; j++) {
-            pi2_k4_scale_min(j, x[i].scales, &sc[j], &mn[j]);
-            msum += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-        }
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const __m256i lo = _mm256_and_si256(bits, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
-            const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * c]));
-            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * c + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-        }
-        const float d = y[i].d * X86_FN(h2f)(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        summ += y[i].d * X86_FN(h2f)(x[i].dmin) * msum;
-    }
-    *s = X86_FN(hsum)(acc) - summ;
+/* Scalar vfmadd: a·b + c with one rounding. */
+static inline X86_TARGET float X86_FN(fma1)(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
-/* twin: q6_K_vec_dot in ref.c. maddubs(q, y) - maddubs(32, y) gives (q - 32)·y pair sums. */
+static inline X86_TARGET int32_t X86_FN(hsum_i32)(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* Q4_K block: isb[k] = Σ sc·Σ code·q8 and msb[k] = Σ mn·bsum pair over sub-blocks 2k, 2k+1
+ * (q4_K_block_sums in ref_k.h), as 4 int32 each. maddubs pairs u4·s8, madd by the sub-block scale. */
+static inline X86_TARGET void X86_FN(q4_K_sums)(const blk_q4_K *x, const blk_q8_K *y, __m128i *isb, __m128i *msb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; j++) pi2_k4_scale_min(j, x->scales, &sc[j], &mn[j]);
+    __m256i s[4];
+    for (int c = 0; c < 4; c++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+        const __m256i lo = _mm256_and_si256(bits, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
+        const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * c]));
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * c + 1]));
+        s[c] = _mm256_add_epi32(p0, p1);
+    }
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    *isb = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m256i mins = _mm256_set_epi16(mn[7], mn[7], mn[6], mn[6], mn[5], mn[5], mn[4], mn[4],
+                                          mn[3], mn[3], mn[2], mn[2], mn[1], mn[1], mn[0], mn[0]);
+    const __m256i mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins);
+    const __m256i mh = _mm256_hadd_epi32(mp, mp);
+    *msb = _mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1));
+}
+
+/* twin: q4_K_vec_dot in ref_k.h (the repacked GEMV order: one FMA per 256-block) */
+static X86_TARGET void X86_FN(q4_K_vec_dot)(int64_t n, float *s, const void *w, const void *xq) {
+    const blk_q4_K *x = w; const blk_q8_K *y = xq;
+    float acc = 0, accm = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m128i isb, msb;
+        X86_FN(q4_K_sums)(&x[i], &y[i], &isb, &msb);
+        __m128i t = _mm_hadd_epi32(isb, msb);
+        t = _mm_hadd_epi32(t, t);                      /* [Σ isb, Σ msb, ...] */
+        const float dd = y[i].d * X86_FN(h2f)(x[i].d), dm = y[i].d * X86_FN(h2f)(x[i].dmin);
+        acc = X86_FN(fma1)((float)_mm_cvtsi128_si32(t), dd, acc);
+        accm = X86_FN(fma1)((float)_mm_extract_epi32(t, 1), dm, accm);
+    }
+    *s = acc - accm;
+}
+
+/* twin: q4_K_gemm_dot in ref_k.h (the repacked GEMM order: one FMA per 64 values) */
+static X86_TARGET void X86_FN(q4_K_gemm_dot)(int64_t n, float *s, const void *w, const void *xq) {
+    const blk_q4_K *x = w; const blk_q8_K *y = xq;
+    float acc = 0, accm = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m128i isb, msb;
+        X86_FN(q4_K_sums)(&x[i], &y[i], &isb, &msb);
+        float fi[4], fm[4];
+        _mm_storeu_ps(fi, _mm_cvtepi32_ps(isb));
+        _mm_storeu_ps(fm, _mm_cvtepi32_ps(msb));
+        const float dd = y[i].d * X86_FN(h2f)(x[i].d), dm = y[i].d * X86_FN(h2f)(x[i].dmin);
+        for (int k = 0; k < 4; k++) {
+            acc = X86_FN(fma1)(fi[k], dd, acc);
+            accm = X86_FN(fma1)(fm[k], dm, accm);
+        }
+    }
+    *s = acc - accm;
+}
+
+/* Q6_K block: int32 lane m = Σ scale·code·q8 over values with index mod 32 in [4m, 4m+4), minus
+ * 32·Σ scale·bsum of 32-value chunk m (q6_K_vec_dot's lanes in ref_k.h). maddubs pairs u6·s8. */
+static inline X86_TARGET __m256i X86_FN(q6_K_lanes)(const blk_q6_K *x, const blk_q8_K *y) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = x->ql + 64 * h;
+        const int8_t *sc = x->scales + 8 * h, *q8 = y->qs + 128 * h;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i q[4];
+        q[0] = _mm256_and_si256(l0, m4);
+        q[1] = _mm256_and_si256(l1, m4);
+        q[2] = _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4);
+        q[3] = _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4);
+        for (int k = 0; k < 4; k++) {
+            const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+            const __m256i qk = _mm256_or_si256(q[k], _mm256_slli_epi16(hb, 4));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
+            const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(qk, v), scv));
+        }
+    }
+    const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), scales);
+    return _mm256_sub_epi32(sumi, _mm256_slli_epi32(corr, 5));
+}
+
+/* twin: q6_K_vec_dot in ref_k.h (vec_dot_q6_K_q8_K's 8 lanes and hsum_float_8) */
 static X86_TARGET void X86_FN(q6_K_vec_dot)(int64_t n, float *s, const void *w, const void *xq) {
     const blk_q6_K *x = w; const blk_q8_K *y = xq;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h;
-            const int8_t *sc = x[i].scales + 8 * h, *q8 = y[i].qs + 128 * h;
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_and_si256(l0, m4);
-            q[1] = _mm256_and_si256(l1, m4);
-            q[2] = _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4);
-            q[3] = _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4);
-            for (int k = 0; k < 4; k++) {
-                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
-                const __m256i qk = _mm256_or_si256(q[k], _mm256_slli_epi16(hb, 4));
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(qk, v), _mm256_maddubs_epi16(m32, v));
-                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scv));
-            }
-        }
         const float d = y[i].d * X86_FN(h2f)(x[i].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(X86_FN(q6_K_lanes)(&x[i], &y[i])), _mm256_set1_ps(d), acc);
     }
     *s = X86_FN(hsum)(acc);
+}
+
+/* twin: q6_K_tiled_dot in ref_k.h (the tiled kernel: one FMA per block) */
+static X86_TARGET void X86_FN(q6_K_tiled_dot)(int64_t n, float *s, const void *w, const void *xq) {
+    const blk_q6_K *x = w; const blk_q8_K *y = xq;
+    float acc = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float t = (float)X86_FN(hsum_i32)(X86_FN(q6_K_lanes)(&x[i], &y[i])) * X86_FN(h2f)(x[i].d);
+        acc = X86_FN(fma1)(t, y[i].d, acc);
+    }
+    *s = acc;
 }
 
 /* twin: f32_vec_dot in ref.c (which sums in double; this one in float, 4 accumulators) */

@@ -145,14 +145,20 @@ def ffn_weights(model, il: int) -> dict:
             L["ffn_down"] = lin(b + "ffn_down.weight")
         return L
     kv = f.kv
-    try:
-        up_t = int(kv["pi2.ffn.up_types"][il])
-        down_t = int(kv["pi2.ffn.down_types"][il])
-        gate_t = int(kv["pi2.ffn.gate_types"][il]) if cfg.ffn_layout == "bundle-gud" else None
-    except (KeyError, IndexError, TypeError):
-        raise ModelFormatError(f"{model.path}: pi2.ffn.up_types/down_types (and gate_types for bundle-gud) "
-                               f"must give a type for layer {il}") from None
     rec = model.raw(b + "ffn_bundle.weight")
+    try:
+        down_t = int(kv["pi2.ffn.down_types"][il])
+        gud = cfg.ffn_layout == "bundle-gud"
+        if "pi2.ffn.up_types" in kv:
+            up_t = int(kv["pi2.ffn.up_types"][il])
+            gate_t = int(kv["pi2.ffn.gate_types"][il]) if gud else None
+        else:       # not recorded: the gate's type, or the source type whose rows fill the record
+            up_t = _bundle_type(f, rec.shape[1], row_bytes(down_t, e), e, gud) if gud else \
+                model.tensor(b + "ffn_gate.weight").type
+            gate_t = up_t if gud else None
+    except (KeyError, IndexError, TypeError):
+        raise ModelFormatError(f"{model.path}: pi2.ffn.down_types/up_types (and gate_types for bundle-gud) "
+                               f"must give a type for layer {il}") from None
     off = 0
     if gate_t is not None:
         n = row_bytes(gate_t, e)
@@ -167,6 +173,16 @@ def ffn_weights(model, il: int) -> dict:
     L["down_rows"] = _rows(rec[:, off + nu:off + nu + nd], down_t, e)
     L["bundle_bytes"] = rec.shape[1]
     return L
+
+
+def _bundle_type(f, width: int, down_bytes: int, e: int, gud: bool) -> int:
+    """The weight type (among the file's) whose gate and up rows, with the down row, pad to `width` bytes."""
+    for t in sorted({t.type for t in f.tensors.values()}):
+        if t in GGML_TYPES and GGML_TYPES[t][1] <= e and e % GGML_TYPES[t][1] == 0:
+            n = (2 if gud else 1) * row_bytes(t, e) + down_bytes
+            if n <= width < n + 32 and width % 32 == 0:
+                return t
+    raise KeyError("pi2.ffn.up_types")
 
 
 def _nbytes(q: QuantLinear) -> int:

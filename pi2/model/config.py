@@ -115,7 +115,9 @@ class ModelConfig:
                       rope_base=float(get("rope.freq_base", 10000.0)), rope_freq_scale=freq_scale,
                       attn_scale=1.0 / math.sqrt(head_dim))
         is_pi2 = "pi2.version" in kv
-        pwri = (kv.get("pi2.source.magic") if is_pi2 else magic) == "PWRI"
+        # a pi2 file converted from a PowerInfer file: pi2.source.magic, or the copied PowerInfer key
+        pwri = (kv.get("pi2.source.magic", "PWRI" if "powerinfer.sparse_threshold" in kv else "GGUF")
+                if is_pi2 else magic) == "PWRI"
         common.update(sparse=pwri, pi2=is_pi2, ffn_down_t=not is_pi2 and "blk.0.ffn_down_t.weight" in tensors,
                       ffn_layout=str(kv.get("pi2.ffn.layout", "bundle-ud")) if is_pi2 else "")
         if is_pi2 and common["ffn_layout"] not in ("bundle-ud", "bundle-gud"):

@@ -95,7 +95,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
     rope_tables(c, pos0, n);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi2_layer *L = &m->layers[il];
-        if (atomic_load_explicit(&c->abort, memory_order_relaxed)) return PI2_ERR_ABORTED;
+        if (atomic_load_explicit(&c->abort, memory_order_relaxed)) {
+            pi2_pool_mark(c->pool, -1);
+            return PI2_ERR_ABORTED;
+        }
+        pi2_pool_mark(c->pool, n);   /* layers of a step are alike: the pool times them to choose sharing or not */
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
         norm_rows(c->xn, c->x, L->attn_norm, n, E, eps);
@@ -148,6 +152,7 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         add(c->x, c->o, n * E);
         TRACE("l_out", il, c->x, n * E);
     }
+    pi2_pool_mark(c->pool, -1);
 
     /* output norm and logits (+ soft-capping) */
     if (logits) {

@@ -1,7 +1,8 @@
 /* threadpool.c — the persistent worker pool of threadpool.h.
  * Does: hand out the tasks of a job through one atomic claim word (tag | n_tasks | next index),
  *       so whoever is running takes the next task; count finished tasks; workers spin up to
- *       SPIN_NS for the next job, then sleep on a condvar.
+ *       SPIN_NS for the next job, then sleep on a condvar; between marks, run jobs shared or on
+ *       the caller alone, whichever was measured faster.
  * Does not: touch the tasks' data; keep any global state.
  * The caller never waits for a worker to check in, only for claimed tasks to finish: a worker
  * that another process keeps off its core delays a job by at most the one task it holds.
@@ -19,6 +20,9 @@
 #include <time.h>
 
 #define SPIN_NS 50000                /* spin at most this long before sleeping */
+#define EXPLORE 8                    /* intervals timed in each mode per comparison */
+#define EXPLOIT_MIN 256              /* intervals run in the faster mode before comparing again, */
+#define EXPLOIT_MAX 2048             /* doubling up to this while the choice stays the same */
 #define IDX_BITS 20                  /* claim word: tag (24 bits) | n_tasks (20) | next index (20) */
 #define MAX_TASKS ((1 << IDX_BITS) - 1)
 #define IDX(v) ((int32_t)((v) & MAX_TASKS))
@@ -36,6 +40,13 @@ struct pi2_pool {
     _Atomic uint32_t job;            /* tag of the latest job: workers wait for it to change */
     _Atomic int32_t stop;
     _Atomic int32_t sleeping;        /* the caller sleeps on done_cv */
+    /* caller only: sharing or running alone, whichever is measured faster (pi2_pool_mark) */
+    int32_t alone;                   /* the current interval runs its jobs on the caller alone */
+    int64_t mark_t;                  /* start of the current interval (0: none) */
+    int32_t key, explore_key;        /* the current interval's key; the key being compared */
+    int64_t sum[2];                  /* comparison: time in intervals [shared, alone] */
+    int32_t cnt[2];
+    int32_t exploit_left, exploit_len, choice;
     _Alignas(64) _Atomic uint64_t claim;   /* tag | n_tasks | next index, alone on its cache line */
     _Alignas(64) _Atomic int32_t done;     /* finished tasks of the current job */
     char pad[60];
@@ -105,7 +116,7 @@ static void *worker_main(void *a) {
 }
 
 void pi2_pool_run(pi2_pool *p, pi2_task_fn fn, void *arg, int32_t n_tasks) {
-    if (p->n_threads == 1 || n_tasks <= 1 || n_tasks > MAX_TASKS) {
+    if (p->n_threads == 1 || p->alone || n_tasks <= 1 || n_tasks > MAX_TASKS) {
         for (int32_t i = 0; i < n_tasks; i++) fn(arg, i, 0);
         return;
     }
@@ -130,6 +141,38 @@ void pi2_pool_run(pi2_pool *p, pi2_task_fn fn, void *arg, int32_t n_tasks) {
     }
 }
 
+/* An interval of `dt` ns in mode p->alone ended: count it in the comparison, or in the exploitation. */
+static void interval_done(pi2_pool *p, int64_t dt) {
+    if (p->exploit_left > 0) {
+        p->exploit_left--;
+        return;
+    }
+    if (p->key != p->explore_key) {   /* different work: start comparing afresh */
+        p->explore_key = p->key;
+        p->sum[0] = p->sum[1] = 0;
+        p->cnt[0] = p->cnt[1] = 0;
+    }
+    p->sum[p->alone] += dt;
+    p->cnt[p->alone]++;
+    if (p->cnt[0] < EXPLORE || p->cnt[1] < EXPLORE) return;
+    const int32_t choice = p->sum[1] * p->cnt[0] < p->sum[0] * p->cnt[1];   /* alone is faster */
+    p->exploit_len = choice == p->choice && p->exploit_len ? (p->exploit_len * 2 > EXPLOIT_MAX ? EXPLOIT_MAX : p->exploit_len * 2)
+                                                            : EXPLOIT_MIN;
+    p->exploit_left = p->exploit_len;
+    p->choice = choice;
+    p->explore_key = -1;
+}
+
+void pi2_pool_mark(pi2_pool *p, int32_t key) {
+    if (p->n_threads == 1) return;
+    const int64_t t = now_ns();
+    if (p->mark_t) interval_done(p, t - p->mark_t);
+    p->mark_t = key >= 0 ? t : 0;
+    p->key = key;
+    if (key < 0) return;
+    p->alone = p->exploit_left > 0 ? p->choice : (p->cnt[0] + p->cnt[1]) & 1;   /* comparing: alternate */
+}
+
 int32_t pi2_pool_n_threads(const pi2_pool *p) { return p->n_threads; }
 
 pi2_status pi2_pool_create(int32_t n_threads, pi2_pool **out) {
@@ -145,6 +188,7 @@ pi2_status pi2_pool_create(int32_t n_threads, pi2_pool **out) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     pthread_cond_init(&p->done_cv, NULL);
+    p->explore_key = -1;
     p->n_threads = 1;   /* counts the threads started so far, so pi2_pool_free can join them */
     for (int32_t i = 1; i < n_threads; i++) {
         worker_start *s = malloc(sizeof *s);

@@ -21,4 +21,13 @@ int32_t pi2_pool_n_threads(const pi2_pool *pool);
 /* fn(arg, i, thread) for i in [0, n_tasks), each exactly once; thread in [0, n_threads). */
 void pi2_pool_run(pi2_pool *pool, pi2_task_fn fn, void *arg, int32_t n_tasks);
 
+/* Mark the start of an interval of comparable work (key >= 0: intervals with equal keys do the same
+ * work, e.g. one layer of a step of `key` tokens) or, with key < 0, the end of the last one.
+ * Within an interval every job runs either shared or on the caller alone: the pool times
+ * intervals in both modes now and then and runs the faster one in between. A worker whose core
+ * another process holds can be preempted in the middle of a task, and the caller then waits a
+ * scheduler slice for it; running alone avoids that. Only speed depends on it: which thread runs
+ * a task never changes its result. Without marks, jobs are always shared. */
+void pi2_pool_mark(pi2_pool *pool, int32_t key);
+
 #endif

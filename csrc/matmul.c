@@ -69,8 +69,17 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
         const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-            for (int32_t t = t0; t < t1; t++)
-                (pi2_uses_batch_dot(tr, j->n_tok, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, &out[(size_t)t * w->n_out + r], row, j->xq[i] + (size_t)t * j->xq_row[i]);
+            for (int32_t t = t0; t < t1; t++) {
+                float *o = &out[(size_t)t * w->n_out + r];
+                const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
+                const int batch = pi2_uses_batch_dot(tr, j->n_tok, t);
+                const pi2_vec_dot4_fn dot4 = batch ? tr->vec_dot_batch4 : tr->vec_dot4;
+                if (dot4 && t + 4 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 3) == batch) {
+                    dot4(w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+3, same orders */
+                    t += 3;
+                } else
+                    (pi2_uses_batch_dot(tr, j->n_tok, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, o, row, xq);
+            }
         }
     }
 }

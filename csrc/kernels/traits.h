@@ -45,6 +45,10 @@ _Static_assert(sizeof(blk_q4_0) == 18 && sizeof(blk_q4_1) == 20 && sizeof(blk_q5
 typedef void (*pi2_to_float_fn)(const void *src, float *dst, int64_t n);
 /* *out = one weight row (n values) · one activation row already in vec_dot_type blocks. */
 typedef void (*pi2_vec_dot_fn)(int64_t n, float *out, const void *w_row, const void *x_q);
+/* out[t·out_stride] = one weight row · activation row t (x_q + t·x_stride bytes), for t < 4: four
+ * tokens in vec_dot_batch's float order, the weight blocks unpacked once. */
+typedef void (*pi2_vec_dot4_fn)(int64_t n, float *out, size_t out_stride, const void *w_row,
+                                const void *x_q, size_t x_stride);
 /* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
 typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
 
@@ -58,6 +62,8 @@ typedef struct {
     const char *vec_dot_impl;      /* "ref", "avx2", "avx512vnni", "neon", "dotprod" */
     pi2_vec_dot_fn vec_dot_batch;  /* the float order of ggml's batch kernel (NULL: vec_dot's) */
     int32_t batch_group, batch_min;/* which tokens of a batch use it: pi2_uses_batch_dot */
+    pi2_vec_dot4_fn vec_dot_batch4;/* vec_dot_batch on 4 tokens at once (NULL: none) */
+    pi2_vec_dot4_fn vec_dot4;      /* vec_dot on 4 tokens at once (NULL: none) */
 } pi2_type_traits;
 
 /* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in

@@ -1,6 +1,6 @@
 /* x86.c — AVX2+FMA+F16C vec_dot kernels, plus an AVX-512 VNNI (vpdpbusd) variant of the
  * 32-value block types, chosen at run time with __builtin_cpu_supports.
- * Does: compile x86_body.h twice (once per target) with function target attributes, so no
+ * Does: compile x86_body.h and x86_tile_body.h twice (once per target) with function target attributes, so no
  *       global -march flag is needed; install the variants the CPU supports into a table.
  * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
  *       (everything but a stub compiles away off x86-64).
@@ -14,6 +14,7 @@
 #define X86_FN(name) name##_avx2
 #define X86_VNNI 0
 #include "x86_body.h"
+#include "x86_tile_body.h"
 #undef X86_TARGET
 #undef X86_FN
 #undef X86_VNNI
@@ -22,9 +23,11 @@
 #define X86_FN(name) name##_vnni
 #define X86_VNNI 1
 #include "x86_body.h"
+#include "x86_tile_body.h"
 
-static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char *impl) {
+static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
     t[type].vec_dot = fn;
+    t[type].vec_dot4 = fn4;
     t[type].vec_dot_impl = impl;
 }
 
@@ -36,25 +39,27 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     const int vnni = allow_ext && __builtin_cpu_supports("avx512vnni") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
     if (vnni) {
-        set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_vnni, "avx512vnni");
-        set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_vnni, "avx512vnni");
-        set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_vnni, "avx512vnni");
-        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, "avx512vnni");
-        set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_vnni, NULL, "avx512vnni");
+        set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_vnni, q4_1_vec_dot4_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_vnni, q5_0_vec_dot4_vnni, "avx512vnni");
+        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, NULL, "avx512vnni");
+        set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, q8_0_vec_dot4_vnni, "avx512vnni");
     } else {
-        set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_avx2, "avx2");
-        set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_avx2, "avx2");
-        set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, "avx2");
-        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, "avx2");
-        set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, "avx2");
+        set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_avx2, NULL, "avx2");
+        set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_avx2, q4_1_vec_dot4_avx2, "avx2");
+        set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, q5_0_vec_dot4_avx2, "avx2");
+        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, NULL, "avx2");
+        set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");
     }
     /* K-quants scale int16 pair sums, so VNNI brings nothing: the AVX2 kernels serve both. */
-    set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, "avx2");
-    set_dot(t, PI2_T_Q6_K, q6_K_vec_dot_avx2, "avx2");
+    set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
+    set_dot(t, PI2_T_Q6_K, q6_K_vec_dot_avx2, NULL, "avx2");
     t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
-    set_dot(t, PI2_T_F32, f32_vec_dot_avx2, "avx2");
-    set_dot(t, PI2_T_F16, f16_vec_dot_avx2, "avx2");
+    t[PI2_T_Q4_K].vec_dot_batch4 = q4_K_gemm_dot4_avx2;
+    t[PI2_T_Q6_K].vec_dot_batch4 = q6_K_tiled_dot4_avx2;
+    set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
+    set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);
 }
 

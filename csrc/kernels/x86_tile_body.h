@@ -1,0 +1,170 @@
+/* x86_tile_body.h — four-token kernels, included by x86.c after each x86_body.h (same macros): the
+ * weight block is unpacked once and multiplied with four activation rows, the lever for prompt batches.
+ * Does: for each token, exactly the float operations of its one-token twin, in the same order (token t
+ *       keeps its own accumulators), so results are bit-identical to four vec_dot calls.
+ * Does not: stand alone, or pick which tokens use it (matmul.c, by traits.h's vec_dot4 fields). */
+
+#define X86_ACT(T, t, i) ((const T *)((const uint8_t *)xq + (t) * xq_stride) + (i))
+#define X86_ZERO4 {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}
+
+/* twin: q5_0_vec_dot in ref.c (x86 order: q5_0_vec_dot in x86_body.h), four tokens */
+static X86_TARGET void X86_FN(q5_0_vec_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                             const void *xq, size_t xq_stride) {
+    const blk_q5_0 *x = w;
+    __m256 acc[4] = X86_ZERO4;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i hi = _mm256_andnot_si256(X86_FN(bits_to_bytes)(x[i].qh), _mm256_set1_epi8((char)0xF0));
+        const __m256i q = _mm256_or_si256(X86_FN(nibbles)(x[i].qs), hi);
+        const __m256i ax = _mm256_sign_epi8(q, q);
+        const float dx = X86_FN(h2f)(x[i].d);
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
+            const __m256i v = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), q);
+            const __m256 d = _mm256_set1_ps(dx * X86_FN(h2f)(y->d));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(ax, v)), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) s[t * s_stride] = X86_FN(hsum)(acc[t]);
+}
+
+/* twin: q8_0_vec_dot in ref.c (x86 order: q8_0_vec_dot in x86_body.h), four tokens */
+static X86_TARGET void X86_FN(q8_0_vec_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                             const void *xq, size_t xq_stride) {
+    const blk_q8_0 *x = w;
+    __m256 acc[4] = X86_ZERO4;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i ax = _mm256_sign_epi8(q, q);
+        const float dx = X86_FN(h2f)(x[i].d);
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
+            const __m256i v = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), q);
+            const __m256 d = _mm256_set1_ps(dx * X86_FN(h2f)(y->d));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(ax, v)), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) s[t * s_stride] = X86_FN(hsum)(acc[t]);
+}
+
+/* twin: q4_1_vec_dot in ref.c (x86 order: q4_1_vec_dot in x86_body.h), four tokens */
+static X86_TARGET void X86_FN(q4_1_vec_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                             const void *xq, size_t xq_stride) {
+    const blk_q4_1 *x = w;
+    __m256 acc[4] = X86_ZERO4;
+    float summs[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i q = X86_FN(nibbles)(x[i].qs);
+        const float dx = X86_FN(h2f)(x[i].d), mx = X86_FN(h2f)(x[i].m);
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_1 *y = X86_ACT(blk_q8_1, t, i);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)y->qs);
+            const __m256 d = _mm256_set1_ps(dx * X86_FN(h2f)(y->d));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q, v)), acc[t]);
+            summs[t] += mx * X86_FN(h2f)(y->s);
+        }
+    }
+    for (int t = 0; t < 4; t++) s[t * s_stride] = X86_FN(hsum)(acc[t]) + summs[t];
+}
+
+#if !X86_VNNI
+/* twin: q4_K_gemm_dot in ref_k.h, four tokens at once: the weight block is unpacked once, and each
+ * token's FMA chain runs in one lane of a 4-float vector (lane t: the same operations, same order). */
+static X86_TARGET void X86_FN(q4_K_gemm_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                              const void *xq, size_t xq_stride) {
+    const blk_q4_K *x = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) pi2_k4_scale_min(j, x[i].scales, &sc[j], &mn[j]);
+        const __m256i mins = _mm256_set_epi16(mn[7], mn[7], mn[6], mn[6], mn[5], mn[5], mn[4], mn[4],
+                                              mn[3], mn[3], mn[2], mn[2], mn[1], mn[1], mn[0], mn[0]);
+        __m256i q[8];
+        for (int c = 0; c < 4; c++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            q[2 * c] = _mm256_and_si256(bits, m4);
+            q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        }
+        __m128 fi[4], fm[4];
+        float dy[4];
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)xq + t * xq_stride) + i;
+            __m256i sv[4];
+            for (int c = 0; c < 4; c++) {
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c))),
+                                                     _mm256_set1_epi16(sc[2 * c]));
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c + 1], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32))),
+                                                     _mm256_set1_epi16(sc[2 * c + 1]));
+                sv[c] = _mm256_add_epi32(p0, p1);
+            }
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(sv[0], sv[1]), _mm256_hadd_epi32(sv[2], sv[3]));
+            fi[t] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+            const __m256i mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins);
+            const __m256i mh = _mm256_hadd_epi32(mp, mp);
+            fm[t] = _mm_cvtepi32_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1)));
+            dy[t] = y->d;
+        }
+        _MM_TRANSPOSE4_PS(fi[0], fi[1], fi[2], fi[3]);          /* fi[k] lane t: token t's 64-value sum k */
+        _MM_TRANSPOSE4_PS(fm[0], fm[1], fm[2], fm[3]);
+        const __m128 vy = _mm_loadu_ps(dy);
+        const __m128 dd = _mm_mul_ps(vy, _mm_set1_ps(X86_FN(h2f)(x[i].d)));
+        const __m128 dm = _mm_mul_ps(vy, _mm_set1_ps(X86_FN(h2f)(x[i].dmin)));
+        for (int k = 0; k < 4; k++) {
+            acc = _mm_fmadd_ps(fi[k], dd, acc);
+            accm = _mm_fmadd_ps(fm[k], dm, accm);
+        }
+    }
+    float r[4];
+    _mm_storeu_ps(r, _mm_sub_ps(acc, accm));
+    for (int t = 0; t < 4; t++) s[t * s_stride] = r[t];
+}
+
+/* twin: q6_K_tiled_dot in ref_k.h, four tokens at once (codes and scales unpacked once; token t's
+ * chain in lane t). */
+static X86_TARGET void X86_FN(q6_K_tiled_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               const void *xq, size_t xq_stride) {
+    const blk_q6_K *x = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i q[8], scv[8];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h;
+            const int8_t *sc = x[i].scales + 8 * h;
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i lo4[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int k = 0; k < 4; k++) {
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2);
+                q[4 * h + k] = _mm256_or_si256(lo4[k], _mm256_slli_epi16(hb, 4));
+                scv[4 * h + k] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+            }
+        }
+        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        int32_t tot[4];
+        float dy[4];
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)xq + t * xq_stride) + i;
+            __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), scales), 5);
+            sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+            for (int c = 0; c < 8; c++)
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * c))), scv[c]));
+            tot[t] = X86_FN(hsum_i32)(sumi);
+            dy[t] = y->d;
+        }
+        const __m128 r = _mm_mul_ps(_mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)tot)), _mm_set1_ps(X86_FN(h2f)(x[i].d)));
+        acc = _mm_fmadd_ps(r, _mm_loadu_ps(dy), acc);
+    }
+    float r[4];
+    _mm_storeu_ps(r, acc);
+    for (int t = 0; t < 4; t++) s[t * s_stride] = r[t];
+}
+
+#endif
+
+#undef X86_ACT
+#undef X86_ZERO4

@@ -4,7 +4,7 @@
  *       the reference against dequantized weights · dequantized activations in double; a hash
  *       of dequantized and quantized bytes that must be the same on every CPU (the golden comes
  *       from x86-64, where tests/test_kernels.py checks the bytes against numpy); the argument
- *       checks of the public API. Prints "N passed, M failed"; exit status 1 on failure.
+ *       checks of the public API; batch orders and four-token kernels bit for bit (test_orders). Prints "N passed, M failed"; exit status 1 on failure.
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
 #include "../../csrc/kernels/traits.h"
@@ -52,6 +52,44 @@ static double nmse(const float *a, const float *b, int n) {
     return den > 0 ? num / den : num;
 }
 
+/* The batch orders and four-token kernels against their one-token twins, bit for bit: four rows of
+ * activations (the same quantized row at four places) through vec_dot4 / vec_dot_batch4, the batch
+ * dot of a fast table against the reference's. On x86-64 the fast single-token and batch kernels of
+ * Q4_K and Q6_K compute in the reference's float order, so those must match bit for bit too. */
+static void test_orders(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
+                        const uint8_t *xq, int64_t n, int nb) {
+    const size_t xrow = (size_t)(n / pi2_traits(ref->vec_dot_type, 1)->block_size) * pi2_traits(ref->vec_dot_type, 1)->type_size;
+    uint8_t *x4 = malloc(4 * xrow);
+    for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
+    for (int r = 0; r < 4; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        float one, four[8], want;
+        if (t->vec_dot4) {
+            t->vec_dot(n, &one, row, xq);
+            t->vec_dot4(n, four, 2, row, x4, xrow);
+            check(!memcmp(&four[0], &one, 4) && !memcmp(&four[6], &one, 4), "dot4-vs-dot", ref->name, t->vec_dot_impl, nb, 0);
+        }
+        if (!ref->vec_dot_batch) continue;
+        ref->vec_dot_batch(n, &want, row, xq);
+        if (t->vec_dot_batch) {
+            t->vec_dot_batch(n, &one, row, xq);
+            check(!memcmp(&one, &want, 4), "batch-vs-ref", ref->name, t->vec_dot_impl, nb, 0);
+        }
+        if (t->vec_dot_batch4) {
+            t->vec_dot_batch4(n, four, 2, row, x4, xrow);
+            check(!memcmp(&four[0], &want, 4) && !memcmp(&four[6], &want, 4), "batch4-vs-ref", ref->name, t->vec_dot_impl, nb, 0);
+        }
+#if defined(__x86_64__)
+        if (t->vec_dot != ref->vec_dot) {
+            t->vec_dot(n, &one, row, xq);
+            ref->vec_dot(n, &want, row, xq);
+            check(!memcmp(&one, &want, 4), "x86-order", ref->name, t->vec_dot_impl, nb, 0);
+        }
+#endif
+    }
+    free(x4);
+}
+
 static void test_type(int type) {
     enum { ROWS = 4 };
     static const int blocks[] = {1, 3, 7, 33};
@@ -83,6 +121,7 @@ static void test_type(int type) {
         check(e <= tol_dq, "ref-vs-dequant", ref->name, "ref", nb, e);
         for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl += 2) {
             const pi2_type_traits *t = pi2_traits(type, impl);
+            test_orders(t, ref, w, row_bytes, xq, n, nb);
             if (t->vec_dot == ref->vec_dot) continue;
             for (int r = 0; r < ROWS; r++) t->vec_dot(n, &out_fast[r], w + r * row_bytes, xq);
             e = nmse(out_fast, out_ref, ROWS);

@@ -4,7 +4,10 @@
  *       no global -march flag is needed; install the variant the CPU supports into a table.
  * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
  *       (everything but a stub compiles away off aarch64).
- * Each kernel's reference twin is the function of the same name in ref.c. */
+ * Each kernel's reference twin is the function of the same name in ref.c.
+ * Float order: not yet x86's. These kernels keep 4 lanes (x86 keeps 8 and converts each to float
+ * before its FMA) and reduce with vaddvq; Q4_K/Q6_K sum per block in one float. Batches of Q4_K and
+ * Q6_K run the reference's batch order (scalar, exact, slow), as no NEON vec_dot_batch exists yet. */
 #include "traits.h"
 
 #if defined(__aarch64__)

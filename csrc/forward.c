@@ -2,8 +2,10 @@
  * Does: embed the tokens, run every block (attention, FFN) over a batch of up to n_batch tokens
  *       with the KV cache, then the output norm and logits; call the trace hook at the named
  *       checkpoints of pi2/reference.py (llama.cpp's graph names); stop at a layer boundary when pi2_abort() was called.
- * Does not: allocate (context.c sized everything), choose kernels (traits table) or split work
- *       (matmul.c and ops.c give each thread whole output elements, so any thread count agrees). */
+ *       Per-token work of a prompt batch (norms, RoPE, cache stores, FFN activation) runs on the pool
+ *       in tasks of whole rows.
+ * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
+ *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
 #include "context.h"
 #include "internal.h"
 #include "ops.h"
@@ -13,8 +15,42 @@
 #define TRACE(name, il, ptr, count) \
     do { if (c->trace) c->trace(name, il, ptr, (int64_t)(count), c->trace_user); } while (0)
 
-static void norm_rows(float *y, const float *x, const float *w, int64_t n_rows, int64_t n, float eps) {
-    for (int64_t r = 0; r < n_rows; r++) pi2_rms_norm(y + r * n, x + r * n, w, n, eps);
+/* Per-row work of a prompt batch, split over the pool in tasks of whole rows (each row is computed
+ * the same way whichever thread runs it); a single token's rows run inline (no pool job). */
+typedef struct rows_job rows_job;
+struct rows_job {
+    void (*row)(const rows_job *j, int64_t r);
+    pi2_ctx *c;
+    const pi2_layer *L;
+    float *y;
+    const float *x, *w;
+    int64_t n;                /* values per row (norms) */
+    int32_t il;               /* layer (store_kv_row) */
+    int64_t rows_per_task, n_rows;
+};
+
+static void rows_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const rows_job *j = arg;
+    const int64_t r0 = (int64_t)task * j->rows_per_task, r1 = r0 + j->rows_per_task < j->n_rows ? r0 + j->rows_per_task : j->n_rows;
+    for (int64_t r = r0; r < r1; r++) j->row(j, r);
+}
+
+static void for_rows(pi2_ctx *c, int32_t n_tok, rows_job j, int64_t n_rows) {
+    const int64_t n_tasks = n_tok > 1 ? 8 * (int64_t)pi2_pool_n_threads(c->pool) : 1;
+    j.c = c;
+    j.n_rows = n_rows;
+    j.rows_per_task = (n_rows + n_tasks - 1) / n_tasks;
+    pi2_pool_run(c->pool, rows_task, &j, (int32_t)((n_rows + j.rows_per_task - 1) / j.rows_per_task));
+}
+
+static void norm_row(const rows_job *j, int64_t r) {
+    pi2_rms_norm(j->y + r * j->n, j->x + r * j->n, j->w, j->n, j->c->m->hp.rms_eps);
+}
+
+/* y[r] = rmsnorm(x[r]) * w for n_rows rows of n values (of a batch of n_tok tokens) */
+static void norm_rows(pi2_ctx *c, int32_t n_tok, float *y, const float *x, const float *w, int64_t n_rows, int64_t n) {
+    for_rows(c, n_tok, (rows_job){.row = norm_row, .y = y, .x = x, .w = w, .n = n}, n_rows);
 }
 
 static void add_rows(float *x, const float *b, int64_t n_rows, int64_t n) {   /* x[r] += b */
@@ -50,24 +86,31 @@ static void rope_tables(pi2_ctx *c, int32_t pos0, int32_t n) {
     }
 }
 
-static void rope_rows(pi2_ctx *c, const pi2_layer *L, float *x, int32_t n_heads, int32_t n) {
-    const pi2_model_params *hp = &c->m->hp;
-    const float *cs = c->rope + (size_t)L->rope_local * c->p.n_batch * hp->n_rot;
-    for (int32_t t = 0; t < n; t++)
-        pi2_rope(x + (size_t)t * n_heads * hp->head_dim, n_heads, hp->head_dim, hp->n_rot, cs + (size_t)t * hp->n_rot,
-                 hp->rope_neox);
+/* Token t's query and key heads rotated in place. */
+static void rope_row(const rows_job *j, int64_t t) {
+    const pi2_model_params *hp = &j->c->m->hp;
+    const int32_t nb = j->c->p.n_batch;
+    const float *cs = j->c->rope + ((size_t)j->L->rope_local * nb + (size_t)t) * hp->n_rot;
+    pi2_rope(j->c->q + (size_t)t * hp->n_head * hp->head_dim, hp->n_head, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
+    pi2_rope(j->c->k + (size_t)t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
 }
 
-/* Append the batch's k and v, rounded to F16 (kept as floats), at positions pos0.. of layer il (K transposed). */
-static void store_kv(pi2_ctx *c, int32_t il, int32_t pos0, int32_t n) {
+/* Token t's k and v, rounded to F16 (kept as floats), at position n_past + t of layer j->il (K transposed). */
+static void store_kv_row(const rows_job *j, int64_t t) {
+    const pi2_ctx *c = j->c;
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
-    const size_t n_ctx = (size_t)c->p.n_ctx;
-    float *k = c->k_cache + (size_t)il * n_ctx * kd + pos0;
-    float *v = c->v_cache + ((size_t)il * n_ctx + pos0) * vd;
-    for (int32_t t = 0; t < n; t++)
-        for (size_t i = 0; i < kd; i++) k[i * n_ctx + t] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->k[t * kd + i]));
-    for (size_t i = 0; i < (size_t)n * vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->v[i]));
+    const size_t n_ctx = (size_t)c->p.n_ctx, pos = (size_t)c->n_past + (size_t)t, il = (size_t)j->il;
+    float *k = c->k_cache + il * n_ctx * kd + pos, *v = c->v_cache + (il * n_ctx + pos) * vd;
+    for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->k[t * kd + i]));
+    for (size_t i = 0; i < vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->v[t * vd + i]));
+}
+
+/* Token t's FFN activation: gate = act(gate) * up. */
+static void activate_row(const rows_job *j, int64_t t) {
+    const pi2_ctx *c = j->c;
+    const int64_t n_ff = c->m->hp.n_ff;
+    pi2_ffn_activate(c->gate + t * n_ff, c->up + t * n_ff, n_ff, c->m->hp.ffn_act, c->m->gelu_table);
 }
 
 static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
@@ -89,7 +132,6 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
     const int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim;
     const int64_t KD = (int64_t)hp->n_head_kv * hp->head_dim, VD = (int64_t)hp->n_head_kv * hp->head_dim_v;
     const int32_t pos0 = c->n_past;
-    const float eps = hp->rms_eps;
 
     embed(c, tokens, n);
     rope_tables(c, pos0, n);
@@ -102,7 +144,7 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         pi2_pool_mark(c->pool, n);   /* layers of a step are alike: the pool times them to choose sharing or not */
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
-        norm_rows(c->xn, c->x, L->attn_norm, n, E, eps);
+        norm_rows(c, n, c->xn, c->x, L->attn_norm, n, E);
         TRACE("attn_norm", il, c->xn, n * E);
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->q, c->q}, {&L->k, c->k}, {&L->v, c->v}}, 3);
         TRACE("Qcur", il, c->q, n * QD);
@@ -115,39 +157,38 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
             TRACE("Qcur.bias", il, c->q, n * QD);
         }
         if (hp->qk_norm) {
-            norm_rows(c->q, c->q, L->q_norm, (int64_t)n * hp->n_head, hp->head_dim, eps);
-            norm_rows(c->k, c->k, L->k_norm, (int64_t)n * hp->n_head_kv, hp->head_dim, eps);
+            norm_rows(c, n, c->q, c->q, L->q_norm, (int64_t)n * hp->n_head, hp->head_dim);
+            norm_rows(c, n, c->k, c->k, L->k_norm, (int64_t)n * hp->n_head_kv, hp->head_dim);
         }
 
         /* rotary position embedding */
-        rope_rows(c, L, c->q, hp->n_head, n);
-        rope_rows(c, L, c->k, hp->n_head_kv, n);
+        for_rows(c, n, (rows_job){.row = rope_row, .L = L}, n);
         TRACE("Qcur.rope", il, c->q, n * QD);
         TRACE("Kcur.rope", il, c->k, n * KD);
 
         /* attention over the F16 cache */
-        store_kv(c, il, pos0, n);
+        for_rows(c, n, (rows_job){.row = store_kv_row, .il = il}, n);
         if (hp->q_prescale) scale(c->q, n * QD, hp->attn_scale);
         attention(c, L, il, pos0, n);
         TRACE("kqv_out", il, c->att, (int64_t)n * hp->n_head * hp->head_dim_v);
 
         /* attention output (+ post norm) and residual */
         pi2_matmul(&c->mm, c->att, n, &(pi2_mm){&L->o, c->o}, 1);
-        if (L->post_attn_norm) norm_rows(c->o, c->o, L->post_attn_norm, n, E, eps);
+        if (L->post_attn_norm) norm_rows(c, n, c->o, c->o, L->post_attn_norm, n, E);
         TRACE("attn_out", il, c->o, n * E);
         add(c->x, c->o, n * E);
         TRACE("ffn_inp", il, c->x, n * E);
 
         /* feed-forward: down(act(gate(x)) * up(x)) (+ post norm) and residual */
-        norm_rows(c->xn, c->x, L->ffn_norm, n, E, eps);
+        norm_rows(c, n, c->xn, c->x, L->ffn_norm, n, E);
         TRACE("ffn_norm", il, c->xn, n * E);
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
         TRACE("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff);
         TRACE("ffn_up", il, c->up, (int64_t)n * hp->n_ff);
-        pi2_ffn_activate(c->gate, c->up, (int64_t)n * hp->n_ff, hp->ffn_act, m->gelu_table);
+        for_rows(c, n, (rows_job){.row = activate_row}, n);
         TRACE("ffn_swiglu", il, c->gate, (int64_t)n * hp->n_ff);
         pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
-        if (L->post_ffw_norm) norm_rows(c->o, c->o, L->post_ffw_norm, n, E, eps);
+        if (L->post_ffw_norm) norm_rows(c, n, c->o, c->o, L->post_ffw_norm, n, E);
         TRACE("ffn_out", il, c->o, n * E);
         add(c->x, c->o, n * E);
         TRACE("l_out", il, c->x, n * E);
@@ -157,7 +198,7 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
     /* output norm and logits (+ soft-capping) */
     if (logits) {
         const int32_t r0 = all ? 0 : n - 1, rows = n - r0;
-        norm_rows(c->xn, c->x + (size_t)r0 * E, m->output_norm, rows, E, eps);
+        norm_rows(c, rows, c->xn, c->x + (size_t)r0 * E, m->output_norm, rows, E);
         TRACE("result_norm", -1, c->xn, rows * E);
         pi2_matmul(&c->mm, c->xn, rows, &(pi2_mm){&m->output, logits}, 1);
         const float cap = hp->logit_softcap;

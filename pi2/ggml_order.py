@@ -175,3 +175,21 @@ def rope_rotate(x0, x1, c, s):
     y0 = fma(x0, c, −x1·s), y1 = fma(x0, s, x1·c). (Its scalar tail, for pair counts that are not a multiple
     of the vector width, fuses y1 as fma(x1, c, x0·s); the head sizes pi2 meets never reach it.)"""
     return fma32(x0, c, -(x1 * s)), fma32(x0, s, x1 * c)
+
+
+_libm.tanhf.restype = ctypes.c_float
+_libm.tanhf.argtypes = [ctypes.c_float]
+_gelu_table: list = []
+
+
+def gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16: for every F16 bit pattern h, fp16(0.5·x·(1 + tanhf(c·x·(1 + a·x²)))) with
+    x = fp32(h), libm's tanhf and float32 operations in source order; returned as float32 (65536,)."""
+    if not _gelu_table:
+        x = np.arange(65536, dtype=np.uint16).view(np.float16).astype(F32)
+        c, a, half, one = F32(0.7978845608028654), F32(0.044715), F32(0.5), F32(1.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            inner = c * x * (one + a * x * x)
+            th = np.array([_libm.tanhf(float(v)) if np.isfinite(v) else np.nan for v in inner], dtype=F32)
+            _gelu_table.append((half * x * (one + th)).astype(np.float16).astype(F32))
+    return _gelu_table[0]

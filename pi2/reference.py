@@ -75,11 +75,8 @@ def attention(q, k_cache, v_cache, pos, n_kv, scale, window=0, trace=None):
 
 
 def gelu_f16(x: np.ndarray) -> np.ndarray:
-    """ggml's GELU (tanh form) through its F16 table: input rounded to F16, result rounded to F16."""
-    xh = x.astype(F16).astype(np.float32)
-    c = np.float32(0.7978845608028654)
-    y = (np.float32(0.5) * xh * (np.float32(1) + np.tanh(c * xh * (np.float32(1) + np.float32(0.044715) * xh * xh))))
-    y = y.astype(F16).astype(np.float32)
+    """ggml's GELU (tanh form) through its F16 table: input rounded to F16, table value (go.gelu_table)."""
+    y = go.gelu_table()[x.astype(F16).view(np.uint16)]
     return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y))
 
 

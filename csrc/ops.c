@@ -167,6 +167,7 @@ WIDE_CLONES static void scale_to_f16(float *w, int64_t n, float inv) {
 }
 
 int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v) {
+    (void)head_dim;
     return 64 * (int64_t)(KEY_BLOCK > head_dim_v ? KEY_BLOCK : head_dim_v);
 }
 

@@ -74,13 +74,15 @@ def run(
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
     from pi2 import commands
+    from pi2.sampling import SamplerParams
     global _VERBOSE
     _VERBOSE = verbose
     text = _read_prompt(prompt, file, not no_escape)
     opts = commands.RunOptions(
         model=_model_path(model, model_opt), prompt=text, n_predict=n_predict, threads=max(threads, 0),
-        ctx_size=ctx_size, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n, seed=seed, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
+        ctx_size=ctx_size, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
+        sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                               repeat_last_n=repeat_last_n, seed=seed),
         json_out=json_out, engine=engine, keep=keep, dense=dense)
     if conversation:
         commands.chat(opts)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from pi2.errors import UsageError
+from pi2.sampling import SamplerParams
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,7 @@ class RunOptions:
     n_predict: int = -1
     threads: int = 0
     ctx_size: int = 4096
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    seed: int = -1
+    sampling: SamplerParams = field(default_factory=SamplerParams)
     ignore_eos: bool = False
     display_prompt: bool = True
     json_out: bool = False
@@ -47,13 +42,11 @@ def _check(opts: RunOptions) -> None:
 def _open(opts: RunOptions):
     from pi2.generate import Timings
     from pi2.runtime import RunConfig, open_context, open_model
-    from pi2.sampling import Sampler, SamplerParams
+    from pi2.sampling import Sampler
     timings = Timings()
     model = open_model(opts.model)
     ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense))
-    sp = SamplerParams(temp=opts.temp, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
-                       repeat_penalty=opts.repeat_penalty, repeat_last_n=opts.repeat_last_n, seed=opts.seed)
-    sampler = Sampler(sp, model.config.n_vocab, ctx.n_ctx)
+    sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
     return model, ctx, sampler, timings
 
 

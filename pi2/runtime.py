@@ -37,10 +37,13 @@ def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
 
 
 def resolve_ctx(model: Model, n_ctx: int) -> int:
+    """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
     if n_ctx < 0:
         raise UsageError(f"invalid context size {n_ctx}")
     train = model.config.n_ctx_train
-    return train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    if n_ctx == 0:
+        return train
+    return min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
 
 
 def open_context(model: Model, cfg: RunConfig):

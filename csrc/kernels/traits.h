@@ -49,6 +49,10 @@ typedef void (*pi2_vec_dot_fn)(int64_t n, float *out, const void *w_row, const v
  * tokens in vec_dot_batch's float order, the weight blocks unpacked once. */
 typedef void (*pi2_vec_dot4_fn)(int64_t n, float *out, size_t out_stride, const void *w_row,
                                 const void *x_q, size_t x_stride);
+/* vec_dot4 on two weight rows (w and w + w_stride bytes): out[t·out_stride + k] = row k · token t,
+ * each output in vec_dot's float order, each activation block loaded once for both rows. */
+typedef void (*pi2_vec_dot4x2_fn)(int64_t n, float *out, size_t out_stride, const void *w,
+                                  size_t w_stride, const void *x_q, size_t x_stride);
 /* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
 typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
 
@@ -92,6 +96,9 @@ uint32_t pi2_kernels_isa(void);
  * Defined in x86.c and neon.c; each is a no-op returning 0 on the other architecture. */
 uint32_t pi2_kernels_install_x86(pi2_type_traits *tab, int allow_ext);
 uint32_t pi2_kernels_install_neon(pi2_type_traits *tab, int allow_ext);
+/* The two-row four-token kernel of `type` in table `impl` (x86.c), NULL where there is none (the
+ * reference table, other ISAs, other types). Kept beside the table, read-only after the first call. */
+pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl);
 /* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
 void pi2_kernels_fill_ref(pi2_type_traits *tab);
 

@@ -2,6 +2,7 @@
  * weight block is unpacked once and multiplied with four activation rows, the lever for prompt batches.
  * Does: for each token, exactly the float operations of its one-token twin, in the same order (token t
  *       keeps its own accumulators), so results are bit-identical to four vec_dot calls.
+ *       Q5_0 also has a two-row kernel (pi2_kernels_dot4x2), each activation block loaded once for both.
  * Does not: stand alone, or pick which tokens use it (matmul.c, by traits.h's vec_dot4 fields). */
 
 #define X86_ACT(T, t, i) ((const T *)((const uint8_t *)xq + (t) * xq_stride) + (i))
@@ -25,6 +26,63 @@ static X86_TARGET void X86_FN(q5_0_vec_dot4)(int64_t n, float *s, size_t s_strid
         }
     }
     for (int t = 0; t < 4; t++) s[t * s_stride] = X86_FN(hsum)(acc[t]);
+}
+
+/* twin: q5_0_vec_dot in ref.c (x86 order: q5_0_vec_dot in x86_body.h), two rows x four tokens:
+ * each activation block and its scale are loaded once for both rows; output (k, t) keeps its own
+ * accumulator and the one-token float order (dx·dy, one FMA per block, hsum). */
+static X86_TARGET void X86_FN(q5_0_vec_dot4x2)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               size_t w_stride, const void *xq, size_t xq_stride) {
+    const blk_q5_0 *x0 = w, *x1 = (const blk_q5_0 *)((const uint8_t *)w + w_stride);
+#if X86_VNNI
+    /* 512-bit: row 0 in the low 8 lanes, row 1 in the high 8; lane for lane the same operations. */
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i f0 = _mm256_set1_epi8((char)0xF0);
+        const __m256i q0 = _mm256_or_si256(X86_FN(nibbles)(x0[i].qs), _mm256_andnot_si256(X86_FN(bits_to_bytes)(x0[i].qh), f0));
+        const __m256i q1 = _mm256_or_si256(X86_FN(nibbles)(x1[i].qs), _mm256_andnot_si256(X86_FN(bits_to_bytes)(x1[i].qh), f0));
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+        const __m512i a = _mm512_abs_epi8(q);
+        const __mmask64 neg = _mm512_movepi8_mask(q);
+        const __m256i d0 = _mm256_castps_si256(_mm256_set1_ps(X86_FN(h2f)(x0[i].d)));
+        const __m256i d1 = _mm256_castps_si256(_mm256_set1_ps(X86_FN(h2f)(x1[i].d)));
+        const __m512 dx = _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(d0), d1, 1));
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
+            const __m512i yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y->qs));
+            const __m512i v = _mm512_mask_sub_epi8(yv, neg, _mm512_setzero_si512(), yv);
+            const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a, v);
+            const __m512 d = _mm512_mul_ps(dx, _mm512_set1_ps(X86_FN(h2f)(y->d)));
+            acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        s[t * s_stride] = X86_FN(hsum)(_mm512_castps512_ps256(acc[t]));
+        s[t * s_stride + 1] = X86_FN(hsum)(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
+    }
+#else
+    __m256 acc0[4] = X86_ZERO4, acc1[4] = X86_ZERO4;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i f0 = _mm256_set1_epi8((char)0xF0);
+        const __m256i q0 = _mm256_or_si256(X86_FN(nibbles)(x0[i].qs), _mm256_andnot_si256(X86_FN(bits_to_bytes)(x0[i].qh), f0));
+        const __m256i q1 = _mm256_or_si256(X86_FN(nibbles)(x1[i].qs), _mm256_andnot_si256(X86_FN(bits_to_bytes)(x1[i].qh), f0));
+        const __m256i a0 = _mm256_sign_epi8(q0, q0), a1 = _mm256_sign_epi8(q1, q1);
+        const float d0 = X86_FN(h2f)(x0[i].d), d1 = X86_FN(h2f)(x1[i].d);
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)y->qs);
+            const float dy = X86_FN(h2f)(y->d);
+            const __m256i p0 = X86_FN(dot_u8s8)(a0, _mm256_sign_epi8(yv, q0));
+            const __m256i p1 = X86_FN(dot_u8s8)(a1, _mm256_sign_epi8(yv, q1));
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(p0), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(p1), acc1[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        s[t * s_stride] = X86_FN(hsum)(acc0[t]);
+        s[t * s_stride + 1] = X86_FN(hsum)(acc1[t]);
+    }
+#endif
 }
 
 /* twin: q8_0_vec_dot in ref.c (x86 order: q8_0_vec_dot in x86_body.h), four tokens */

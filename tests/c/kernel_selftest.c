@@ -53,11 +53,11 @@ static double nmse(const float *a, const float *b, int n) {
 }
 
 /* The batch orders and four-token kernels against their one-token twins, bit for bit: four rows of
- * activations (the same quantized row at four places) through vec_dot4 / vec_dot_batch4, the batch
+ * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot_batch4, the batch
  * dot of a fast table against the reference's. On x86-64 the fast single-token and batch kernels of
  * Q4_K and Q6_K compute in the reference's float order, so those must match bit for bit too. */
 static void test_orders(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
-                        const uint8_t *xq, int64_t n, int nb) {
+                        const uint8_t *xq, int64_t n, int nb, pi2_vec_dot4x2_fn d42) {
     const size_t xrow = (size_t)(n / pi2_traits(ref->vec_dot_type, 1)->block_size) * pi2_traits(ref->vec_dot_type, 1)->type_size;
     uint8_t *x4 = malloc(4 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
@@ -68,6 +68,15 @@ static void test_orders(const pi2_type_traits *t, const pi2_type_traits *ref, co
             t->vec_dot(n, &one, row, xq);
             t->vec_dot4(n, four, 2, row, x4, xrow);
             check(!memcmp(&four[0], &one, 4) && !memcmp(&four[6], &one, 4), "dot4-vs-dot", ref->name, t->vec_dot_impl, nb, 0);
+        }
+        if (d42 && r + 1 < 4) {   /* rows r, r+1 x four tokens: out[2t + k] */
+            float two[2];
+            t->vec_dot(n, &two[0], row, xq);
+            t->vec_dot(n, &two[1], row + row_bytes, xq);
+            d42(n, four, 2, row, row_bytes, x4, xrow);
+            int same = 1;
+            for (int k = 0; k < 8; k++) same &= !memcmp(&four[k], &two[k % 2], 4);
+            check(same, "dot4x2-vs-dot", ref->name, t->vec_dot_impl, nb, 0);
         }
         if (!ref->vec_dot_batch) continue;
         ref->vec_dot_batch(n, &want, row, xq);
@@ -121,7 +130,7 @@ static void test_type(int type) {
         check(e <= tol_dq, "ref-vs-dequant", ref->name, "ref", nb, e);
         for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl += 2) {
             const pi2_type_traits *t = pi2_traits(type, impl);
-            test_orders(t, ref, w, row_bytes, xq, n, nb);
+            test_orders(t, ref, w, row_bytes, xq, n, nb, pi2_kernels_dot4x2(type, impl));
             if (t->vec_dot == ref->vec_dot) continue;
             for (int r = 0; r < ROWS; r++) t->vec_dot(n, &out_fast[r], w + r * row_bytes, xq);
             e = nmse(out_fast, out_ref, ROWS);

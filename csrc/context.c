@@ -7,6 +7,7 @@
 #include "ops.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 pi2_ctx_params pi2_ctx_default_params(void) {
     return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 512, .n_threads = 1, .impl = PI2_IMPL_AUTO};
@@ -74,6 +75,11 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context of %d positions", (int)p.n_ctx);
     }
     c->embd = pi2_traits(m->token_embd.type, p.impl);
+    c->ffn.rule = PI2_FFN_DENSE;
+    if (m->layers[0].down_rows.data && (s = pi2_ctx_set_ffn(c, &c->ffn))) {   /* FFN_DOWN_ROWS needs the buffers */
+        pi2_ctx_free(c);
+        return s;
+    }
     *out = c;
     return PI2_OK;
 }
@@ -82,7 +88,8 @@ void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
-                    c->rope, c->scores, c->qf, c->acc, c->mm.xq};
+                    c->rope, c->scores, c->qf, c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx,
+                    c->ffn_n_active, c->ffn_xq, c->ffn_active};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c);
 }
@@ -99,4 +106,56 @@ void pi2_abort(pi2_ctx *c) { atomic_store(&c->abort, 1); }
 void pi2_set_trace(pi2_ctx *c, pi2_trace_fn fn, void *user) {
     c->trace = fn;
     c->trace_user = user;
+}
+
+pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
+    if (!c || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL context or FFN parameters");
+    const pi2_ffn_params p = *params;
+    const pi2_model_params *hp = &c->m->hp;
+    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_RELU)
+        return pi2_set_error(PI2_ERR_INVALID, "unknown FFN rule %d", (int)p.rule);
+    if (p.rule == PI2_FFN_TOPK && !(p.keep > 0.0f && p.keep <= 1.0f))
+        return pi2_set_error(PI2_ERR_INVALID, "keep %g is not a fraction in (0, 1]", (double)p.keep);
+    if (p.rule == PI2_FFN_THRESHOLD && !p.thresholds)
+        return pi2_set_error(PI2_ERR_INVALID, "the threshold rule needs one threshold per layer");
+    if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
+    const size_t B = (size_t)c->p.n_batch, F = (size_t)hp->n_ff, L = (size_t)hp->n_layer;
+    if (!c->ffn_idx) {   /* sized once; the dense rule over FFN_DOWN_ROWS uses them too */
+        size_t xq = 0;
+        for (int32_t il = 0; il < hp->n_layer; il++) {
+            const pi2_weight *up = &c->m->layers[il].up;
+            const pi2_type_traits *a = pi2_traits(pi2_traits(up->type, c->p.impl)->vec_dot_type, c->p.impl);
+            const size_t rb = (size_t)(up->n_in / a->block_size) * (size_t)a->type_size;
+            if (rb > xq) xq = rb;
+        }
+        int ok = 1;
+        c->ffn_thresholds = alloc(L, sizeof(float), &ok);
+        c->ffn_score = alloc(B * F, sizeof(float), &ok);
+        c->ffn_idx = alloc(B * F, sizeof(int32_t), &ok);
+        c->ffn_n_active = alloc(B, sizeof(int32_t), &ok);
+        c->ffn_xq = alloc(B * xq, 1, &ok);
+        c->ffn_active = alloc(L, sizeof(int64_t), &ok);
+        if (!ok) {
+            void *bufs[] = {c->ffn_thresholds, c->ffn_score, c->ffn_idx, c->ffn_n_active, c->ffn_xq, c->ffn_active};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+            c->ffn_thresholds = c->ffn_score = NULL;
+            c->ffn_idx = c->ffn_n_active = NULL;
+            c->ffn_xq = NULL;
+            c->ffn_active = NULL;
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the sparse FFN");
+        }
+    }
+    if (p.rule == PI2_FFN_THRESHOLD) memcpy(c->ffn_thresholds, p.thresholds, L * sizeof(float));
+    c->ffn = p;
+    c->ffn.thresholds = c->ffn_thresholds;
+    c->ffn_tokens = 0;
+    memset(c->ffn_active, 0, L * sizeof(int64_t));
+    return PI2_OK;
+}
+
+int64_t pi2_ctx_ffn_stats(const pi2_ctx *c, int64_t *active) {
+    if (active) {
+        for (int32_t il = 0; il < c->m->hp.n_layer; il++) active[il] = c->ffn_active ? c->ffn_active[il] : 0;
+    }
+    return c->ffn_tokens;
 }

@@ -33,6 +33,15 @@ struct pi2_ctx {
     float *scores;               /* [n_threads][n_ctx] attention weights */
     float *qf;                   /* [n_threads][head_dim] a query head rounded to F16 */
     float *acc;                  /* [n_threads][attention accumulators] (pi2_attn_acc_floats) */
+    /* the sparse FFN (ffn_sparse.c); buffers allocated by pi2_ctx_set_ffn */
+    pi2_ffn_params ffn;          /* rule; ffn.thresholds points to ffn_thresholds */
+    float *ffn_thresholds;       /* [n_layer] */
+    float *ffn_score;            /* [B][n_ff] act(gate), the score of the rules */
+    int32_t *ffn_idx;            /* [B][n_ff] active neurons of each token, ascending */
+    int32_t *ffn_n_active;       /* [B] */
+    uint8_t *ffn_xq;             /* [B][row of up's activation format] */
+    int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
+    int64_t *ffn_active;         /* [n_layer] */
 };
 
 #endif

@@ -7,6 +7,7 @@
  * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
  *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
 #include "context.h"
+#include "ffn_sparse.h"
 #include "internal.h"
 #include "ops.h"
 
@@ -182,12 +183,20 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         /* feed-forward: down(act(gate(x)) * up(x)) (+ post norm) and residual */
         norm_rows(c, n, c->xn, c->x, L->ffn_norm, n, E);
         TRACE("ffn_norm", il, c->xn, n * E);
-        pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
-        TRACE("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff);
-        TRACE("ffn_up", il, c->up, (int64_t)n * hp->n_ff);
-        for_rows(c, n, (rows_job){.row = activate_row}, n);
-        TRACE("ffn_swiglu", il, c->gate, (int64_t)n * hp->n_ff);
-        pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
+        if (c->ffn.rule != PI2_FFN_DENSE || L->down_rows.data) {
+            pi2_ffn_sparse(c, L, il, n);   /* only the active neurons, or down stored as rows */
+        } else {
+            pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
+            TRACE("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff);
+            TRACE("ffn_up", il, c->up, (int64_t)n * hp->n_ff);
+            for_rows(c, n, (rows_job){.row = activate_row}, n);
+            TRACE("ffn_swiglu", il, c->gate, (int64_t)n * hp->n_ff);
+            pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
+            if (c->ffn_active) {   /* statistics asked for (pi2_ctx_set_ffn): every neuron */
+                c->ffn_active[il] += (int64_t)n * hp->n_ff;
+                if (il == 0) c->ffn_tokens += n;
+            }
+        }
         if (L->post_ffw_norm) norm_rows(c, n, c->o, c->o, L->post_ffw_norm, n, E);
         TRACE("ffn_out", il, c->o, n * E);
         add(c->x, c->o, n * E);

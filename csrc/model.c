@@ -20,7 +20,7 @@
 static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
     "token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k", "attn_v",
     "attn_output", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm",
-    "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"};
+    "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows"};
 
 static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
 
@@ -44,6 +44,7 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
     case PI2_TENSOR_POST_ATTN_NORM: case PI2_TENSOR_POST_FFW_NORM: *ne0 = E; return p->post_norms;
     case PI2_TENSOR_FFN_GATE: case PI2_TENSOR_FFN_UP: *ne0 = E; *ne1 = p->n_ff; return 1;
     case PI2_TENSOR_FFN_DOWN: *ne0 = p->n_ff; *ne1 = E; return 1;
+    case PI2_TENSOR_FFN_DOWN_ROWS: *ne0 = E; *ne1 = p->n_ff; return 1;
     }
     return 0;
 }
@@ -96,7 +97,11 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
     if (ne0 % t->block_size || ne0 % a->block_size)
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s rows of %lld values are not whole %s blocks",
                              name, (long long)ne0, ne0 % t->block_size ? t->name : a->name);
-    const uint64_t need = (uint64_t)ne1 * (uint64_t)(ne0 / t->block_size) * (uint64_t)t->type_size;
+    const uint64_t row = (uint64_t)(ne0 / t->block_size) * (uint64_t)t->type_size;
+    if (d->row_stride && (d->row_stride < row || d->row_stride % 4 || d->row_stride > m->map_size))
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has a row stride of %llu bytes for rows of %llu",
+                             name, (int)d->layer, (unsigned long long)d->row_stride, (unsigned long long)row);
+    const uint64_t need = d->row_stride ? (uint64_t)(ne1 - 1) * d->row_stride + row : (uint64_t)ne1 * row;
     if (d->nbytes != need)
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has %llu bytes, its shape and type need %llu",
                              name, (int)d->layer, (unsigned long long)d->nbytes, (unsigned long long)need);
@@ -104,16 +109,17 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) at offset %llu + %llu bytes runs past the end of "
                              "the file (%zu bytes)", name, (int)d->layer, (unsigned long long)d->offset,
                              (unsigned long long)d->nbytes, m->map_size);
-    if (d->offset % 4)
-        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) at offset %llu is not 4-byte aligned",
-                             name, (int)d->layer, (unsigned long long)d->offset);
+    const unsigned align = d->type == PI2_T_F32 ? 4 : 2;
+    if (d->offset % align)
+        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) at offset %llu is not %u-byte aligned",
+                             name, (int)d->layer, (unsigned long long)d->offset, align);
     return PI2_OK;
 }
 
 static pi2_weight weight_view(const pi2_model *m, const pi2_tensor_desc *d) {
     const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
     return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1],
-                        (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size};
+                        d->row_stride ? (size_t)d->row_stride : (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size};
 }
 
 static void place(pi2_model *m, const pi2_tensor_desc *d) {
@@ -140,6 +146,7 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     case PI2_TENSOR_FFN_UP: L->up = weight_view(m, d); break;
     case PI2_TENSOR_FFN_DOWN: L->down = weight_view(m, d); break;
     case PI2_TENSOR_POST_FFW_NORM: L->post_ffw_norm = f; break;
+    case PI2_TENSOR_FFN_DOWN_ROWS: L->down_rows = weight_view(m, d); break;
     }
 }
 
@@ -189,8 +196,14 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
     for (int32_t layer = -1; layer < params->n_layer; layer++)
         for (int32_t role = 0; role < PI2_TENSOR_COUNT; role++) {
             int64_t ne0, ne1;
-            if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || !expected(params, role, &ne0, &ne1)) continue;
-            if (!seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT + (size_t)role]) {
+            if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_FFN_DOWN_ROWS ||
+                !expected(params, role, &ne0, &ne1)) continue;
+            const uint8_t *row = &seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT];
+            if (role == PI2_TENSOR_FFN_DOWN && row[PI2_TENSOR_FFN_DOWN] && row[PI2_TENSOR_FFN_DOWN_ROWS]) {
+                s = pi2_set_error(PI2_ERR_FORMAT, "layer %d has both ffn_down and ffn_down_rows", (int)layer);
+                goto fail;
+            }
+            if (!row[role] && !(role == PI2_TENSOR_FFN_DOWN && row[PI2_TENSOR_FFN_DOWN_ROWS])) {
                 s = pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) is missing", ROLE_NAMES[role], (int)layer);
                 goto fail;
             }

@@ -115,6 +115,24 @@ void pi2_gelu_table(pi2_fp16 *table) {
     }
 }
 
+/* a[i] = silu(g[i]) as swiglu computes it before the product */
+WIDE_CLONES static void silu(float *a, const float *g, int64_t n) {
+    for (int64_t i = 0; i < n; i++) a[i] = g[i] / (1.0f + v_expf(0.0f - g[i]));
+}
+
+void pi2_ffn_act_values(float *a, const float *g, int64_t n, int32_t act, const pi2_fp16 *gelu_table) {
+    if (act == 0) {
+        silu(a, g, n);
+    } else if (act == 1) {
+        for (int64_t i = 0; i < n; i++) {
+            const float x = g[i];
+            a[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x : pi2_fp16_to_f32(gelu_table[pi2_f32_to_fp16(x)]);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) a[i] = g[i] > 0.0f ? g[i] : 0.0f;
+    }
+}
+
 void pi2_ffn_activate(float *g, const float *u, int64_t n, int32_t act, const pi2_fp16 *gelu_table) {
     if (act == 0) {          /* PI2_ACT_SILU */
         swiglu(g, u, n);

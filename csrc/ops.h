@@ -23,6 +23,9 @@ void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const 
 /* ggml's GELU table: out[h] = fp16(gelu(fp16 value h)) for every fp16 bit pattern h. */
 void pi2_gelu_table(pi2_fp16 *table /* [65536] */);
 
+/* a[i] = act(g[i]), the factor pi2_ffn_activate multiplies up[i] by (bit for bit). */
+void pi2_ffn_act_values(float *a, const float *g, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
+
 /* gate[i] = act(gate[i]) * up[i] for n values. gelu_table is needed for PI2_ACT_GELU. */
 void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 

@@ -107,7 +107,9 @@ typedef enum {
     PI2_TENSOR_FFN_UP = 17,        /* [n_ff][n_embd] */
     PI2_TENSOR_FFN_DOWN = 18,      /* [n_embd][n_ff] */
     PI2_TENSOR_POST_FFW_NORM = 19, /* [n_embd] F32, when post_norms */
-    PI2_TENSOR_COUNT = 20
+    PI2_TENSOR_FFN_DOWN_ROWS = 20, /* [n_ff][n_embd]: row i = neuron i's output (ffn_down transposed; pi2
+                                      bundles, PowerInfer's ffn_down_t); a layer has this or FFN_DOWN */
+    PI2_TENSOR_COUNT = 21
 } pi2_tensor_role;
 
 typedef struct {
@@ -116,7 +118,9 @@ typedef struct {
     int32_t type;       /* ggml type id */
     int64_t ne[4];      /* ggml shape: ne[0] values per row, ne[1] rows; unused dims 1 */
     uint64_t offset;    /* absolute byte offset of the data in the file */
-    uint64_t nbytes;    /* bytes of data */
+    uint64_t nbytes;    /* bytes from the first row's start to the last row's end */
+    uint64_t row_stride;/* bytes from one row to the next (0: packed rows); rows of other data between
+                           them (pi2 bundles: up row and down row of a neuron in one record) */
 } pi2_tensor_desc;
 
 /* Hyper-parameters, as pi2/model/config.py's ModelConfig names them. */
@@ -186,7 +190,40 @@ void pi2_abort(pi2_ctx *ctx);
  * "Kcur", "Vcur" (projections), "Qcur.bias" (qkv_bias), "Qcur.rope", "Kcur.rope" (after norm and
  * RoPE), "kqv_out", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu" (act(gate)
  * * up), "ffn_out", "l_out"; then "result_norm" and "result_output" (logits). NULL turns it off;
- * unused, it costs one test per checkpoint. */
+ * unused, it costs one test per checkpoint.
+ * A sparse FFN (pi2_ctx_set_ffn, or FFN_DOWN_ROWS) traces "ffn_gate", "ffn_out" and "l_out" only. */
+/* ---- the sparse FFN ----
+ * Which FFN neurons a token computes. Gate rows are computed for every neuron; up rows only for the
+ * active ones; h_i = act(gate_i)·up_i is 0 for the others. Down as FFN_DOWN: the dense product of h
+ * (zeros included, so every rule with all neurons active is the dense FFN bit for bit). Down as
+ * FFN_DOWN_ROWS: y = Σ h_i·row_i in groups of PI2_FFN_GROUP neurons: each element of a group's
+ * partial sum starts at +0 and adds h_i·v_ij (v = the row's values as pi2_dequantize_rows gives
+ * them; one float product, one float sum) for its active neurons in ascending order; y starts at +0
+ * and adds the partial sums of groups with an active neuron in ascending order. Bit-identical for any
+ * thread count; pi2/sparse.py is the specification. */
+enum { PI2_FFN_GROUP = 64 };  /* neurons per partial sum of FFN_DOWN_ROWS */
+
+typedef enum {
+    PI2_FFN_DENSE = 0,      /* every neuron */
+    PI2_FFN_THRESHOLD = 1,  /* |score_i| > thresholds[layer] */
+    PI2_FFN_TOPK = 2,       /* the ceil(keep·n_ff) largest |score_i| of each token, ties to the lower index */
+    PI2_FFN_RELU = 3        /* gate_i > 0 */
+} pi2_ffn_rule;
+
+typedef struct {
+    int32_t rule;             /* pi2_ffn_rule */
+    int32_t score_up;         /* 0: score = act(gate); 1: score = act(gate)·up (every up row computed) */
+    float keep;               /* PI2_FFN_TOPK: fraction in (0, 1] */
+    const float *thresholds;  /* PI2_FFN_THRESHOLD: [n_layer], copied */
+} pi2_ffn_params;
+
+/* Set how the context computes FFN layers (the default is PI2_FFN_DENSE) and zero its statistics.
+ * PI2_ERR_INVALID: bad rule, keep or NULL thresholds; PI2_ERR_NOMEM. */
+pi2_status pi2_ctx_set_ffn(pi2_ctx *ctx, const pi2_ffn_params *params);
+/* Tokens that went through the FFN since the last pi2_ctx_set_ffn, and the active neurons of each
+ * layer summed over them (active: [n_layer], may be NULL). */
+int64_t pi2_ctx_ffn_stats(const pi2_ctx *ctx, int64_t *active);
+
 typedef void (*pi2_trace_fn)(const char *name, int32_t layer, const float *data, int64_t n, void *user);
 void pi2_set_trace(pi2_ctx *ctx, pi2_trace_fn fn, void *user);
 

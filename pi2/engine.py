@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 try:
     from pi2._pi2 import ffi, lib
@@ -159,16 +159,49 @@ def model_params(cfg) -> dict:
                 logit_softcap=cfg.logit_softcap, sliding_window=cfg.sliding_window, swa_period=cfg.swa_period)
 
 
+_FFN_DOWN_ROWS = 20
+
+
+@dataclass(frozen=True)
+class RowView:
+    """Rows of one type inside a larger tensor (pi2 bundles): what a pi2_tensor_desc with a row stride says."""
+    type: int
+    ne: tuple
+    offset: int
+    nbytes: int
+    row_stride: int
+
+
+def _bundle_views(model, il: int) -> dict:
+    """A pi2 file's gate (bundle-gud only), up and down rows of layer il as strided views of ffn_bundle."""
+    from pi2.sparse import bundle_layout, row_bytes
+    cfg, t = model.config, model.tensor(f"blk.{il}.ffn_bundle.weight")
+    lay, e, n = bundle_layout(model, il), cfg.n_embd, cfg.n_ff
+    view = lambda qt, off: RowView(qt, (e, n), t.offset + off, (n - 1) * lay["width"] + row_bytes(qt, e),  # noqa: E731
+                                   lay["width"])
+    out = {"ffn_up.weight": view(lay["up_type"], lay["up_offset"]),
+           "ffn_down_rows": view(lay["down_type"], lay["down_offset"])}
+    if lay["gate_type"] is not None:
+        out["ffn_gate.weight"] = view(lay["gate_type"], 0)
+    return out
+
+
 def tensor_descs(model) -> list:
-    """(role, layer, TensorInfo) of every tensor the forward pass reads; a tied output reuses token_embd."""
+    """(role, layer, TensorInfo or RowView) of every tensor the forward pass reads; a tied output reuses
+    token_embd; pi2 files describe their FFN rows inside the bundles."""
     cfg = model.config
     out = [(0, -1, model.tensor("token_embd.weight")), (1, -1, model.tensor("output_norm.weight")),
            (2, -1, model.tensor(model.output_name))]
     if model.rope_freqs:
         out.append((3, -1, model.tensor("rope_freqs.weight")))
     for il in range(cfg.n_layer):
+        views = _bundle_views(model, il) if cfg.pi2 else {}
         for name, (role, flag) in _LAYER_ROLES.items():
-            if flag is None or getattr(cfg, flag):
+            if cfg.pi2 and name == "ffn_down.weight":
+                out.append((_FFN_DOWN_ROWS, il, views["ffn_down_rows"]))
+            elif name in views:
+                out.append((role, il, views[name]))
+            elif flag is None or getattr(cfg, flag):
                 out.append((role, il, model.tensor(f"blk.{il}.{name}")))
     return out
 
@@ -188,11 +221,14 @@ class CModel:
         arr = ffi.new("pi2_tensor_desc[]", max(len(descs), 1))
         for i, (role, layer, t) in enumerate(descs):
             ne = list(t.ne) + [1] * (4 - len(t.ne))
-            arr[i] = {"role": role, "layer": layer, "type": t.type, "ne": ne, "offset": t.offset, "nbytes": t.nbytes}
+            arr[i] = {"role": role, "layer": layer, "type": t.type, "ne": ne, "offset": t.offset, "nbytes": t.nbytes,
+                      "row_stride": getattr(t, "row_stride", 0)}
         out = ffi.new("pi2_model **")
         check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
-        return cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),
-                   sum(t.nbytes for _, _, t in descs))
+        cm = cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),
+                 sum(t.nbytes for _, _, t in descs))
+        cm.model = model     # the file's tables: FFN rules and byte counts
+        return cm
 
 
 def _default_threads() -> int:
@@ -241,6 +277,42 @@ class CContext:
             fn(ffi.string(name).decode(), layer, np.frombuffer(ffi.buffer(data, n * 4), np.float32).copy())
         self._trace_cb = ffi.callback("pi2_trace_fn", tramp)
         lib.pi2_set_trace(self._h, self._trace_cb, ffi.NULL)
+
+    _RULES = {"dense": 0, "threshold": 1, "topk": 2, "relu": 3}
+
+    def set_ffn(self, spec) -> None:
+        """Compute FFN layers by `spec` (a sparse.FFNRule); zeroes the statistics."""
+        if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act != "relu"):
+            raise UnsupportedError(f"the C engine has no '{spec.rule}' FFN rule for this model yet")
+        thr = np.ascontiguousarray(spec.thresholds if spec.thresholds is not None else
+                                   np.zeros(self.cfg.n_layer), np.float32)
+        p = ffi.new("pi2_ffn_params *", {"rule": self._RULES[spec.rule], "score_up": int(spec.score == "act_up"),
+                                         "keep": spec.keep or 1.0})
+        p.thresholds = ffi.from_buffer("float[]", thr)
+        check(lib.pi2_ctx_set_ffn(self._h, p))
+        self.ffn_spec = spec
+
+    def ffn_counts(self) -> tuple:
+        """(tokens through the FFN, active neurons per layer summed over them) since set_ffn."""
+        active = np.zeros(self.cfg.n_layer, np.int64)
+        n = lib.pi2_ctx_ffn_stats(self._h, ffi.from_buffer("int64_t[]", active, require_writable=True))
+        return int(n), active
+
+    def bench_stats(self) -> dict:
+        """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats)."""
+        from pi2.sparse import bytes_touched, layer_bytes
+        spec = getattr(self, "ffn_spec", None)
+        model = getattr(self.cmodel, "model", None)
+        if spec is None or model is None:
+            return {}
+        n, active = self.ffn_counts()
+        if not n:
+            return {"ffn_keep": 1.0 if spec.rule == "dense" else 0.0, "ffn_bytes_per_token": 0}
+        lbs = [layer_bytes(model, il) for il in range(self.cfg.n_layer)]
+        total = sum(lb[3] for lb in lbs) * n
+        return {"ffn_keep": round(int(active.sum()) / total, 6),
+                "ffn_bytes_per_token": int(round(sum(bytes_touched(spec.rule, lb, n, int(a))
+                                                     for lb, a in zip(lbs, active)) / n))}
 
     def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or

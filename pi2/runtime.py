@@ -32,10 +32,20 @@ def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
     """Runs that need the sparse FFN: PowerInfer and pi2 files (unless --dense), or --keep below 1."""
     c = model.config
     if cfg.dense:
-        return c.pi2 or c.ffn_down_t or c.sparse     # their FFN layout still needs the reference
+        return c.pi2 or c.ffn_down_t or c.sparse     # their FFN layout still needs the sparse FFN's reading
     return c.sparse or c.pi2 or c.ffn_down_t or (cfg.keep is not None and cfg.keep < 1.0)
 
 
+def c_engine_gap(model: Model, cfg: RunConfig) -> str:
+    """Why the C engine cannot run this model with these settings ("" when it can)."""
+    c = model.config
+    if c.sparse:
+        return "PowerInfer predictor files run on the reference engine"
+    if c.ffn_down_t and not c.pi2:
+        return "files with ffn_down_t run on the reference engine"
+    if c.arch not in ("llama", "qwen2", "gemma3"):
+        return f"the C engine does not run {c.arch} models"
+    return ""
 def resolve_ctx(model: Model, n_ctx: int) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
     if n_ctx < 0:
@@ -53,16 +63,18 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.keep is not None and not 0.0 < cfg.keep <= 1.0:
         raise UsageError(f"invalid --keep {cfg.keep:g}: a fraction of the FFN neurons in (0, 1]")
     n_ctx = resolve_ctx(model, cfg.n_ctx)
-    sparse = is_sparse_run(model, cfg)
-    if cfg.engine == "c" and sparse:
-        raise UsageError("the C engine has no sparse FFN yet", hint="use --engine reference (or auto), or --dense")
-    if cfg.engine == "c" or (cfg.engine == "auto" and not sparse):
+    gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
+    if cfg.engine == "c" and gap:
+        raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
+    if cfg.engine == "c" or (cfg.engine == "auto" and not gap):
         from pi2.engine import CContext, CModel
-        return CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
+        from pi2.sparse import choose_rule
+        ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
+        ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense))
+        return ctx
     if cfg.engine == "auto" and not _NOTED:
         _NOTED.append(True)
-        print("pi2: note: sparse and pi2 FFNs run on the numpy reference engine until the C sparse FFN lands",
-              file=sys.stderr)
+        print(f"pi2: note: {gap}", file=sys.stderr)
     from pi2.reference import ReferenceContext
     return ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense)
 

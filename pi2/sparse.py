@@ -11,6 +11,7 @@ for bit. Down stored as rows (PowerInfer, pi2) is the axpy y = Σ_i h_i·down_ro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -144,8 +145,25 @@ def ffn_weights(model, il: int) -> dict:
         else:
             L["ffn_down"] = lin(b + "ffn_down.weight")
         return L
-    kv = f.kv
+    lay = bundle_layout(model, il)
     rec = model.raw(b + "ffn_bundle.weight")
+    if lay["gate_type"] is not None:
+        L["ffn_gate"] = _rows(rec[:, :lay["up_offset"]], lay["gate_type"], e)
+    else:
+        L["ffn_gate"] = lin(b + "ffn_gate.weight")
+    nu, nd = row_bytes(lay["up_type"], e), row_bytes(lay["down_type"], e)
+    L["ffn_up"] = _rows(rec[:, lay["up_offset"]:lay["up_offset"] + nu], lay["up_type"], e)
+    L["down_rows"] = _rows(rec[:, lay["down_offset"]:lay["down_offset"] + nd], lay["down_type"], e)
+    L["bundle_bytes"] = rec.shape[1]
+    return L
+
+
+def bundle_layout(model, il: int) -> dict:
+    """Where a pi2 file's layer il keeps its rows inside each ffn_bundle record: gate_type (None when the
+    gate rows are the separate ffn_gate tensor), up_type, down_type, up_offset, down_offset, width (bytes)."""
+    cfg, f = model.config, model.file
+    kv, b, e = f.kv, f"blk.{il}.", cfg.n_embd
+    width = model.tensor(b + "ffn_bundle.weight").ne[0]
     try:
         down_t = int(kv["pi2.ffn.down_types"][il])
         gud = cfg.ffn_layout == "bundle-gud"
@@ -153,26 +171,23 @@ def ffn_weights(model, il: int) -> dict:
             up_t = int(kv["pi2.ffn.up_types"][il])
             gate_t = int(kv["pi2.ffn.gate_types"][il]) if gud else None
         else:       # not recorded: the gate's type, or the source type whose rows fill the record
-            up_t = _bundle_type(f, rec.shape[1], row_bytes(down_t, e), e, gud) if gud else \
+            up_t = _bundle_type(f, width, row_bytes(down_t, e), e, gud) if gud else \
                 model.tensor(b + "ffn_gate.weight").type
             gate_t = up_t if gud else None
     except (KeyError, IndexError, TypeError):
         raise ModelFormatError(f"{model.path}: pi2.ffn.down_types/up_types (and gate_types for bundle-gud) "
                                f"must give a type for layer {il}") from None
-    off = 0
-    if gate_t is not None:
-        n = row_bytes(gate_t, e)
-        L["ffn_gate"], off = _rows(rec[:, :n], gate_t, e), n
-    else:
-        L["ffn_gate"] = lin(b + "ffn_gate.weight")
+    for t in (down_t, up_t) + ((gate_t,) if gate_t is not None else ()):
+        if t not in GGML_TYPES or e % GGML_TYPES[t][1]:
+            raise ModelFormatError(f"{model.path}: layer {il}'s bundle names ggml type {t}, which cannot hold "
+                                   f"rows of {e} values")
+    off = row_bytes(gate_t, e) if gate_t is not None else 0
     nu, nd = row_bytes(up_t, e), row_bytes(down_t, e)
-    if off + nu + nd > rec.shape[1]:
-        raise ModelFormatError(f"{model.path}: {b}ffn_bundle records of {rec.shape[1]} bytes cannot hold "
+    if off + nu + nd > width:
+        raise ModelFormatError(f"{model.path}: {b}ffn_bundle records of {width} bytes cannot hold "
                                f"their rows ({off + nu + nd} bytes)")
-    L["ffn_up"] = _rows(rec[:, off:off + nu], up_t, e)
-    L["down_rows"] = _rows(rec[:, off + nu:off + nu + nd], down_t, e)
-    L["bundle_bytes"] = rec.shape[1]
-    return L
+    return {"gate_type": gate_t, "up_type": up_t, "down_type": down_t, "up_offset": off,
+            "down_offset": off + nu, "width": width}
 
 
 def _bundle_type(f, width: int, down_bytes: int, e: int, gud: bool) -> int:
@@ -189,46 +204,106 @@ def _nbytes(q: QuantLinear) -> int:
     return int(q.raw.nbytes)
 
 
+RULES = ("dense", "predictor", "relu", "threshold", "topk")
+GROUP = 64   # neurons per partial sum of the down-row product (PI2_FFN_GROUP in csrc/pi2.h)
+
+
+@dataclass
+class FFNRule:
+    """Which neurons a token computes, for every engine: rule is one of RULES; keep the model-wide keep
+    (None: dense or rule-given); threshold PowerInfer's predictor threshold; score `act` or `act_up`;
+    thresholds / layer_keep the calibrated per-layer t_L and keep-fractions (rule threshold)."""
+    rule: str
+    keep: float | None = None
+    threshold: float = 0.0
+    score: str = "act"
+    thresholds: np.ndarray | None = None
+    layer_keep: np.ndarray | None = None
+
+    def describe(self) -> str:
+        return {"dense": "dense FFN", "predictor": f"predictor (score >= {self.threshold:g})",
+                "relu": "ReLU gate > 0", "threshold": f"calibrated thresholds at keep {self.keep:g}",
+                "topk": f"per-token top {self.keep:g} of |act(gate)|"}[self.rule]
+
+
+def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred: bool | None = None) -> FFNRule:
+    """The active-set rule of a run: --dense or keep 1 = dense; PowerInfer predictors; ReLU gates of sparse
+    files; calibrated thresholds of pi2 files (at --keep, else the file's default keep); per-token top-F
+    for plain files with --keep."""
+    cfg, kv = model.config, model.file.kv
+    if keep is not None and not 0.0 < keep <= 1.0:
+        raise UsageError(f"invalid --keep {keep:g}: it is a fraction of the FFN neurons in (0, 1]")
+    threshold = float(kv.get("powerinfer.sparse_threshold", 0.0) or 0.0)
+    score = str(kv.get("pi2.ffn.score", "act"))
+    if score not in SCORES:
+        raise ModelFormatError(f"pi2.ffn.score '{score}' is not one of {', '.join(SCORES)}")
+    if has_pred is None:
+        has_pred = all(f"blk.{il}.fc1.weight" in model.file.tensors and f"blk.{il}.fc2.weight" in model.file.tensors
+                       for il in range(cfg.n_layer))
+    relu = cfg.ffn_act in ("relu", "drelu")
+    if keep is None:
+        keep = float(kv.get("pi2.ffn.default_keep", 1.0)) if cfg.pi2 and not relu else None
+    r = FFNRule("dense", keep, threshold, score)
+    if dense or (keep is not None and keep >= 1.0):
+        return r
+    if cfg.sparse and has_pred:
+        r.rule = "predictor"
+    elif relu and (cfg.sparse or cfg.pi2):
+        r.rule = "relu"
+    elif keep is None:
+        return r
+    elif cfg.pi2:
+        r.rule = "threshold"
+        grid = np.asarray(kv["pi2.ffn.keep_grid"], np.float64)
+        err = np.stack([model.raw(f"blk.{il}.ffn_err.weight").view(np.float32).reshape(-1)
+                        for il in range(cfg.n_layer)])
+        thr = np.stack([model.raw(f"blk.{il}.ffn_thresh.weight").view(np.float32).reshape(-1)
+                        for il in range(cfg.n_layer)])
+        if err.shape[1] != len(grid) or thr.shape[1] != len(grid):
+            raise ModelFormatError(f"{model.path}: ffn_err/ffn_thresh need {len(grid)} values (pi2.ffn.keep_grid)")
+        r.layer_keep = allocate_keep(err, grid, keep)
+        r.thresholds = layer_thresholds(thr, grid, r.layer_keep)
+    else:
+        r.rule = "topk"
+    return r
+
+
+def layer_bytes(model, il: int) -> tuple:
+    """(predictor bytes, gate bytes per neuron, up+down bytes per neuron, n_ff) of layer il, from the file's
+    tensor table (no weights read)."""
+    f, b, n_ff = model.file, f"blk.{il}.", model.config.n_ff
+    size = lambda name: f.tensors[b + name].nbytes if b + name in f.tensors else 0  # noqa: E731
+    pred = size("fc1.weight") + size("fc2.weight")
+    if model.config.pi2:
+        lay, e = bundle_layout(model, il), model.config.n_embd
+        gate = row_bytes(lay["gate_type"], e) * n_ff if lay["gate_type"] is not None else size("ffn_gate.weight")
+        ud = (row_bytes(lay["up_type"], e) + row_bytes(lay["down_type"], e)) * n_ff
+    else:
+        gate = size("ffn_gate.weight")
+        ud = size("ffn_up.weight") + size("ffn_down.weight") + size("ffn_down_t.weight")
+    return pred, gate // n_ff, ud // n_ff, n_ff
+
+
+def bytes_touched(rule: str, lb: tuple, n_tok: int, n_act: int) -> int:
+    """FFN weight bytes n_tok tokens read in a layer with byte table lb (layer_bytes) and n_act active
+    (token, neuron) pairs: predictor + gate rows (all, or the active ones under a predictor) + up/down."""
+    pred, gate_b, ud_b, n_ff = lb
+    if rule == "dense":
+        return (gate_b + ud_b) * n_ff * n_tok
+    return pred * n_tok + gate_b * (n_act if rule == "predictor" else n_ff * n_tok) + ud_b * n_act
+
+
 class SparseFFN:
     """How one context computes its FFN layers, and what it has touched (for `pi2 bench`).
 
     rule: dense | predictor | relu | threshold (pi2 file, calibrated t_L) | topk (per-token top-F)."""
 
     def __init__(self, model, layers: list, keep: float | None = None, dense: bool = False):
-        cfg, kv = model.config, model.file.kv
-        self.cfg, self.act = cfg, cfg.ffn_act
-        if keep is not None and not 0.0 < keep <= 1.0:
-            raise UsageError(f"invalid --keep {keep:g}: it is a fraction of the FFN neurons in (0, 1]")
-        self.threshold = float(kv.get("powerinfer.sparse_threshold", 0.0) or 0.0)
-        self.score = str(kv.get("pi2.ffn.score", "act"))
-        if self.score not in SCORES:
-            raise ModelFormatError(f"pi2.ffn.score '{self.score}' is not one of {', '.join(SCORES)}")
-        has_pred = all("fc1" in L for L in layers)
-        relu = self.act in ("relu", "drelu")
-        if keep is None:
-            keep = float(kv.get("pi2.ffn.default_keep", 1.0)) if cfg.pi2 and not relu else None
-        self.keep, self.thresholds, self.layer_keep = keep, None, None
-        if dense or (keep is not None and keep >= 1.0):
-            self.rule = "dense"
-        elif cfg.sparse and has_pred:
-            self.rule = "predictor"
-        elif relu and (cfg.sparse or cfg.pi2):
-            self.rule = "relu"
-        elif keep is None:
-            self.rule = "dense"
-        elif cfg.pi2:
-            self.rule = "threshold"
-            grid = np.asarray(kv["pi2.ffn.keep_grid"], np.float64)
-            err = np.stack([model.raw(f"blk.{il}.ffn_err.weight").view(np.float32).reshape(-1)
-                            for il in range(cfg.n_layer)])
-            thr = np.stack([model.raw(f"blk.{il}.ffn_thresh.weight").view(np.float32).reshape(-1)
-                            for il in range(cfg.n_layer)])
-            if err.shape[1] != len(grid) or thr.shape[1] != len(grid):
-                raise ModelFormatError(f"{model.path}: ffn_err/ffn_thresh need {len(grid)} values (pi2.ffn.keep_grid)")
-            self.layer_keep = allocate_keep(err, grid, keep)
-            self.thresholds = layer_thresholds(thr, grid, self.layer_keep)
-        else:
-            self.rule = "topk"
+        self.cfg, self.act = model.config, model.config.ffn_act
+        r = choose_rule(model, keep, dense, all("fc1" in L for L in layers))
+        self.spec = r
+        self.rule, self.keep, self.threshold, self.score = r.rule, r.keep, r.threshold, r.score
+        self.thresholds, self.layer_keep = r.thresholds, r.layer_keep
         self._row_bytes = [self._bytes(L) for L in layers]
         self.n_tokens = self.n_active = 0
         self.bytes = 0
@@ -250,20 +325,18 @@ class SparseFFN:
         trace("ffn_up", u)
         h = combine(g, u, self.act)
         trace("ffn_swiglu", h)
-        pred, gate_b, ud_b, n_ff = self._row_bytes[il]
+        n_ff = self._row_bytes[il][3]
         if self.rule == "dense":
             mask, n_act = None, n_ff * x.shape[0]
-            self.bytes += (gate_b + ud_b) * n_act
         else:
             if self.rule == "predictor":
                 mask = predictor_mask(h_pre, L["fc1"], L["fc2"], self.threshold)
             else:
                 mask = self._mask_from(il, g, h)
             n_act = int(mask.sum())
-            self.bytes += pred * x.shape[0] + (gate_b * (n_act if self.rule == "predictor" else n_ff * x.shape[0])
-                                               + ud_b * n_act)
             h = np.where(mask, h, np.float32(0))
             trace("ffn_mask", mask)
+        self.bytes += bytes_touched(self.rule, self._row_bytes[il], x.shape[0], n_act)
         self.n_active += n_act
         if "ffn_down" in L:
             return L["ffn_down"](h)
@@ -285,10 +358,7 @@ class SparseFFN:
                 "ffn_bytes_per_token": int(round(self.bytes / n))}
 
     def describe(self) -> str:
-        what = {"dense": "dense FFN", "predictor": f"predictor (score >= {self.threshold:g})",
-                "relu": "ReLU gate > 0", "threshold": f"calibrated thresholds at keep {self.keep:g}",
-                "topk": f"per-token top {self.keep:g} of |act(gate)|"}
-        return what[self.rule]
+        return self.spec.describe()
 
 
 def combine(g: np.ndarray, u: np.ndarray, act: str) -> np.ndarray:
@@ -303,12 +373,20 @@ def combine(g: np.ndarray, u: np.ndarray, act: str) -> np.ndarray:
 
 
 def axpy_rows(h: np.ndarray, down: QuantLinear) -> np.ndarray:
-    """y = Σ_i h_i·down_row_i over the neurons with h_i != 0 (PowerInfer skips zeros), float32."""
+    """y = Σ_i h_i·down_row_i in float32, in the order csrc/pi2.h gives for FFN_DOWN_ROWS: neurons in groups
+    of GROUP; a group's partial sum starts at +0 and adds the products h_i·v_i of its neurons with h_i != 0
+    in ascending order (v_i = the row's dequantized values); y starts at +0 and adds the groups' partial
+    sums in ascending order. (Neurons with h_i = 0 would only add ±0, which changes nothing.)"""
     if getattr(down, "_rows_f32", None) is None:
         down._rows_f32 = dequantize(down.raw, down.qtype, down.n_in)
+    rows, zero = down._rows_f32, np.float32(0)
     y = np.zeros((h.shape[0], down.n_in), np.float32)
     for t in range(h.shape[0]):
         nz = np.flatnonzero(h[t])
-        if nz.size:
-            y[t] = h[t, nz] @ down._rows_f32[nz]
+        if not nz.size:
+            continue
+        prods = h[t, nz, None] * rows[nz]
+        cuts = np.flatnonzero(np.diff(nz // GROUP)) + 1
+        parts = [np.add.accumulate(g, axis=0)[-1] + zero for g in np.split(prods, cuts)]
+        y[t] = np.add.accumulate(np.stack(parts), axis=0)[-1] + zero
     return y

@@ -226,7 +226,7 @@ def test_bad_descriptors_are_refused(tmp_path_factory):
         (_with(descs, 5, 0, offset=2**63), ModelFormatError, "past the end of the file"),
         (_with(descs, 5, 0, nbytes=q.nbytes + 34), ModelFormatError, "bytes"),
         (_with(descs, 5, 0, ne=(q.ne[0], q.ne[1] + 1)), ModelFormatError, "shape"),
-        (_with(descs, 5, 0, offset=q.offset + 2), ModelFormatError, "aligned"),
+        (_with(descs, 5, 0, offset=q.offset + 1), ModelFormatError, "aligned"),
         (_with(descs, 4, 0, type=1, nbytes=m.config.n_embd * 2), UnsupportedError, "type"),
         (_with(descs, 5, 0, type=15), UnsupportedError, "type"),
         ([d for d in descs if not (d[0] == 18 and d[1] == 1)], ModelFormatError, "missing"),

@@ -1,0 +1,220 @@
+/* ffn_sparse.c — the FFN of one layer when a token computes only its active neurons, or when the
+ * layer's down projection is stored as rows (pi2 bundles, PowerInfer's ffn_down_t).
+ * Does: gate rows for every neuron; the active set of each token by the context's rule (threshold,
+ *       top-k, ReLU, all); up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
+ *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
+ *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
+ * Determinism: every up value is one vec_dot call, every output element one fixed sequence of float
+ *       operations, whichever thread runs it. */
+#include "ffn_sparse.h"
+
+#include "context.h"
+#include "internal.h"
+#include "ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#define UP_CHUNK 32      /* active up rows per task of a single token */
+#define MAX_SLICE 1024   /* output values per task of the down-row sum */
+
+typedef struct {
+    pi2_ctx *c;
+    const pi2_layer *L;
+    int32_t il, n_tok;
+    int64_t n_ff, n_embd;
+    const pi2_type_traits *up_tr;
+    size_t xq_row;
+    int64_t slice, n_slices;     /* down rows: output values per task, tasks per token */
+} ffn_job;
+
+/* ---- the active set ---- */
+
+static void swap_f(float *a, float *b) { const float t = *a; *a = *b; *b = t; }
+
+/* The k-th largest (k >= 1) of v[0..n), reordering v. */
+static float kth_largest(float *v, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    const int64_t want = k - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;   /* median of three as the pivot */
+        if (v[mid] > v[lo]) swap_f(&v[mid], &v[lo]);
+        if (v[hi] > v[lo]) swap_f(&v[hi], &v[lo]);
+        if (v[mid] > v[hi]) swap_f(&v[mid], &v[hi]);
+        const float pivot = v[hi];
+        int64_t i = lo, j = hi;
+        while (i <= j) {                          /* descending: larger values to the left */
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) { swap_f(&v[i], &v[j]); i++; j--; }
+        }
+        if (want <= j) hi = j;
+        else if (want >= i) lo = i;
+        else return v[want];
+    }
+    return v[want];
+}
+
+/* Token t: score (act(gate), or act(gate)·up), then its active neurons in ascending order. */
+static void select_task(void *arg, int32_t t, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    pi2_ctx *c = j->c;
+    const int64_t F = j->n_ff;
+    const float *g = c->gate + (size_t)t * F, *u = c->up + (size_t)t * F;
+    float *s = c->ffn_score + (size_t)t * F, *keys = c->up + (size_t)t * F;
+    int32_t *idx = c->ffn_idx + (size_t)t * F, n = 0;
+    pi2_ffn_act_values(s, g, F, c->m->hp.ffn_act, c->m->gelu_table);
+    if (c->ffn.score_up)
+        for (int64_t i = 0; i < F; i++) s[i] = s[i] * u[i];   /* h, as pi2_ffn_activate computes it */
+    switch (c->ffn.rule) {
+    case PI2_FFN_DENSE:
+        for (int64_t i = 0; i < F; i++) idx[n++] = (int32_t)i;
+        break;
+    case PI2_FFN_RELU:
+        for (int64_t i = 0; i < F; i++) if (g[i] > 0.0f) idx[n++] = (int32_t)i;
+        break;
+    case PI2_FFN_THRESHOLD: {
+        const float thr = c->ffn.thresholds[j->il];
+        for (int64_t i = 0; i < F; i++) if (fabsf(s[i]) > thr) idx[n++] = (int32_t)i;
+        break;
+    }
+    case PI2_FFN_TOPK: {   /* up's row is free until the up rows are computed: the keys go there */
+        double kd = ceil((double)c->ffn.keep * (double)F - 1e-9);
+        const int64_t k = kd < 1 ? 1 : kd > (double)F ? F : (int64_t)kd;
+        for (int64_t i = 0; i < F; i++) keys[i] = fabsf(s[i]);
+        const float kth = kth_largest(keys, F, k);
+        int64_t above = 0;
+        for (int64_t i = 0; i < F; i++) above += fabsf(s[i]) > kth;
+        int64_t ties = k - above;
+        for (int64_t i = 0; i < F; i++) {
+            const float a = fabsf(s[i]);
+            if (a > kth || (a == kth && ties-- > 0)) idx[n++] = (int32_t)i;
+        }
+        break;
+    }
+    }
+    c->ffn_n_active[t] = n;
+}
+
+/* ---- up rows of the active neurons ---- */
+
+static void quantize_task(void *arg, int32_t t, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    const pi2_type_traits *a = pi2_traits(j->up_tr->vec_dot_type, j->c->p.impl);
+    a->quantize_act(j->c->xn + (size_t)t * j->n_embd, j->c->ffn_xq + (size_t)t * j->xq_row, j->n_embd);
+}
+
+static void up_rows(const ffn_job *j, int32_t t, int32_t k0, int32_t k1) {
+    const pi2_ctx *c = j->c;
+    const pi2_weight *w = &j->L->up;
+    const int32_t *idx = c->ffn_idx + (size_t)t * j->n_ff;
+    const uint8_t *xq = c->ffn_xq + (size_t)t * j->xq_row;
+    float *u = c->up + (size_t)t * j->n_ff;
+    const pi2_vec_dot_fn dot = pi2_uses_batch_dot(j->up_tr, j->n_tok, t) ? j->up_tr->vec_dot_batch : j->up_tr->vec_dot;
+    for (int32_t k = k0; k < k1; k++)
+        dot(w->n_in, &u[idx[k]], w->data + (size_t)idx[k] * w->row_bytes, xq);
+}
+
+static void up_task_one(void *arg, int32_t task, int32_t thread) {   /* one token, chunks of its list */
+    (void)thread;
+    const ffn_job *j = arg;
+    const int32_t n = j->c->ffn_n_active[0], k0 = task * UP_CHUNK;
+    up_rows(j, 0, k0, k0 + UP_CHUNK < n ? k0 + UP_CHUNK : n);
+}
+
+static void up_task_tok(void *arg, int32_t t, int32_t thread) {      /* a batch: one token per task */
+    (void)thread;
+    const ffn_job *j = arg;
+    up_rows(j, t, 0, j->c->ffn_n_active[t]);
+}
+
+/* h[t] = act(gate)·up on the active neurons, 0 elsewhere (into the gate buffer). */
+static void combine_task(void *arg, int32_t t, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    pi2_ctx *c = j->c;
+    const int64_t F = j->n_ff;
+    const float *s = c->ffn_score + (size_t)t * F, *u = c->up + (size_t)t * F;
+    const int32_t *idx = c->ffn_idx + (size_t)t * F;
+    float *h = c->gate + (size_t)t * F;
+    memset(h, 0, (size_t)F * sizeof *h);
+    const int32_t n = c->ffn_n_active[t];
+    if (c->ffn.score_up)
+        for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]];
+    else
+        for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]] * u[idx[k]];
+}
+
+/* ---- down as rows: y = Σ over groups of (Σ over the group's active neurons of h_i·row_i) ---- */
+
+static void down_rows_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    const pi2_ctx *c = j->c;
+    const pi2_weight *w = &j->L->down_rows;
+    const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
+    const int32_t t = (int32_t)(task / j->n_slices);
+    const int64_t j0 = task % j->n_slices * j->slice, j1 = j0 + j->slice < j->n_embd ? j0 + j->slice : j->n_embd;
+    const int64_t W = j1 - j0;
+    const size_t off = (size_t)(j0 / tr->block_size) * (size_t)tr->type_size;
+    const int32_t *idx = c->ffn_idx + (size_t)t * j->n_ff, n = c->ffn_n_active[t];
+    const float *h = c->gate + (size_t)t * j->n_ff;
+    float y[MAX_SLICE], p[MAX_SLICE], v[MAX_SLICE];
+    for (int64_t e = 0; e < W; e++) y[e] = 0.0f;
+    for (int32_t k = 0; k < n;) {
+        const int32_t group = idx[k] / PI2_FFN_GROUP;
+        for (int64_t e = 0; e < W; e++) p[e] = 0.0f;
+        for (; k < n && idx[k] / PI2_FFN_GROUP == group; k++) {
+            const float hi = h[idx[k]];
+            tr->to_float(w->data + (size_t)idx[k] * w->row_bytes + off, v, W);
+            for (int64_t e = 0; e < W; e++) p[e] += hi * v[e];
+        }
+        for (int64_t e = 0; e < W; e++) y[e] += p[e];
+    }
+    memcpy(c->o + (size_t)t * j->n_embd + j0, y, (size_t)W * sizeof *y);
+}
+
+void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+    const pi2_model_params *hp = &c->m->hp;
+    const int full_up = c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up;
+    const int32_t threads = pi2_pool_n_threads(c->pool);
+    ffn_job j = {.c = c, .L = L, .il = il, .n_tok = n, .n_ff = hp->n_ff, .n_embd = hp->n_embd,
+                 .up_tr = pi2_traits(L->up.type, c->p.impl)};
+    const pi2_type_traits *a = pi2_traits(j.up_tr->vec_dot_type, c->p.impl);
+    j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
+
+    /* gate rows of every neuron (and every up row when the rule needs them) */
+    if (full_up)
+        pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
+    else
+        pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
+    if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);
+
+    /* the active set, then the up rows it needs, then h */
+    pi2_pool_run(c->pool, select_task, &j, n);
+    if (!full_up) {
+        pi2_pool_run(c->pool, quantize_task, &j, n);
+        if (n == 1) pi2_pool_run(c->pool, up_task_one, &j, (c->ffn_n_active[0] + UP_CHUNK - 1) / UP_CHUNK);
+        else pi2_pool_run(c->pool, up_task_tok, &j, n);
+    }
+    pi2_pool_run(c->pool, combine_task, &j, n);
+    int64_t active = 0;
+    for (int32_t t = 0; t < n; t++) active += c->ffn_n_active[t];
+    c->ffn_active[il] += active;
+    if (il == 0) c->ffn_tokens += n;
+
+    /* down */
+    if (!L->down_rows.data) {
+        pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
+        return;
+    }
+    const int64_t bs = pi2_traits(L->down_rows.type, c->p.impl)->block_size, blocks = j.n_embd / bs;
+    int64_t want = n == 1 ? 2 * (int64_t)threads : 1;
+    if (want > blocks) want = blocks;
+    j.slice = (blocks + want - 1) / want * bs;
+    while (j.slice > MAX_SLICE && j.slice > bs) j.slice = (j.slice / bs + 1) / 2 * bs;
+    j.n_slices = (j.n_embd + j.slice - 1) / j.slice;
+    pi2_pool_run(c->pool, down_rows_task, &j, (int32_t)(n * j.n_slices));
+}

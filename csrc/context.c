@@ -89,7 +89,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
                     c->rope, c->scores, c->qf, c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx,
-                    c->ffn_n_active, c->ffn_xq, c->ffn_active};
+                    c->ffn_n_active, c->ffn_xq, c->ffn_active, c->ffn_group_start, c->ffn_part};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c);
 }
@@ -135,13 +135,19 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
         c->ffn_n_active = alloc(B, sizeof(int32_t), &ok);
         c->ffn_xq = alloc(B * xq, 1, &ok);
         c->ffn_active = alloc(L, sizeof(int64_t), &ok);
+        const size_t G = F / PI2_FFN_GROUP + 1;
+        c->ffn_group_start = alloc(G + 1, sizeof(int32_t), &ok);
+        c->ffn_part = c->m->layers[0].down_rows.data ? alloc(G * (size_t)hp->n_embd, sizeof(float), &ok) : NULL;
         if (!ok) {
-            void *bufs[] = {c->ffn_thresholds, c->ffn_score, c->ffn_idx, c->ffn_n_active, c->ffn_xq, c->ffn_active};
+            void *bufs[] = {c->ffn_thresholds, c->ffn_score, c->ffn_idx, c->ffn_n_active, c->ffn_xq, c->ffn_active,
+                            c->ffn_group_start, c->ffn_part};
             for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
             c->ffn_thresholds = c->ffn_score = NULL;
             c->ffn_idx = c->ffn_n_active = NULL;
             c->ffn_xq = NULL;
             c->ffn_active = NULL;
+            c->ffn_group_start = NULL;
+            c->ffn_part = NULL;
             return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the sparse FFN");
         }
     }

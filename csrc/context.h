@@ -40,6 +40,8 @@ struct pi2_ctx {
     int32_t *ffn_idx;            /* [B][n_ff] active neurons of each token, ascending */
     int32_t *ffn_n_active;       /* [B] */
     uint8_t *ffn_xq;             /* [B][row of up's activation format] */
+    int32_t *ffn_group_start;    /* [n_ff/GROUP + 2] one token's active list split by neuron group */
+    float *ffn_part;             /* [n_ff/GROUP + 1][n_embd] one token's partial sums per group */
     int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
     int64_t *ffn_active;         /* [n_layer] */
 };

@@ -8,7 +8,7 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
-SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/api.c",
+SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/api.c",
            "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c"]
 
 

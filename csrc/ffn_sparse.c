@@ -16,7 +16,7 @@
 #include <string.h>
 
 #define UP_CHUNK 32      /* active up rows per task of a single token */
-#define MAX_SLICE 1024   /* output values per task of the down-row sum */
+#define PREFETCH 4       /* neurons ahead whose rows a group task prefetches */
 
 typedef struct {
     pi2_ctx *c;
@@ -26,6 +26,7 @@ typedef struct {
     const pi2_type_traits *up_tr;
     size_t xq_row;
     int64_t slice, n_slices;     /* down rows: output values per task, tasks per token */
+    size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
 } ffn_job;
 
 /* ---- the active set ---- */
@@ -157,28 +158,82 @@ static void down_rows_task(void *arg, int32_t task, int32_t thread) {
     const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
     const int32_t t = (int32_t)(task / j->n_slices);
     const int64_t j0 = task % j->n_slices * j->slice, j1 = j0 + j->slice < j->n_embd ? j0 + j->slice : j->n_embd;
-    const int64_t W = j1 - j0;
-    const size_t off = (size_t)(j0 / tr->block_size) * (size_t)tr->type_size;
     const int32_t *idx = c->ffn_idx + (size_t)t * j->n_ff, n = c->ffn_n_active[t];
     const float *h = c->gate + (size_t)t * j->n_ff;
-    float y[MAX_SLICE], p[MAX_SLICE], v[MAX_SLICE];
-    for (int64_t e = 0; e < W; e++) y[e] = 0.0f;
-    for (int32_t k = 0; k < n;) {
-        const int32_t group = idx[k] / PI2_FFN_GROUP;
-        for (int64_t e = 0; e < W; e++) p[e] = 0.0f;
-        for (; k < n && idx[k] / PI2_FFN_GROUP == group; k++) {
-            const float hi = h[idx[k]];
-            tr->to_float(w->data + (size_t)idx[k] * w->row_bytes + off, v, W);
-            for (int64_t e = 0; e < W; e++) p[e] += hi * v[e];
-        }
-        for (int64_t e = 0; e < W; e++) y[e] += p[e];
+    const uint8_t *rows = w->data + (size_t)(j0 / tr->block_size) * (size_t)tr->type_size;
+    float *y = c->o + (size_t)t * j->n_embd + j0, hg[PI2_FFN_GROUP];
+    for (int64_t e = 0; e < j1 - j0; e++) y[e] = 0.0f;
+    for (int32_t k = 0; k < n;) {   /* one group of neurons at a time */
+        const int32_t group = idx[k] / PI2_FFN_GROUP, k0 = k;
+        for (; k < n && idx[k] / PI2_FFN_GROUP == group; k++) hg[k - k0] = h[idx[k]];
+        tr->axpy_group(j1 - j0, y, rows, w->row_bytes, idx + k0, hg, k - k0);
     }
-    memcpy(c->o + (size_t)t * j->n_embd + j0, y, (size_t)W * sizeof *y);
+}
+
+/* ---- one token over down rows: each group's up rows, h and partial sum together, then the sum ---- */
+
+static void group_task(void *arg, int32_t g, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    const pi2_ctx *c = j->c;
+    const int32_t k0 = c->ffn_group_start[g], k = c->ffn_group_start[g + 1] - k0;
+    if (!k) return;
+    const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
+    const int32_t *idx = c->ffn_idx + k0;
+    const float *s = c->ffn_score;
+    float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
+    for (int32_t i = 0; i < k; i++) {   /* up row, then h, as up_rows and combine_task compute them */
+        if (i + PREFETCH < k) {            /* scattered rows defeat the hardware prefetcher: ask ahead */
+            const uint8_t *u = up->data + (size_t)idx[i + PREFETCH] * up->row_bytes;
+            const uint8_t *d = down->data + (size_t)idx[i + PREFETCH] * down->row_bytes;
+            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);
+            for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(d + o);
+        }
+        float u;
+        j->up_tr->vec_dot(up->n_in, &u, up->data + (size_t)idx[i] * up->row_bytes, c->ffn_xq);
+        hg[i] = s[idx[i]] * u;
+    }
+    memset(part, 0, (size_t)j->n_embd * sizeof *part);
+    pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, down->data, down->row_bytes, idx, hg, k);
+}
+
+/* y = the groups' partial sums added in group order (a slice of the columns per task) */
+static void reduce_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    const pi2_ctx *c = j->c;
+    const int64_t j0 = task * j->slice, j1 = j0 + j->slice < j->n_embd ? j0 + j->slice : j->n_embd;
+    const int32_t n_groups = (int32_t)((j->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
+    float *y = c->o;
+    for (int64_t e = j0; e < j1; e++) y[e] = 0.0f;
+    for (int32_t g = 0; g < n_groups; g++) {
+        if (c->ffn_group_start[g + 1] == c->ffn_group_start[g]) continue;
+        const float *p = c->ffn_part + (size_t)g * j->n_embd;
+        for (int64_t e = j0; e < j1; e++) y[e] += p[e];
+    }
+}
+
+static void one_token_rows(pi2_ctx *c, ffn_job *j) {
+    const int32_t n = c->ffn_n_active[0], n_groups = (int32_t)((j->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
+    const int32_t *idx = c->ffn_idx;
+    for (int32_t g = 0, k = 0; g <= n_groups; g++) {   /* where each group's active neurons start */
+        while (k < n && idx[k] < g * PI2_FFN_GROUP) k++;
+        c->ffn_group_start[g] = k;
+    }
+    quantize_task(j, 0, 0);
+    const pi2_type_traits *ut = pi2_traits(j->L->up.type, c->p.impl), *dt = pi2_traits(j->L->down_rows.type, c->p.impl);
+    j->up_bytes = (size_t)(j->n_embd / ut->block_size) * (size_t)ut->type_size;
+    j->down_bytes = (size_t)(j->n_embd / dt->block_size) * (size_t)dt->type_size;
+    pi2_pool_run(c->pool, group_task, j, n_groups);
+    const int32_t tasks = pi2_pool_n_threads(c->pool);
+    j->slice = (j->n_embd + tasks - 1) / tasks;
+    pi2_pool_run(c->pool, reduce_task, j, (int32_t)((j->n_embd + j->slice - 1) / j->slice));
 }
 
 void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
-    const int full_up = c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up;
+    const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* one pass over the bundles */
+    const int full_up = !one_rows && (c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
     const int32_t threads = pi2_pool_n_threads(c->pool);
     ffn_job j = {.c = c, .L = L, .il = il, .n_tok = n, .n_ff = hp->n_ff, .n_embd = hp->n_embd,
                  .up_tr = pi2_traits(L->up.type, c->p.impl)};
@@ -194,6 +249,12 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
 
     /* the active set, then the up rows it needs, then h */
     pi2_pool_run(c->pool, select_task, &j, n);
+    if (one_rows) {
+        c->ffn_active[il] += c->ffn_n_active[0];
+        if (il == 0) c->ffn_tokens += 1;
+        one_token_rows(c, &j);
+        return;
+    }
     if (!full_up) {
         pi2_pool_run(c->pool, quantize_task, &j, n);
         if (n == 1) pi2_pool_run(c->pool, up_task_one, &j, (c->ffn_n_active[0] + UP_CHUNK - 1) / UP_CHUNK);
@@ -214,7 +275,6 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     int64_t want = n == 1 ? 2 * (int64_t)threads : 1;
     if (want > blocks) want = blocks;
     j.slice = (blocks + want - 1) / want * bs;
-    while (j.slice > MAX_SLICE && j.slice > bs) j.slice = (j.slice / bs + 1) / 2 * bs;
     j.n_slices = (j.n_embd + j.slice - 1) / j.slice;
     pi2_pool_run(c->pool, down_rows_task, &j, (int32_t)(n * j.n_slices));
 }

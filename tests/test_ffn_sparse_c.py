@@ -49,7 +49,9 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("csp")
     plain = write_model(d / "plain.gguf", wtype="Q8_0", n_ff=320, n_embd=64)
     q4 = write_model(d / "q4.gguf", wtype="Q4_1", n_ff=320, n_embd=64, seed=2)
-    return {"plain": plain, "q4": q4,
+    odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)   # 96 = 64 + a tail of 32
+    return {"plain": plain, "q4": q4, "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
+            "odd_q8": write_pi2(odd, d / "oq8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
             "ud": write_pi2(q4, d / "ud.pi2.gguf", down_type="Q5_1", default_keep=0.5),
             "f32": write_pi2(plain, d / "f32.pi2.gguf", down_type="F32", default_keep=0.75),
             "gud": write_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
@@ -58,7 +60,8 @@ def files(tmp_path_factory):
 @pytest.mark.parametrize("name,keep,rule", [("plain", 0.5, "topk"), ("plain", 0.23, "topk"), ("q4", 0.35, "topk"),
                                             ("ud", None, "threshold"), ("ud", 0.3, "threshold"),
                                             ("f32", None, "threshold"), ("gud", None, "threshold"),
-                                            ("gud", 1.0, "dense")])
+                                            ("gud", 1.0, "dense"), ("f16", None, "threshold"),
+                                            ("odd_q8", None, "threshold")])
 def test_c_sparse_ffn_equals_reference(files, name, keep, rule):
     want, ref_stats, got, spec = both(files[name], keep)
     assert spec.rule == rule

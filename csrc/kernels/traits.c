@@ -13,10 +13,13 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void init_once(void) {
     pi2_kernels_fill_ref(tables[PI2_K_IMPL_REF]);
+    pi2_kernels_fill_axpy_ref(tables[PI2_K_IMPL_REF]);
     memcpy(tables[PI2_K_IMPL_BASE], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     memcpy(tables[PI2_K_IMPL_AUTO], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0);
     pi2_kernels_install_neon(tables[PI2_K_IMPL_BASE], 0);
+    pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE]);
+    pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO]);
     auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], 1)
              | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], 1);
 }

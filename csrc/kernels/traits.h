@@ -53,6 +53,11 @@ typedef void (*pi2_vec_dot4_fn)(int64_t n, float *out, size_t out_stride, const 
  * each output in vec_dot's float order, each activation block loaded once for both rows. */
 typedef void (*pi2_vec_dot4x2_fn)(int64_t n, float *out, size_t out_stride, const void *w,
                                   size_t w_stride, const void *x_q, size_t x_stride);
+/* The grouped row sum of the sparse FFN (axpy.c): y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) for
+ * j < n, v_i the values of the row at rows + idx[i]·row_bytes (to_float's), one product and one sum per
+ * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary. */
+typedef void (*pi2_axpy_group_fn)(int64_t n, float *y, const void *rows, size_t row_bytes, const int32_t *idx,
+                                  const float *h, int32_t k);
 /* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
 typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
 
@@ -68,6 +73,7 @@ typedef struct {
     int32_t batch_group, batch_min;/* which tokens of a batch use it: pi2_uses_batch_dot */
     pi2_vec_dot4_fn vec_dot_batch4;/* vec_dot_batch on 4 tokens at once (NULL: none) */
     pi2_vec_dot4_fn vec_dot4;      /* vec_dot on 4 tokens at once (NULL: none) */
+    pi2_axpy_group_fn axpy_group;  /* NULL for activation-only types */
 } pi2_type_traits;
 
 /* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in
@@ -99,6 +105,10 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *tab, int allow_ext);
 /* The two-row four-token kernel of `type` in table `impl` (x86.c), NULL where there is none (the
  * reference table, other ISAs, other types). Kept beside the table, read-only after the first call. */
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl);
+/* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels where the
+ * CPU has them (a no-op elsewhere). */
+void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);
+void pi2_kernels_install_axpy_x86(pi2_type_traits *tab);
 /* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
 void pi2_kernels_fill_ref(pi2_type_traits *tab);
 

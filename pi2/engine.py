@@ -206,6 +206,19 @@ def tensor_descs(model) -> list:
     return out
 
 
+def c_model_structs(model, descs: list | None = None) -> tuple:
+    """The pi2_model_params and pi2_tensor_desc[] (cffi cdata) that pi2_model_load takes for `model`;
+    `descs` overrides tensor_descs(model). Also serialised by tests for the aarch64 forward driver."""
+    descs = tensor_descs(model) if descs is None else descs
+    params = ffi.new("pi2_model_params *", model_params(model.config))
+    arr = ffi.new("pi2_tensor_desc[]", max(len(descs), 1))
+    for i, (role, layer, t) in enumerate(descs):
+        ne = list(t.ne) + [1] * (4 - len(t.ne))
+        arr[i] = {"role": role, "layer": layer, "type": t.type, "ne": ne, "offset": t.offset, "nbytes": t.nbytes,
+                  "row_stride": getattr(t, "row_stride", 0)}
+    return params, arr
+
+
 class CModel:
     """A model loaded by the C core: the file mapped read-only in C, tensors checked against it."""
 
@@ -217,12 +230,7 @@ class CModel:
     def from_model(cls, model, descs: list | None = None) -> "CModel":
         """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests)."""
         descs = tensor_descs(model) if descs is None else descs
-        params = ffi.new("pi2_model_params *", model_params(model.config))
-        arr = ffi.new("pi2_tensor_desc[]", max(len(descs), 1))
-        for i, (role, layer, t) in enumerate(descs):
-            ne = list(t.ne) + [1] * (4 - len(t.ne))
-            arr[i] = {"role": role, "layer": layer, "type": t.type, "ne": ne, "offset": t.offset, "nbytes": t.nbytes,
-                      "row_stride": getattr(t, "row_stride", 0)}
+        params, arr = c_model_structs(model, descs)
         out = ffi.new("pi2_model **")
         check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
         cm = cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),

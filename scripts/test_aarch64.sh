@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# test_aarch64.sh — builds pi2's C kernels with tests/c/kernel_selftest.c and runs it: cross-compiled
-# for aarch64 (static) under qemu with -cpu max (NEON + dotprod) and -cpu cortex-a72 (NEON only),
-# then natively. Does not build the Python extension. Needs (Debian): gcc-aarch64-linux-gnu
-# qemu-user-static. Usage: scripts/test_aarch64.sh [--native-only]. Exit status 1 on any failure.
+# test_aarch64.sh — builds pi2's C kernels, matmul and ops with tests/c/kernel_selftest.c and runs it:
+# cross-compiled for aarch64 (static) under qemu with -cpu max (NEON + dotprod) and -cpu cortex-a72
+# (NEON only), then natively with $CC (default cc), and natively with clang too when clang is
+# installed and $CC is not already clang (-Werror: both compilers must build it warning-free).
+# Does not build the Python extension. Needs (Debian): gcc-aarch64-linux-gnu qemu-user-static; clang
+# optional. Usage: scripts/test_aarch64.sh [--native-only]. Exit status 1 on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/x86.c csrc/kernels/neon.c
-      csrc/kernels/axpy.c csrc/kernels/api.c tests/c/kernel_selftest.c)
+      csrc/kernels/axpy.c csrc/kernels/api.c csrc/threadpool.c csrc/matmul.c csrc/ops.c tests/c/kernel_selftest.c)
 CFLAGS=(-O2 -std=c11 -ffp-contract=off -Wall -Wextra -Werror -Icsrc)
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -23,6 +25,12 @@ if [[ "${1:-}" != "--native-only" ]]; then
     done
 fi
 
-echo "== native ($(uname -m))"
+echo "== native ($(uname -m), ${CC:-cc})"
 "${CC:-cc}" "${CFLAGS[@]}" -o "$OUT/selftest" "${SRCS[@]}" -lm -lpthread
 "$OUT/selftest"
+
+if command -v clang >/dev/null && [[ "$(basename "${CC:-cc}")" != clang* ]]; then
+    echo "== native ($(uname -m), clang)"
+    clang "${CFLAGS[@]}" -o "$OUT/selftest-clang" "${SRCS[@]}" -lm -lpthread
+    "$OUT/selftest-clang"
+fi

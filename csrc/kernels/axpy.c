@@ -155,8 +155,6 @@ AXPY_FLOAT(axpy_f32_avx2, F32_8, F32_1, float)
 AXPY_FLOAT(axpy_f16_avx2, F16_8, F16_1, pi2_fp16)
 
 void pi2_kernels_install_axpy_x86(pi2_type_traits *tab) {
-    __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))) return;
     tab[PI2_T_Q8_0].axpy_group = axpy_q8_0_avx2;
     tab[PI2_T_Q5_1].axpy_group = axpy_q5_1_avx2;
     tab[PI2_T_F32].axpy_group = axpy_f32_avx2;

@@ -4,14 +4,16 @@
  *       no global -march flag is needed; install the variant the CPU supports into a table.
  * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
  *       (everything but a stub compiles away off aarch64).
- * Each kernel's reference twin is the function of the same name in ref.c.
- * Float order: not yet x86's. These kernels keep 4 lanes (x86 keeps 8 and converts each to float
- * before its FMA) and reduce with vaddvq; Q4_K/Q6_K sum per block in one float. Batches of Q4_K and
- * Q6_K run the reference's batch order (scalar, exact, slow), as no NEON vec_dot_batch exists yet. */
+ * Each kernel's reference twin is the function of the same name in ref.c (or ref_k.h).
+ * Float order: x86's (x86.c), so aarch64 and x86-64 compute the same bits: the 8 float lanes of the
+ * AVX2 kernels as two float32x4_t, the same int32 lane contents, fused FMAs and hsum_float_8's
+ * order; Q4_K and Q6_K also in their batch orders (vec_dot_batch). F32/F16 too. Q5_K and BF16 run
+ * the reference on both. No four-token kernels yet (matmul.c then calls these per token). */
 #include "traits.h"
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
+#include <math.h>
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1UL << 20)
@@ -50,6 +52,10 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
     SET(PI2_T_Q8_0, q8_0_vec_dot);
     SET(PI2_T_Q4_K, q4_K_vec_dot);
     SET(PI2_T_Q6_K, q6_K_vec_dot);
+    SET(PI2_T_F32, f32_vec_dot);
+    SET(PI2_T_F16, f16_vec_dot);
+    t[PI2_T_Q4_K].vec_dot_batch = dp ? q4_K_gemm_dot_dotprod : q4_K_gemm_dot_neon;
+    t[PI2_T_Q6_K].vec_dot_batch = dp ? q6_K_tiled_dot_dotprod : q6_K_tiled_dot_neon;
     return PI2_K_NEON | (dp ? PI2_K_DOTPROD : 0);
 }
 

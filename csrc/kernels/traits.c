@@ -16,12 +16,14 @@ static void init_once(void) {
     pi2_kernels_fill_axpy_ref(tables[PI2_K_IMPL_REF]);
     memcpy(tables[PI2_K_IMPL_BASE], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     memcpy(tables[PI2_K_IMPL_AUTO], tables[PI2_K_IMPL_REF], sizeof tables[0]);
-    pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0);
+    const uint32_t base_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0);
     pi2_kernels_install_neon(tables[PI2_K_IMPL_BASE], 0);
-    pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE]);
-    pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO]);
     auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], 1)
              | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], 1);
+    if (base_isa & PI2_K_AVX2) {   /* the AVX2 grouped row sums need what the AVX2 vec_dots need */
+        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE]);
+        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO]);
+    }
 }
 
 const pi2_type_traits *pi2_traits(int32_t type, int32_t impl) {

@@ -8,6 +8,7 @@
 #include "traits.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define X86_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -40,10 +41,15 @@ static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot
     t[type].vec_dot_impl = impl;
 }
 
+/* F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"). */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-          __builtin_cpu_supports("f16c")))
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()))
         return 0;
     const int vnni = allow_ext && __builtin_cpu_supports("avx512vnni") &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");

@@ -1,20 +1,47 @@
-/* kernel_selftest.c — checks every fast vec_dot against the scalar reference on generated data,
- * without Python: built natively and cross-compiled for aarch64 (scripts/test_aarch64.sh).
- * Does: for each weight type and each table (base SIMD, auto), rows of 1, 3, 7 and 33 blocks;
- *       the reference against dequantized weights · dequantized activations in double; a hash
- *       of dequantized and quantized bytes that must be the same on every CPU (the golden comes
- *       from x86-64, where tests/test_kernels.py checks the bytes against numpy); the argument
- *       checks of the public API; batch orders and four-token kernels bit for bit (test_orders). Prints "N passed, M failed"; exit status 1 on failure.
+/* kernel_selftest.c — checks every kernel of the C core against the scalar reference (kernels/ref.c)
+ * and plain double-precision math, without Python: built natively (gcc, and clang when present) and
+ * cross-compiled for aarch64 under qemu by scripts/test_aarch64.sh.
+ * Does: at the sizes 1, 7, 31, 32, 33, 255, 256, 4096+32 (values for F32/F16/BF16 rows and the ops;
+ *       blocks per row for block types, at most 256 blocks of the 256-value types; output rows and
+ *       batch tokens for pi2_matmul): vec_dot of every weight type in every table (ref, base SIMD,
+ *       auto); the batch orders and the four-token / two-row kernels; pi2_matmul over a thread pool;
+ *       dequantize and quantize_act bytes (a hash that must be the same on every CPU); RMSNorm, both
+ *       RoPEs, SiLU/GELU/ReLU, attention with its softmax; the public API's argument checks.
+ * Tolerances (NMSE = Σ(a−b)²/Σb²), stated per check below and in TOL_FAST:
+ *   - every fast vec_dot equals x86_order_dot (a scalar emulation of the AVX2 kernels' float order)
+ *     bit for bit, on x86-64 and on aarch64 alike (NEON follows x86's order); so does pi2_matmul
+ *     in every table but the reference one, batch orders included; four-token kernels equal four
+ *     one-token calls bit for bit;
+ *   - fast vs ref: TOL_FAST[type] (integer sums per block are exact; only float order differs);
+ *   - ref vs dequantized weights · dequantized activations in double: 1e-10 (1e-5 for Q4_1/Q5_1,
+ *     whose Q8_1 activation stores d·Σq rounded to fp16);
+ *   - ops vs double math: RMSNorm 1e-12, SiLU 1e-12, ReLU exact, RoPE 1e-9; GELU per value within
+ *     one F16 ulp + 1e-6 of gelu(F16-rounded input) (ggml's F16 table, built in float; past ±10: 0 or x),
+ *     attention 1e-5 (q and the softmax weights are rounded to F16, as ggml does);
+ *   - hashes of every output above against goldens from x86-64: bit-identical results across CPUs.
+ * Prints "N passed, M failed"; exit status 1 on failure.
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
 #include "../../csrc/kernels/traits.h"
+#include "../../csrc/matmul.h"
+#include "../../csrc/ops.h"
+#include "../../csrc/threadpool.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+static const int SIZES[] = {1, 7, 31, 32, 33, 255, 256, 4096 + 32};
+#define N_SIZES (int)(sizeof SIZES / sizeof SIZES[0])
+#define K_MAX_BLOCKS 256          /* 256-value block types: at most 256 blocks (65536 values) per row */
+
+/* fast vs ref NMSE per type: quant types sum exact integers per block in both, so only the float32
+ * order of the per-block terms differs; F32/F16 fast kernels sum in float32 lanes, the ref in double. */
+static double tol_fast(int type) { return type == PI2_T_F32 || type == PI2_T_F16 || type == PI2_T_BF16 ? 1e-11 : 1e-10; }
+
 static int n_pass, n_fail;
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t h_dots = 0xcbf29ce484222325ull, h_ops = 0xcbf29ce484222325ull;   /* cross-CPU hashes */
 
 static uint32_t next_u32(void) {  /* xorshift64* */
     rng ^= rng >> 12; rng ^= rng << 25; rng ^= rng >> 27;
@@ -22,10 +49,27 @@ static uint32_t next_u32(void) {  /* xorshift64* */
 }
 static float next_f(void) { return (float)next_u32() / 4294967296.0f * 2.0f - 1.0f; }  /* [-1, 1) */
 
-static void check(int ok, const char *what, const char *type, const char *impl, int nb, double err) {
+static void check(int ok, const char *what, const char *type, const char *impl, int size, double err) {
     if (ok) { n_pass++; return; }
     n_fail++;
-    printf("FAIL %s %s impl=%s blocks=%d err=%.3g\n", what, type, impl, nb, err);
+    printf("FAIL %s %s impl=%s size=%d err=%.3g\n", what, type, impl, size, err);
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static double nmse(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) { num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]); den += (double)b[i] * b[i]; }
+    return den > 0 ? num / den : num;
+}
+
+static double nmse_d(const float *a, const double *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) { num += (a[i] - b[i]) * (a[i] - b[i]); den += b[i] * b[i]; }
+    return den > 0 ? num / den : num;
 }
 
 /* Random weight rows: random bytes, then sane fp16/f32 values in the scale (or value) fields. */
@@ -46,103 +90,332 @@ static void fill_weights(int type, uint8_t *w, int64_t n_blocks, int32_t ts) {
     }
 }
 
-static double nmse(const float *a, const float *b, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) { num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]); den += (double)b[i] * b[i]; }
-    return den > 0 ? num / den : num;
+/* ---------------- x86's float order, in scalar C ---------------- */
+
+/* hsum_float_8: (hi + lo), (0+2) + (1+3). */
+static float hsum8(const float a[8]) {
+    float r[4];
+    for (int i = 0; i < 4; i++) r[i] = a[i + 4] + a[i];
+    return (r[0] + r[2]) + (r[1] + r[3]);
 }
 
-/* The batch orders and four-token kernels against their one-token twins, bit for bit: four rows of
- * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot_batch4, the batch
- * dot of a fast table against the reference's. On x86-64 the fast single-token and batch kernels of
- * Q4_K and Q6_K compute in the reference's float order, so those must match bit for bit too. */
-static void test_orders(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
-                        const uint8_t *xq, int64_t n, int nb, pi2_vec_dot4x2_fn d42) {
-    const size_t xrow = (size_t)(n / pi2_traits(ref->vec_dot_type, 1)->block_size) * pi2_traits(ref->vec_dot_type, 1)->type_size;
+static float h2f(const uint8_t *p) { pi2_fp16 h; memcpy(&h, p, 2); return pi2_fp16_to_f32(h); }
+
+/* The 32 integer values of a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block in value order, its d and (x_1 types) m. */
+static void block32(int type, const uint8_t *blk, int v[32], float *d, float *m) {
+    const uint8_t *qs = blk + 2;
+    uint32_t qh = 0;
+    int off = 0;
+    *d = h2f(blk), *m = 0;
+    switch (type) {
+    case PI2_T_Q4_0: off = 8; break;
+    case PI2_T_Q4_1: *m = h2f(blk + 2); qs = blk + 4; break;
+    case PI2_T_Q5_0: memcpy(&qh, blk + 2, 4); qs = blk + 6; off = 16; break;
+    case PI2_T_Q5_1: *m = h2f(blk + 2); memcpy(&qh, blk + 4, 4); qs = blk + 8; break;
+    default: for (int j = 0; j < 32; j++) v[j] = (int8_t)blk[2 + j]; return;   /* Q8_0 */
+    }
+    for (int j = 0; j < 16; j++) {
+        v[j] = ((qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4)) - off;
+        v[j + 16] = ((qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - off;
+    }
+}
+
+static float val(int type, const uint8_t *p, int64_t i) {
+    if (type == PI2_T_F32) { float f; memcpy(&f, p + 4 * i, 4); return f; }
+    return h2f(p + 2 * i);
+}
+
+/* *s = row w · activation xq in the float order of x86_body.h's AVX2 kernels: 8 float lanes, lane l
+ * of a 32-value block taking values 4l..4l+3, acc = fma(d_x·d_y, lane, acc), hsum_float_8 (+ the
+ * mins sum for Q4_1/Q5_1); F32/F16: 4/2 accumulators of 8 lanes, the tail in double. Q4_K and Q6_K:
+ * ref.c's kernels, written in that order (ref_k.h); Q5_K and BF16 run the reference everywhere. */
+static void x86_order_dot(const pi2_type_traits *ref, int type, int64_t n, float *s, const uint8_t *w, const uint8_t *xq) {
+    float acc[8] = {0};
+    if (type == PI2_T_F32 || type == PI2_T_F16) {
+        const int step = type == PI2_T_F32 ? 32 : 16;
+        float a4[4][8] = {{0}};
+        int64_t i = 0;
+        for (; i + step <= n; i += step)
+            for (int k = 0; k < step / 8; k++)
+                for (int l = 0; l < 8; l++)
+                    a4[k][l] = fmaf(val(type, w, i + 8 * k + l), val(type, xq, i + 8 * k + l), a4[k][l]);
+        for (int l = 0; l < 8; l++)
+            acc[l] = step == 32 ? (a4[0][l] + a4[1][l]) + (a4[2][l] + a4[3][l]) : a4[0][l] + a4[1][l];
+        double sum = hsum8(acc);
+        for (; i < n; i++) sum += (double)(val(type, w, i) * val(type, xq, i));
+        *s = (float)sum;
+        return;
+    }
+    if (ref->block_size != 32) { ref->vec_dot(n, s, w, xq); return; }
+    const int q81 = ref->vec_dot_type == PI2_T_Q8_1;
+    const size_t xs = q81 ? sizeof(blk_q8_1) : sizeof(blk_q8_0);
+    float summs = 0;
+    for (int64_t b = 0; b < n / 32; b++) {
+        int v[32];
+        float d, m;
+        block32(type, w + b * ref->type_size, v, &d, &m);
+        const uint8_t *y = xq + b * xs;
+        const int8_t *yq = (const int8_t *)(y + (q81 ? 4 : 2));
+        const float dd = d * h2f(y);
+        for (int l = 0; l < 8; l++) {
+            int lane = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) lane += v[j] * yq[j];
+            acc[l] = fmaf(dd, (float)lane, acc[l]);
+        }
+        if (q81) summs += m * h2f(y + 2);
+    }
+    *s = q81 ? hsum8(acc) + summs : hsum8(acc);
+}
+
+/* The batch order's x86 twin: ref.c's vec_dot_batch (Q4_K, Q6_K), else the one-token order. */
+static void x86_order_batch(const pi2_type_traits *ref, int type, int64_t n, float *s, const uint8_t *w, const uint8_t *xq) {
+    if (ref->vec_dot_batch) ref->vec_dot_batch(n, s, w, xq);
+    else x86_order_dot(ref, type, n, s, w, xq);
+}
+
+static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, (size_t)n * sizeof *a); }
+
+/* The four-token and two-row kernels against their one-token twins, bit for bit: four rows of
+ * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot_batch4. */
+static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
+                             const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42) {
     uint8_t *x4 = malloc(4 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < rows; r++) {
         const uint8_t *row = w + r * row_bytes;
         float one, four[8], want;
         if (t->vec_dot4) {
             t->vec_dot(n, &one, row, xq);
             t->vec_dot4(n, four, 2, row, x4, xrow);
-            check(!memcmp(&four[0], &one, 4) && !memcmp(&four[6], &one, 4), "dot4-vs-dot", ref->name, t->vec_dot_impl, nb, 0);
+            check(same_bits(&four[0], &one, 1) && same_bits(&four[6], &one, 1), "dot4-vs-dot", ref->name, t->vec_dot_impl, size, 0);
         }
-        if (d42 && r + 1 < 4) {   /* rows r, r+1 x four tokens: out[2t + k] */
+        if (d42 && r + 1 < rows) {   /* rows r, r+1 x four tokens: out[2t + k] */
             float two[2];
             t->vec_dot(n, &two[0], row, xq);
             t->vec_dot(n, &two[1], row + row_bytes, xq);
             d42(n, four, 2, row, row_bytes, x4, xrow);
             int same = 1;
-            for (int k = 0; k < 8; k++) same &= !memcmp(&four[k], &two[k % 2], 4);
-            check(same, "dot4x2-vs-dot", ref->name, t->vec_dot_impl, nb, 0);
+            for (int k = 0; k < 8; k++) same &= same_bits(&four[k], &two[k % 2], 1);
+            check(same, "dot4x2-vs-dot", ref->name, t->vec_dot_impl, size, 0);
         }
-        if (!ref->vec_dot_batch) continue;
-        ref->vec_dot_batch(n, &want, row, xq);
-        if (t->vec_dot_batch) {
-            t->vec_dot_batch(n, &one, row, xq);
-            check(!memcmp(&one, &want, 4), "batch-vs-ref", ref->name, t->vec_dot_impl, nb, 0);
-        }
-        if (t->vec_dot_batch4) {
+        if (t->vec_dot_batch && t->vec_dot_batch4) {
+            t->vec_dot_batch(n, &want, row, xq);
             t->vec_dot_batch4(n, four, 2, row, x4, xrow);
-            check(!memcmp(&four[0], &want, 4) && !memcmp(&four[6], &want, 4), "batch4-vs-ref", ref->name, t->vec_dot_impl, nb, 0);
+            check(same_bits(&four[0], &want, 1) && same_bits(&four[6], &want, 1), "batch4-vs-batch", ref->name, t->vec_dot_impl, size, 0);
         }
-#if defined(__x86_64__)
-        if (t->vec_dot != ref->vec_dot) {
-            t->vec_dot(n, &one, row, xq);
-            ref->vec_dot(n, &want, row, xq);
-            check(!memcmp(&one, &want, 4), "x86-order", ref->name, t->vec_dot_impl, nb, 0);
-        }
-#endif
     }
     free(x4);
 }
 
-static void test_type(int type) {
+static int64_t cols_for(const pi2_type_traits *ref, int size) {
+    if (ref->block_size == 1) return size;
+    return (int64_t)(ref->block_size == QK_K && size > K_MAX_BLOCKS ? K_MAX_BLOCKS : size) * ref->block_size;
+}
+
+static size_t act_bytes(const pi2_type_traits *ref, int64_t n) {
+    const pi2_type_traits *a = pi2_traits(ref->vec_dot_type, PI2_K_IMPL_REF);
+    return (size_t)(n / a->block_size) * (size_t)a->type_size;
+}
+
+/* vec_dot and vec_dot_batch of every table on 4 rows of size blocks (values for float types). */
+static void test_vec_dot(int type, int size) {
     enum { ROWS = 4 };
-    static const int blocks[] = {1, 3, 7, 33};
     const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
     const pi2_type_traits *act = pi2_traits(ref->vec_dot_type, PI2_K_IMPL_REF);
-    for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
-        /* F32/F16/BF16 "blocks" are single values: use the same awkward counts of 32-value runs */
-        const int nb = blocks[bi];
-        const int64_t n = (int64_t)nb * (ref->block_size == 1 ? 33 : ref->block_size);
-        const size_t row_bytes = (size_t)(n / ref->block_size) * ref->type_size;
-        uint8_t *w = malloc(row_bytes * ROWS);
-        float *x = malloc(n * sizeof(float)), *wf = malloc(n * sizeof(float)), *xf = malloc(n * sizeof(float));
-        uint8_t *xq = malloc((size_t)(n / act->block_size) * act->type_size);
-        fill_weights(type, w, (n / ref->block_size) * ROWS, ref->type_size);
-        for (int64_t i = 0; i < n; i++) x[i] = next_f();
-        ref->quantize_act(x, xq, n);
-        act->to_float(xq, xf, n);
-        float out_ref[ROWS], out_dq[ROWS], out_fast[ROWS];
-        for (int r = 0; r < ROWS; r++) {
-            ref->vec_dot(n, &out_ref[r], w + r * row_bytes, xq);
-            ref->to_float(w + r * row_bytes, wf, n);
-            double acc = 0;
-            for (int64_t i = 0; i < n; i++) acc += (double)wf[i] * xf[i];
-            out_dq[r] = (float)acc;
+    const int64_t n = cols_for(ref, size);
+    const size_t row_bytes = (size_t)(n / ref->block_size) * ref->type_size, xrow = act_bytes(ref, n);
+    uint8_t *w = malloc(row_bytes * ROWS), *xq = malloc(xrow);
+    float *x = malloc(n * sizeof(float)), *wf = malloc(n * sizeof(float)), *xf = malloc(n * sizeof(float));
+    fill_weights(type, w, (n / ref->block_size) * ROWS, ref->type_size);
+    for (int64_t i = 0; i < n; i++) x[i] = next_f();
+    ref->quantize_act(x, xq, n);
+    act->to_float(xq, xf, n);
+    float out_ref[ROWS], out_dq[ROWS], out_x86[ROWS], out_bx86[ROWS], out[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        ref->vec_dot(n, &out_ref[r], w + r * row_bytes, xq);
+        x86_order_dot(ref, type, n, &out_x86[r], w + r * row_bytes, xq);
+        x86_order_batch(ref, type, n, &out_bx86[r], w + r * row_bytes, xq);
+        ref->to_float(w + r * row_bytes, wf, n);
+        double acc = 0;
+        for (int64_t i = 0; i < n; i++) acc += (double)wf[i] * xf[i];
+        out_dq[r] = (float)acc;
+    }
+    h_dots = fnv1a(fnv1a(h_dots, out_x86, sizeof out_x86), out_bx86, sizeof out_bx86);
+    const double tol_dq = ref->vec_dot_type == PI2_T_Q8_1 ? 1e-5 : 1e-10;
+    double e = nmse(out_ref, out_dq, ROWS);
+    check(e <= tol_dq, "ref-vs-dequant", ref->name, "ref", size, e);
+    e = nmse(out_x86, out_ref, ROWS);
+    check(e <= tol_fast(type), "x86-order-vs-ref", ref->name, "ref", size, e);
+    for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl += 2) {
+        const pi2_type_traits *t = pi2_traits(type, impl);
+        for (int r = 0; r < ROWS; r++) t->vec_dot(n, &out[r], w + r * row_bytes, xq);
+        e = nmse(out, out_ref, ROWS);
+        check(e <= tol_fast(type), "fast-vs-ref", ref->name, t->vec_dot_impl, size, e);
+        check(same_bits(out, out_x86, ROWS), "fast-vs-x86-order", ref->name, t->vec_dot_impl, size, nmse(out, out_x86, ROWS));
+        if (t->vec_dot_batch) {
+            for (int r = 0; r < ROWS; r++) t->vec_dot_batch(n, &out[r], w + r * row_bytes, xq);
+            check(same_bits(out, out_bx86, ROWS), "batch-vs-x86-order", ref->name, t->vec_dot_impl, size, nmse(out, out_bx86, ROWS));
         }
-        /* Q8_1 stores s = d·Σq rounded to fp16, so the min term of Q4_1/Q5_1 is off by ~1e-3 relative */
-        const double tol_dq = ref->vec_dot_type == PI2_T_Q8_1 ? 1e-5 : 1e-10;
-        double e = nmse(out_ref, out_dq, ROWS);
-        check(e <= tol_dq, "ref-vs-dequant", ref->name, "ref", nb, e);
-        for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl += 2) {
-            const pi2_type_traits *t = pi2_traits(type, impl);
-            test_orders(t, ref, w, row_bytes, xq, n, nb, pi2_kernels_dot4x2(type, impl));
-            if (t->vec_dot == ref->vec_dot) continue;
-            for (int r = 0; r < ROWS; r++) t->vec_dot(n, &out_fast[r], w + r * row_bytes, xq);
-            e = nmse(out_fast, out_ref, ROWS);
-            check(e <= 1e-10, "fast-vs-ref", ref->name, t->vec_dot_impl, nb, e);
+        test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl));
+    }
+    free(w); free(xq); free(x); free(wf); free(xf);
+}
+
+/* pi2_matmul (rows split over a 2-thread pool, token tiles, batch orders, four-token and two-row
+ * kernels) on n_out rows x n_tok tokens: each output equals its one-token kernel of the same table
+ * bit for bit, and x86's order in every fast table. */
+static void test_matmul(int type, pi2_pool *pool, int n_out, int n_tok, int size) {
+    const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
+    const int64_t n_in = ref->block_size == 1 ? 33 : ref->block_size == 32 ? 96 : QK_K;
+    const size_t row_bytes = (size_t)(n_in / ref->block_size) * ref->type_size, xrow = act_bytes(ref, n_in);
+    uint8_t *w = malloc(row_bytes * n_out), *xq = malloc(xrow * n_tok);
+    float *x = malloc(sizeof(float) * n_in * n_tok), *out = malloc(sizeof(float) * n_out * n_tok);
+    float *want = malloc(sizeof(float) * n_out * n_tok), *want86 = malloc(sizeof(float) * n_out * n_tok);
+    fill_weights(type, w, (n_in / ref->block_size) * n_out, ref->type_size);
+    for (int64_t i = 0; i < n_in * n_tok; i++) x[i] = next_f();
+    for (int t = 0; t < n_tok; t++) ref->quantize_act(x + t * n_in, xq + t * xrow, n_in);
+    const pi2_weight wt = {w, type, n_in, n_out, row_bytes};
+    const pi2_mm mm = {&wt, out};
+    for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
+        const pi2_type_traits *tr = pi2_traits(type, impl);
+        uint8_t *scratch = malloc(pi2_matmul_scratch(&mm, 1, n_tok, impl));
+        const pi2_matmul_env env = {pool, impl, scratch};
+        pi2_matmul(&env, x, n_tok, &mm, 1);
+        for (int t = 0; t < n_tok; t++)
+            for (int r = 0; r < n_out; r++) {
+                const int batch = pi2_uses_batch_dot(tr, n_tok, t);
+                const uint8_t *row = w + r * row_bytes, *xt = xq + t * xrow;
+                (batch ? tr->vec_dot_batch : tr->vec_dot)(n_in, &want[t * n_out + r], row, xt);
+                (batch ? x86_order_batch : x86_order_dot)(ref, type, n_in, &want86[t * n_out + r], row, xt);
+            }
+        check(same_bits(out, want, (int64_t)n_out * n_tok), "matmul-vs-dot", ref->name, tr->vec_dot_impl, size, 0);
+        if (impl != PI2_K_IMPL_REF)
+            check(same_bits(out, want86, (int64_t)n_out * n_tok), "matmul-vs-x86-order", ref->name, tr->vec_dot_impl, size,
+                  nmse(out, want86, (int64_t)n_out * n_tok));
+        else {
+            const double e = nmse(out, want86, (int64_t)n_out * n_tok);
+            check(e <= tol_fast(type), "matmul-ref-vs-x86-order", ref->name, "ref", size, e);
         }
-        free(w); free(x); free(wf); free(xf); free(xq);
+        free(scratch);
+    }
+    free(w); free(xq); free(x); free(out); free(want); free(want86);
+}
+
+static void test_type(int type, pi2_pool *pool) {
+    for (int s = 0; s < N_SIZES; s++) {
+        test_vec_dot(type, SIZES[s]);
+        test_matmul(type, pool, SIZES[s], 9, SIZES[s]);          /* rows at every size; 9 tokens: batch groups + rest */
+        if (SIZES[s] <= 33) test_matmul(type, pool, 7, SIZES[s], SIZES[s]);   /* tokens 1..33 */
     }
 }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
-    return h;
+/* ---------------- ops (ops.h) against double-precision math ---------------- */
+
+static float *rand_floats(int64_t n, float scale) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (int64_t i = 0; i < n; i++) x[i] = next_f() * scale;
+    return x;
+}
+
+static void test_norm_act(int n) {
+    float *x = rand_floats(n, 3.0f), *w = rand_floats(n, 1.0f), *y = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n);
+    double *want = malloc(sizeof(double) * n);
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) want[i] = x[i] / sqrt(ss / n + 1e-6) * w[i];
+    pi2_rms_norm(y, x, w, n, 1e-6f);
+    double e = nmse_d(y, want, n);
+    check(e <= 1e-12, "rms_norm", "F32", "-", n, e);
+    h_ops = fnv1a(h_ops, y, sizeof(float) * n);
+    static pi2_fp16 gelu[65536];
+    static int have_gelu;
+    if (!have_gelu) { pi2_gelu_table(gelu); have_gelu = 1; }
+    for (int act = 0; act < 3; act++) {
+        int ok = 1;
+        for (int i = 0; i < n; i++) {
+            const float a = x[i] * 4.0f;   /* gate in [-12, 12): both GELU cut-offs too */
+            const double h = pi2_fp16_to_f32(pi2_f32_to_fp16(a));   /* GELU's table input */
+            g[i] = a;
+            want[i] = act == 0 ? a / (1 + exp(-(double)a)) * w[i]
+                    : act == 1 ? 0.5 * h * (1 + tanh(0.7978845608028654 * (h + 0.044715 * h * h * h))) * w[i]
+                    : (double)((a > 0 ? a : 0.0f) * w[i]);
+        }
+        pi2_ffn_activate(g, w, n, act, gelu);
+        double worst = 0;   /* GELU: one F16 ulp of the value, plus float cancellation in 1 + tanhf near -1 */
+        for (int i = 0; i < n && act == 1; i++) {
+            const double err = fabs(g[i] - want[i]) - fabs(want[i]) * 0x1p-10;
+            worst = err > worst ? err : worst;
+        }
+        ok = worst <= 1e-6;
+        e = act == 1 ? worst : nmse_d(g, want, n);
+        static const char *names[] = {"silu", "gelu", "relu"};
+        check(act == 1 ? ok : act == 0 ? e <= 1e-12 : e == 0, names[act], "F32", "-", n, e);
+        h_ops = fnv1a(h_ops, g, sizeof(float) * n);
+    }
+    free(x); free(w); free(y); free(g); free(want);
+}
+
+static void test_rope(int size) {
+    const int n_rot = size + (size & 1), hd = n_rot + 2, n_heads = 3, pos = 7;
+    float *cs = malloc(sizeof(float) * n_rot), *x = rand_floats((int64_t)n_heads * hd, 1.0f), *y = malloc(sizeof(float) * n_heads * hd);
+    double *want = malloc(sizeof(double) * n_heads * hd);
+    pi2_rope_cache(cs, pos, n_rot, 10000.0f, 1.0f, NULL);
+    h_ops = fnv1a(h_ops, cs, sizeof(float) * n_rot);
+    for (int neox = 0; neox < 2; neox++) {
+        memcpy(y, x, sizeof(float) * n_heads * hd);
+        for (int i = 0; i < n_heads * hd; i++) want[i] = x[i];
+        for (int h = 0; h < n_heads; h++)
+            for (int i = 0; i < n_rot / 2; i++) {
+                const int a = h * hd + (neox ? i : 2 * i), b = a + (neox ? n_rot / 2 : 1);
+                const double th = pos * pow(10000.0, -2.0 * i / n_rot);
+                want[a] = x[a] * cos(th) - x[b] * sin(th);
+                want[b] = x[a] * sin(th) + x[b] * cos(th);
+            }
+        pi2_rope(y, n_heads, hd, n_rot, cs, neox);
+        const double e = nmse_d(y, want, (int64_t)n_heads * hd);
+        check(e <= 1e-9, neox ? "rope-neox" : "rope-norm", "F32", "-", size, e);
+        h_ops = fnv1a(h_ops, y, sizeof(float) * n_heads * hd);
+    }
+    free(cs); free(x); free(y); free(want);
+}
+
+/* Causal GQA attention (and its softmax) over n_ctx = size cached positions, the last n_tok
+ * queries: one token (ggml_vec_dot_f16's order) and three (tinyBLAS's). */
+static void test_attention(pi2_pool *pool, int size, int n_tok) {
+    enum { NH = 4, NKV = 2, HD = 64 };
+    if (n_tok > size) return;
+    const int n_ctx = size, pos0 = size - n_tok, nt = pi2_pool_n_threads(pool);
+    float *q = rand_floats((int64_t)n_tok * NH * HD, 2.0f), *k = rand_floats((int64_t)NKV * HD * n_ctx, 1.0f);
+    float *v = rand_floats((int64_t)n_ctx * NKV * HD, 1.0f), *out = malloc(sizeof(float) * n_tok * NH * HD);
+    for (int64_t i = 0; i < (int64_t)NKV * HD * n_ctx; i++) {   /* the cache holds F16 values */
+        k[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(k[i]));
+        v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(v[i]));
+    }
+    float *scores = malloc(sizeof(float) * nt * n_ctx), *qf = malloc(sizeof(float) * nt * HD);
+    float *acc = malloc(sizeof(float) * nt * pi2_attn_acc_floats(HD, HD));
+    pi2_attn a = {.q = q, .k = k, .v = v, .out = out, .scores = scores, .qf = qf, .acc = acc, .n_tok = n_tok,
+                  .pos0 = pos0, .n_ctx = n_ctx, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .head_dim_v = HD,
+                  .window = 0, .scale = 0.125f};
+    pi2_attention(pool, &a);
+    double *want = calloc((size_t)n_tok * NH * HD, sizeof(double)), *p = malloc(sizeof(double) * n_ctx);
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < NH; h++) {
+            const int hk = h / (NH / NKV), pos = pos0 + t;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= pos; j++) {
+                double s = 0;
+                for (int d = 0; d < HD; d++) s += (double)q[(t * NH + h) * HD + d] * k[((int64_t)hk * HD + d) * n_ctx + j];
+                p[j] = s * 0.125;
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            for (int j = 0; j <= pos; j++) sum += (p[j] = exp(p[j] - mx));
+            for (int j = 0; j <= pos; j++)
+                for (int d = 0; d < HD; d++) want[(t * NH + h) * HD + d] += p[j] / sum * v[((int64_t)j * NKV + hk) * HD + d];
+        }
+    const double e = nmse_d(out, want, (int64_t)n_tok * NH * HD);
+    check(e <= 1e-5, n_tok == 1 ? "attention-1" : "attention-batch", "F16", "-", size, e);
+    h_ops = fnv1a(h_ops, out, sizeof(float) * n_tok * NH * HD);
+    free(q); free(k); free(v); free(out); free(scores); free(qf); free(acc); free(want); free(p);
 }
 
 /* Bit-exactness across CPUs: dequantize every type and quantize every activation format. */
@@ -188,7 +461,20 @@ int main(void) {
     const uint32_t isa = pi2_kernels_isa();
     printf("kernel ISA:%s%s%s%s%s\n", isa & PI2_K_AVX2 ? " avx2" : "", isa & PI2_K_AVX512VNNI ? " avx512vnni" : "",
            isa & PI2_K_NEON ? " neon" : "", isa & PI2_K_DOTPROD ? " dotprod" : "", isa ? "" : " (reference only)");
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_type(types[i]);
+    pi2_pool *pool;
+    if (pi2_pool_create(2, &pool) != PI2_OK) { printf("cannot start a thread pool\n"); return 1; }
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) test_type(types[i], pool);
+    for (int s = 0; s < N_SIZES; s++) {
+        test_norm_act(SIZES[s]);
+        test_rope(SIZES[s]);
+        test_attention(pool, SIZES[s], 1);
+        test_attention(pool, SIZES[s], 3);
+    }
+    pi2_pool_free(pool);
+    /* Goldens from x86-64 (AVX-512 VNNI and AVX2 tables alike): equal hashes = the same bits. */
+    printf("hashes: dots %016llx ops %016llx\n", (unsigned long long)h_dots, (unsigned long long)h_ops);
+    check(h_dots == 0x50c8152352201533ull, "cross-cpu-dots", "all", "-", 0, 0);
+    check(h_ops == 0xe997281a3cd67fdbull, "cross-cpu-ops", "all", "-", 0, 0);
     test_portable_bytes(0xbbe1e1d40fa12f83ull);  /* from x86-64 */
     test_api();
     printf("%d passed, %d failed\n", n_pass, n_fail);

@@ -4,6 +4,7 @@
  * Does not: compute (forward.c). */
 #include "context.h"
 #include "internal.h"
+#include "npu.h"
 #include "ops.h"
 
 #include <stdlib.h>
@@ -80,6 +81,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
 
 void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
+    pi2_npu_free(c->mm.npu);
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
                     c->rope, c->scores, c->qf, c->acc, c->mm.xq};

@@ -7,6 +7,7 @@
  *       float order (vec_dot or vec_dot_batch) depends on the batch size and t as in ggml. */
 #include "matmul.h"
 #include "kernels/traits.h"
+#include "npu.h"
 
 #define MAX_GROUP 4
 #define TASKS_PER_THREAD 8   /* enough tasks to balance a busy core, few enough to keep the counter cold */
@@ -98,6 +99,7 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
 }
 
 void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
+    if (env->npu && pi2_npu_matmul(env->npu, x, n_tok, mm, n_mm) == 0) return;   /* the NNAPI delegate did it */
     mm_job j = {.mm = mm, .n_mm = n_mm, .n_tok = n_tok, .x = x, .n_in = mm[0].w->n_in};
     uint8_t *free_xq = env->xq;
     int64_t rows = 0;

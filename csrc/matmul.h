@@ -26,6 +26,7 @@ typedef struct {
     pi2_pool *pool;
     int32_t impl;          /* pi2_impl */
     uint8_t *xq;           /* scratch for quantized activations (pi2_matmul_scratch bytes) */
+    struct pi2_npu *npu;   /* the NNAPI delegate's prompt-batch graphs (npu.c), or NULL: CPU only */
 } pi2_matmul_env;
 
 /* Scratch bytes pi2_matmul needs for this group at n_tok tokens. */

@@ -182,6 +182,15 @@ def convert(
     print(cv.summary(rep))
 
 
+@app.command()
+def devices(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+            json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+            nnapi_lib: Optional[str] = NnapiLibOpt):
+    """What this machine offers pi2: CPU, memory, I/O backends, O_DIRECT on the model's file system, NNAPI."""
+    from pi2 import devices as dv
+    dv.show(_model_path(model, model_opt) if model or model_opt else None, nnapi_lib, json_out)
+
+
 def _click_exceptions():
     """(ClickException, UsageError, NoArgsIsHelpError, aborts, exits) as raised by this Typer: recent
     Typer vendors click as typer._click and has its own Abort and Exit; older Typer uses click's."""

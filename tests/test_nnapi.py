@@ -11,8 +11,6 @@ from __future__ import annotations
 import ctypes
 import json
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 
 from clirun import cli
 from fixtures import write_model
+from standin import build_standin
 from pi2 import engine
 from pi2.engine import CContext, CModel, NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
@@ -42,18 +41,8 @@ def nmse(a, b) -> float:
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     """Paths of the stand-in library and of a build without ANeuralNetworksEvent_wait."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler to build the stand-in libneuralnetworks.so")
     d = tmp_path_factory.mktemp("nnapi")
-    out = {}
-    for name, flags in (("full", []), ("no_wait", ["-DSTANDIN_NO_EVENT_WAIT"])):
-        path = d / name / "libneuralnetworks.so"
-        path.parent.mkdir()
-        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *flags, f"-I{ROOT / 'csrc'}", "-o", str(path),
-                        str(ROOT / "tests/c/nnapi_standin.c"), "-lpthread", "-lm"], check=True)
-        out[name] = str(path)
-    return out
+    return {"full": build_standin(d / "full"), "no_wait": build_standin(d / "no_wait", "-DSTANDIN_NO_EVENT_WAIT")}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ HERE = Path(__file__).resolve().parent
 
 SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/api.c",
            "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c",
-           "nnapi.c", "npu.c"]
+           "nnapi.c", "nnapi_graph.c", "npu.c"]
 
 
 def _cdef(header: str) -> str:

@@ -37,7 +37,8 @@ pi2_status pi2_nnapi_note(pi2_nnapi *d, const char *fmt, ...) {
 }
 
 pi2_nnapi_params pi2_nnapi_default_params(void) {
-    return (pi2_nnapi_params){.lib_path = NULL, .accelerators_only = 0, .weight_type = 1, .max_shapes = 4};
+    return (pi2_nnapi_params){.lib_path = NULL, .accelerators_only = 0, .weight_type = 1, .max_shapes = 4,
+                                .batch_matmul = 0};
 }
 
 static pi2_status resolve(pi2_nnapi *d) {
@@ -96,6 +97,11 @@ static pi2_status list_devices(pi2_nnapi *d) {
         }
     }
     d->runtime_level = d->f.getRuntimeFeatureLevel ? d->f.getRuntimeFeatureLevel() : NN_FEATURE_LEVEL_3;
+    if (d->p.batch_matmul && (d->runtime_level < NN_FEATURE_LEVEL_6 || min_level < NN_FEATURE_LEVEL_6)) {
+        d->p.batch_matmul = 0;
+        pi2_nnapi_note(d, "NNAPI: BATCH_MATMUL needs feature level 6 (runtime %lld, devices from %lld): using "
+                       "FULLY_CONNECTED", (long long)d->runtime_level, (long long)min_level);
+    }
     if (d->p.weight_type == 1 && d->n_sel && min_level < NN_FEATURE_LEVEL_3) {   /* TENSOR_FLOAT16 FC: level 3 */
         d->p.weight_type = 0;
         pi2_nnapi_note(d, "NNAPI: a device has feature level %lld < 29 (no F16 FULLY_CONNECTED): using F32 weights",
@@ -108,7 +114,8 @@ pi2_status pi2_nnapi_open(const pi2_nnapi_params *params, pi2_nnapi **out) {
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
     *out = NULL;
     const pi2_nnapi_params p = params ? *params : pi2_nnapi_default_params();
-    if ((p.weight_type != 0 && p.weight_type != 1) || p.max_shapes < 1 || p.max_shapes > MAX_SHAPES)
+    if ((p.weight_type != 0 && p.weight_type != 1) || p.max_shapes < 1 || p.max_shapes > MAX_SHAPES ||
+        (p.batch_matmul != 0 && p.batch_matmul != 1))
         return pi2_set_error(PI2_ERR_INVALID, "bad NNAPI parameters: weight_type %d, max_shapes %d",
                              (int)p.weight_type, (int)p.max_shapes);
     const char *path = p.lib_path ? p.lib_path : "libneuralnetworks.so";

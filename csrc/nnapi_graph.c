@@ -4,8 +4,8 @@
  *       recently used dropped); start runs with ANeuralNetworksExecution_startCompute and wait on the
  *       event; mark a graph failed (CPU from then on) at its first build, compile or run failure.
  * SiLU: NNAPI has no SiLU operation, so act(g) = g * LOGISTIC(g) is a LOGISTIC and a MUL.
- * BATCH_MATMUL (feature level 6) is not used: FULLY_CONNECTED takes every graph here since level 1 (F16
- * since level 3). */
+ * Products are FULLY_CONNECTED (level 1; F16 from level 3) with zero bias, or, when asked for and every
+ * selected device is at level 6, BATCH_MATMUL(x, W, adj_x false, adj_y true) with RELU as its own operation. */
 #include "kernels/traits.h"
 #include "nnapi_internal.h"
 
@@ -171,7 +171,8 @@ void pi2_nnapi_graph_free(pi2_nnapi_graph *g) {
 typedef struct {
     const nn_api *f;
     ANeuralNetworksModel *m;
-    uint32_t next;
+    uint32_t next, n_ops;
+    uint32_t none, relu;      /* the FUSED_NONE and FUSED_RELU operands (relu made when first needed) */
     int rc;
 } builder;
 
@@ -191,49 +192,72 @@ static uint32_t scalar_i32(builder *b, int32_t v) { return constant(b, NN_INT32,
 
 static void operation(builder *b, int32_t op, uint32_t n_in, const uint32_t *in, uint32_t out) {
     if (!b->rc) b->rc = b->f->Model_addOperation(b->m, op, n_in, in, 1, &out);
+    b->n_ops++;
 }
 
-/* output = FULLY_CONNECTED(x, w [units][n], bias zeros, fuse): a [T][units] tensor */
+static uint32_t scalar_bool(builder *b, uint8_t v) { return constant(b, NN_BOOL, 0, NULL, &v, 1); }
+
+/* The FUSED_RELU or FUSED_NONE operand, made when first used (index 0 is the input, never a fuse code). */
+static uint32_t fuse_code(builder *b, int relu) {
+    uint32_t *slot = relu ? &b->relu : &b->none;
+    if (!*slot) *slot = scalar_i32(b, relu ? NN_FUSED_RELU : NN_FUSED_NONE);
+    return *slot;
+}
+
+/* output = FULLY_CONNECTED(x, w [units][n], bias zeros, FUSED_RELU or FUSED_NONE): a [T][units] tensor;
+ * with batch_matmul, BATCH_MATMUL(x, w, false, true), then RELU when relu. */
 static uint32_t fc(builder *b, pi2_nnapi_graph *g, int32_t tt, uint32_t x, uint32_t T, const void *w,
-                   uint32_t units, uint32_t n, uint32_t fuse) {
+                   uint32_t units, uint32_t n, int relu) {
     const uint32_t wd[2] = {units, n}, bd[1] = {units}, od[2] = {T, units};
     const uint32_t wi = constant(b, tt, 2, wd, w, (size_t)units * n * g->es);
+    if (g->d->p.batch_matmul) {
+        const uint32_t no = scalar_bool(b, 0), yes = scalar_bool(b, 1);
+        uint32_t o = operand(b, tt, 2, od);
+        operation(b, NN_OP_BATCH_MATMUL, 4, (const uint32_t[]){x, wi, no, yes}, o);
+        if (relu) {
+            const uint32_t r = operand(b, tt, 2, od);
+            operation(b, NN_OP_RELU, 1, &o, r);
+            o = r;
+        }
+        return o;
+    }
     const uint32_t bi = constant(b, tt, 1, bd, g->bias, (size_t)units * g->es);
+    const uint32_t fuse = fuse_code(b, relu);
     const uint32_t o = operand(b, tt, 2, od);
     operation(b, NN_OP_FULLY_CONNECTED, 4, (const uint32_t[]){x, wi, bi, fuse}, o);
     return o;
 }
 
-static int build(pi2_nnapi_graph *g, int32_t T_, ANeuralNetworksModel *m) {
+static int build(pi2_nnapi_graph *g, int32_t T_, ANeuralNetworksModel *m, uint32_t *n_ops) {
     builder b = {.f = &g->d->f, .m = m};
     const int32_t tt = g->es == 2 ? NN_TENSOR_FLOAT16 : NN_TENSOR_FLOAT32;
     const uint32_t T = (uint32_t)T_, E = (uint32_t)g->n_in, xd[2] = {T, E};
     const uint32_t x = operand(&b, tt, 2, xd);
-    const uint32_t none = scalar_i32(&b, NN_FUSED_NONE);
     uint32_t outs[MAX_W], n_outs = 0;
     if (g->kind == GRAPH_FC) {
-        for (int32_t i = 0; i < g->n_w; i++) outs[n_outs++] = fc(&b, g, tt, x, T, g->w[i], (uint32_t)g->n_out[i], E, none);
+        for (int32_t i = 0; i < g->n_w; i++) outs[n_outs++] = fc(&b, g, tt, x, T, g->w[i], (uint32_t)g->n_out[i], E, 0);
     } else {
         const uint32_t H = (uint32_t)g->n_hot, hd[2] = {T, H};
         uint32_t a;
         if (g->act == PI2_ACT_RELU) {
-            a = fc(&b, g, tt, x, T, g->w[0], H, E, scalar_i32(&b, NN_FUSED_RELU));
+            a = fc(&b, g, tt, x, T, g->w[0], H, E, 1);
         } else {                                   /* SiLU: g * LOGISTIC(g) */
-            const uint32_t gi = fc(&b, g, tt, x, T, g->w[0], H, E, none);
+            const uint32_t gi = fc(&b, g, tt, x, T, g->w[0], H, E, 0);
             const uint32_t s = operand(&b, tt, 2, hd);
             operation(&b, NN_OP_LOGISTIC, 1, &gi, s);
             a = operand(&b, tt, 2, hd);
-            operation(&b, NN_OP_MUL, 3, (const uint32_t[]){gi, s, none}, a);
+            operation(&b, NN_OP_MUL, 3, (const uint32_t[]){gi, s, fuse_code(&b, 0)}, a);
         }
-        const uint32_t u = fc(&b, g, tt, x, T, g->w[1], H, E, none);
+        const uint32_t u = fc(&b, g, tt, x, T, g->w[1], H, E, 0);
         const uint32_t h = operand(&b, tt, 2, hd);
-        operation(&b, NN_OP_MUL, 3, (const uint32_t[]){a, u, none}, h);
-        outs[n_outs++] = fc(&b, g, tt, h, T, g->w[2], E, H, none);
+        operation(&b, NN_OP_MUL, 3, (const uint32_t[]){a, u, fuse_code(&b, 0)}, h);
+        outs[n_outs++] = fc(&b, g, tt, h, T, g->w[2], E, H, 0);
     }
     if (!b.rc) b.rc = b.f->Model_identifyInputsAndOutputs(m, 1, &x, n_outs, outs);
     if (!b.rc && g->es == 4 && b.f->Model_relaxComputationFloat32toFloat16)
         b.rc = b.f->Model_relaxComputationFloat32toFloat16(m, true);
     if (!b.rc) b.rc = b.f->Model_finish(m);
+    *n_ops = b.n_ops;
     return b.rc;
 }
 
@@ -256,14 +280,14 @@ static nn_shape *shape_for(pi2_nnapi_graph *g, int32_t T) {
     }
     nn_shape sh = {.n_tok = T, .last_use = ++g->clock};
     char name[80];
+    uint32_t n_ops = 0;
     int rc = d->f.Model_create(&sh.model);
-    if (!rc) rc = build(g, T, sh.model);
+    if (!rc) rc = build(g, T, sh.model, &n_ops);
     if (rc) {
         pi2_nnapi_note(d, "NNAPI: building the %s graph failed (%s): computed on the CPU", graph_name(g, name, sizeof name), pi2_nnapi_result_name(rc));
         goto fail;
     }
-    bool ok[16] = {0};
-    const uint32_t n_ops = g->kind == GRAPH_FC ? (uint32_t)g->n_w : (g->act == PI2_ACT_RELU ? 4u : 6u);
+    bool ok[16] = {0};   /* a graph has at most 6 operations */
     rc = d->f.Model_getSupportedOperationsForDevices(sh.model, d->sel, (uint32_t)d->n_sel, ok);
     for (uint32_t i = 0; !rc && i < n_ops; i++)
         if (!ok[i]) {

@@ -206,6 +206,8 @@ typedef struct {
     int32_t accelerators_only;   /* 1: compile for GPU/accelerator devices only; 0: any device listed */
     int32_t weight_type;         /* 1: F16 weights and activations (default); 0: F32 with relaxed F16 math */
     int32_t max_shapes;          /* compiled batch sizes kept per graph, least recently used dropped (4) */
+    int32_t batch_matmul;        /* 1: BATCH_MATMUL (x · Wᵀ, then RELU where fused) instead of FULLY_CONNECTED
+                                    when the runtime and every selected device have feature level 6 */
 } pi2_nnapi_params;
 
 typedef struct {
@@ -223,7 +225,7 @@ typedef struct {
     size_t row_bytes;
 } pi2_nnapi_matrix;
 
-/* lib_path NULL, accelerators_only 0, weight_type 1 (F16), max_shapes 4. */
+/* lib_path NULL, accelerators_only 0, weight_type 1 (F16), max_shapes 4, batch_matmul 0. */
 pi2_nnapi_params pi2_nnapi_default_params(void);
 
 /* Open the library and list its devices. PI2_ERR_UNSUPPORTED: no library, a missing function, or a
@@ -238,8 +240,8 @@ pi2_status pi2_nnapi_device_info(const pi2_nnapi *d, int32_t i, pi2_nnapi_device
 /* Why the delegate fell back to the CPU, one line per distinct reason ("" when it never did). */
 const char *pi2_nnapi_notes(const pi2_nnapi *d);
 
-/* out_i[t] = w[i] · x[t] for n_w (1..4) matrices sharing n_cols: one FULLY_CONNECTED per matrix on a
- * shared input [n_tok][n_cols]. PI2_ERR_UNSUPPORTED: no device selected; PI2_ERR_NOMEM;
+/* out_i[t] = w[i] · x[t] for n_w (1..4) matrices sharing n_cols: one FULLY_CONNECTED (or BATCH_MATMUL)
+ * per matrix on a shared input [n_tok][n_cols]. PI2_ERR_UNSUPPORTED: no device selected; PI2_ERR_NOMEM;
  * PI2_ERR_INVALID: bad matrices. */
 pi2_status pi2_nnapi_fc_create(pi2_nnapi *d, const pi2_nnapi_matrix *w, int32_t n_w, pi2_nnapi_graph **out);
 

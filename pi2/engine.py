@@ -368,9 +368,9 @@ class NnapiDelegate:
     library or a function it needs is missing."""
 
     def __init__(self, lib_path: str | None = None, accelerators_only: bool = False, f16: bool = True,
-                 max_shapes: int = 4):
+                 max_shapes: int = 4, batch_matmul: bool = False):
         p = lib.pi2_nnapi_default_params()
-        p.max_shapes = max_shapes
+        p.max_shapes, p.batch_matmul = max_shapes, int(batch_matmul)
         self._path = ffi.new("char[]", lib_path.encode()) if lib_path else ffi.NULL
         p.lib_path, p.accelerators_only, p.weight_type = self._path, int(accelerators_only), int(f16)
         out = ffi.new("pi2_nnapi **")

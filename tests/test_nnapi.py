@@ -29,8 +29,9 @@ from pi2.sparse import combine
 
 ROOT = Path(__file__).resolve().parent.parent
 NMSE_F16 = 1e-5
-FC, LOGISTIC, MUL = 9, 14, 18
-T_F32, T_F16, S_INT32 = 3, 8, 1
+FC, LOGISTIC, MUL, RELU, BMM = 9, 14, 18, 19, 102
+T_F32, T_F16, S_INT32, S_BOOL = 3, 8, 1, 6
+LEVEL_6 = 1000006
 
 
 def nmse(a, b) -> float:
@@ -259,6 +260,43 @@ def test_old_devices_get_f32_relaxed(standin):
     assert np.allclose(o, x @ w.T, rtol=1e-5, atol=1e-5)
     gr = standin.graphs()[0]
     assert gr["relaxed"] == 1 and {o["type"] for o in gr["operands"] if o["dims"]} == {T_F32}
+
+
+def test_batch_matmul_needs_feature_level_6(standin):
+    d = NnapiDelegate(standin.path, batch_matmul=True)
+    assert any("BATCH_MATMUL needs feature level 6" in n for n in d.notes())
+    d.fc([np.eye(4, dtype=np.float32)]).run(np.ones((2, 4), np.float32))
+    assert [op["type"] for op in standin.graphs()[0]["operations"]] == [FC]
+
+
+@pytest.mark.parametrize("act", ["silu", "relu"])
+def test_batch_matmul_graphs(standin, act):
+    """On level-6 devices, BATCH_MATMUL(x, W, adj_x false, adj_y true) replaces FULLY_CONNECTED (RELU apart)."""
+    standin.set(device_level=LEVEL_6, runtime_level=LEVEL_6)
+    d = NnapiDelegate(standin.path, batch_matmul=True)
+    assert d.notes() == [] and d.runtime_feature_level == LEVEL_6
+    rng = np.random.default_rng(8)
+    ws = [rng.standard_normal((n, 24)).astype(np.float32) for n in (10, 3)]
+    x = rng.standard_normal((5, 24)).astype(np.float32)
+    outs = d.fc(ws).run(x)
+    assert all(nmse(o, f16(x) @ f16(w).T) <= NMSE_F16 for w, o in zip(ws, outs))
+    gate, up, down = ffn_weights()
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    (y,) = d.ffn(act, gate, up, down, 32).run(x)
+    ref = combine(x @ gate[:32].T, x @ up[:32].T, act).astype(np.float64) @ down[:, :32].T
+    assert nmse(y, ref) <= NMSE_F16
+    fc_graph, ffn_graph = standin.graphs()
+    opd = fc_graph["operands"]
+    assert [op["type"] for op in fc_graph["operations"]] == [BMM, BMM]
+    for w, op in zip(ws, fc_graph["operations"]):
+        xi, wi, ax, ay = op["inputs"]
+        assert xi == 0 and opd[wi]["dims"] == [w.shape[0], 24] and opd[wi]["const"] == 1
+        assert opd[ax] == {"type": S_BOOL, "dims": [], "const": 1, "value": 0}
+        assert opd[ay] == {"type": S_BOOL, "dims": [], "const": 1, "value": 1}
+        assert opd[op["outputs"][0]]["dims"] == [5, w.shape[0]]
+    assert not any(o["type"] == S_INT32 for o in opd)                 # no unused fuse operands
+    want = [BMM, LOGISTIC, MUL, BMM, MUL, BMM] if act == "silu" else [BMM, RELU, BMM, MUL, BMM]
+    assert [op["type"] for op in ffn_graph["operations"]] == want
 
 
 def test_runs_overlap_cpu_work(standin):

@@ -1,6 +1,6 @@
 /* nnapi_standin.c — a stand-in libneuralnetworks.so for the tests (built by tests/test_nnapi.py with cc).
  * Owns: the subset of the NNAPI C ABI that csrc/nnapi.c uses, with reference semantics on the CPU
- *       (FULLY_CONNECTED, LOGISTIC, MUL over TENSOR_FLOAT32 / TENSOR_FLOAT16; F16 results rounded per
+ *       (FULLY_CONNECTED, BATCH_MATMUL, LOGISTIC, MUL, RELU over TENSOR_FLOAT32 / TENSOR_FLOAT16; F16 results rounded per
  *       operation), NNAPI's result codes for bad calls, two devices (a fake accelerator and a CPU one),
  *       asynchronous runs on a thread per execution, a record of every finished model as JSON, and
  *       failure injection through standin_set().
@@ -22,15 +22,16 @@
 
 /* ---- control ---- */
 static struct {
-    int fail_compile, fail_start, fail_execute, unsupported, accelerator, device_level, delay_ms;
-} ctl = {.accelerator = 1, .device_level = 31};
+    int fail_compile, fail_start, fail_execute, unsupported, accelerator, device_level, runtime_level, delay_ms;
+} ctl = {.accelerator = 1, .device_level = 31, .runtime_level = 31};
 static int executions_done, models_finished;
 static char *records[MAX_RECORDS];
 static int n_records;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* key: fail_compile, fail_start, fail_execute, unsupported (0/1), accelerator (0: only the CPU device),
- * device_level (feature level of both devices), delay_ms (each execution sleeps this long first). */
+ * device_level (feature level of both devices), runtime_level (getRuntimeFeatureLevel), delay_ms (each
+ * execution sleeps this long first). */
 EXPORT int standin_set(const char *key, int value) {
     if (!strcmp(key, "fail_compile")) ctl.fail_compile = value;
     else if (!strcmp(key, "fail_start")) ctl.fail_start = value;
@@ -38,6 +39,7 @@ EXPORT int standin_set(const char *key, int value) {
     else if (!strcmp(key, "unsupported")) ctl.unsupported = value;
     else if (!strcmp(key, "accelerator")) ctl.accelerator = value;
     else if (!strcmp(key, "device_level")) ctl.device_level = value;
+    else if (!strcmp(key, "runtime_level")) ctl.runtime_level = value;
     else if (!strcmp(key, "delay_ms")) ctl.delay_ms = value;
     else return -1;
     return 0;
@@ -50,7 +52,7 @@ EXPORT void standin_reset(void) {
     executions_done = models_finished = 0;
     memset(&ctl, 0, sizeof ctl);
     ctl.accelerator = 1;
-    ctl.device_level = 31;
+    ctl.device_level = ctl.runtime_level = 31;
     pthread_mutex_unlock(&lock);
 }
 
@@ -96,7 +98,7 @@ EXPORT int ANeuralNetworksDevice_getFeatureLevel(const ANeuralNetworksDevice *d,
     *level = ctl.device_level;
     return NN_NO_ERROR;
 }
-EXPORT int64_t ANeuralNetworks_getRuntimeFeatureLevel(void) { return NN_FEATURE_LEVEL_5; }
+EXPORT int64_t ANeuralNetworks_getRuntimeFeatureLevel(void) { return ctl.runtime_level; }
 
 /* ---- models ---- */
 typedef struct {
@@ -146,7 +148,7 @@ EXPORT int ANeuralNetworksModel_setOperandValue(ANeuralNetworksModel *m, int32_t
     if (m->finished) return NN_BAD_STATE;
     if (i < 0 || (uint32_t)i >= m->n_operands) return NN_BAD_DATA;
     operand *o = &m->opd[i];
-    const size_t need = o->n_dims ? n_elems(o) * elem_size(o->type) : 4;
+    const size_t need = o->n_dims ? n_elems(o) * elem_size(o->type) : o->type == NN_BOOL ? 1 : 4;
     if (len != need) return NN_BAD_DATA;
     if (len <= NN_MAX_SIZE_OF_IMMEDIATELY_COPIED_VALUES) { memcpy(o->copy, v, len); o->value = o->copy; }
     else o->value = v;
@@ -169,7 +171,22 @@ static int check_op(const ANeuralNetworksModel *m, const operation *op) {
         if (f->type != NN_INT32 || f->n_dims || !f->value) return NN_BAD_DATA;
         return NN_NO_ERROR;
     }
-    if (op->type == NN_OP_LOGISTIC || op->type == NN_OP_MUL) {
+    if (op->type == NN_OP_BATCH_MATMUL) {   /* rank 2 here; adj_x / adj_y optional BOOL scalars */
+        if (op->n_in < 2 || op->n_in > 4) return NN_BAD_DATA;
+        const operand *x = &m->opd[op->in[0]], *y = &m->opd[op->in[1]];
+        int adj[2] = {0, 0};
+        for (uint32_t k = 2; k < op->n_in; k++) {
+            const operand *a = &m->opd[op->in[k]];
+            if (a->type != NN_BOOL || a->n_dims || !a->value) return NN_BAD_DATA;
+            adj[k - 2] = *(const uint8_t *)a->value != 0;
+        }
+        if (!is_tensor(x->type) || y->type != x->type || o->type != x->type) return NN_BAD_DATA;
+        if (x->n_dims != 2 || y->n_dims != 2 || o->n_dims != 2) return NN_BAD_DATA;
+        const uint32_t rx = x->dims[adj[0]], cx = x->dims[!adj[0]], ry = y->dims[adj[1]], cy = y->dims[!adj[1]];
+        if (cx != ry || o->dims[0] != rx || o->dims[1] != cy) return NN_BAD_DATA;
+        return NN_NO_ERROR;
+    }
+    if (op->type == NN_OP_LOGISTIC || op->type == NN_OP_MUL || op->type == NN_OP_RELU) {
         if (op->n_in != (op->type == NN_OP_MUL ? 3u : 1u)) return NN_BAD_DATA;
         for (uint32_t k = 0; k < (op->type == NN_OP_MUL ? 2u : 1u); k++) {
             const operand *a = &m->opd[op->in[k]];
@@ -231,6 +248,7 @@ static void record(const ANeuralNetworksModel *m) {
         for (uint32_t k = 0; k < o->n_dims; k++) PUT("%s%u", k ? ", " : "", o->dims[k]);
         PUT("], \"const\": %d", o->value != NULL);
         if (o->value && o->type == NN_INT32) PUT(", \"value\": %d", *(const int32_t *)o->value);
+        if (o->value && o->type == NN_BOOL) PUT(", \"value\": %d", *(const uint8_t *)o->value);
         if (o->value && is_tensor(o->type)) {   /* all zero? (the bias operands) */
             int zero = 1;
             for (size_t k = 0; k < o->length && zero; k++) zero = ((const uint8_t *)o->value)[k] == 0;
@@ -401,6 +419,22 @@ static int evaluate(ANeuralNetworksExecution *e) {
                     else if (fuse == NN_FUSED_RELU6) v = v > 6 ? 6 : v < 0 ? 0 : v;
                     y[(size_t)t * U + u] = v;
                 }
+        } else if (op->type == NN_OP_BATCH_MATMUL) {
+            const operand *xo = &m->opd[op->in[0]], *yo = &m->opd[op->in[1]];
+            const int ax = op->n_in > 2 && *(const uint8_t *)m->opd[op->in[2]].value;
+            const int ay = op->n_in > 3 && *(const uint8_t *)m->opd[op->in[3]].value;
+            const uint32_t R = o->dims[0], C = o->dims[1], K = xo->dims[!ax];
+            const float *X = val[op->in[0]], *Y = val[op->in[1]];
+            for (uint32_t r = 0; r < R; r++)
+                for (uint32_t c = 0; c < C; c++) {
+                    double acc = 0;
+                    for (uint32_t k = 0; k < K; k++)
+                        acc += (double)X[ax ? (size_t)k * xo->dims[1] + r : (size_t)r * xo->dims[1] + k] *
+                               Y[ay ? (size_t)c * yo->dims[1] + k : (size_t)k * yo->dims[1] + c];
+                    y[(size_t)r * C + c] = (float)acc;
+                }
+        } else if (op->type == NN_OP_RELU) {
+            for (size_t k = 0; k < n; k++) y[k] = val[op->in[0]][k] > 0 ? val[op->in[0]][k] : 0;
         } else if (op->type == NN_OP_LOGISTIC) {
             for (size_t k = 0; k < n; k++) y[k] = 1.0f / (1.0f + expf(-val[op->in[0]][k]));
         } else if (op->type == NN_OP_MUL) {

@@ -1,7 +1,7 @@
 """npu.py — whether and how a run uses the NNAPI delegate (`--npu auto|nnapi|off`).
 
-Owns: the mode rule (auto: only when NNAPI lists a GPU or accelerator device; nnapi: any device NNAPI
-lists, including its CPU driver, with a one-line note and a CPU run when NNAPI is unavailable; off),
+Owns: the mode rule (auto: only when NNAPI lists a GPU or accelerator device and the F16 weight copies
+take at most half of MemAvailable; nnapi: any device NNAPI lists, including its CPU driver, with a one-line note and a CPU run when NNAPI is unavailable; off),
 attaching the delegate to a C context for its prompt batches, the fields bench reports, and the
 notes `--verbose` prints (why the delegate was not used or fell back to the CPU).
 Does not: build graphs (csrc/nnapi.c) or read the environment (the CLI passes --nnapi-lib).
@@ -20,6 +20,24 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise UsageError(f"unknown --npu '{mode}' (choose from {', '.join(MODES)})")
     return mode
+
+
+def copy_bytes(cfg) -> int:
+    """Bytes of the F16 copies of every layer matrix the delegate takes (q, k, v, output, gate, up, down)."""
+    attn = cfg.n_embd * (cfg.n_head * cfg.head_dim + cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v)
+                         + cfg.n_head * cfg.head_dim_v)
+    return 2 * cfg.n_layer * (attn + 3 * cfg.n_ff * cfg.n_embd)
+
+
+def mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def open_delegate(mode: str, lib_path: str | None = None):
@@ -43,6 +61,10 @@ def attach(ctx, mode: str, lib_path: str | None = None) -> None:
     --npu nnapi that cannot be honoured prints one note on stderr and the run continues on the CPU."""
     ctx.npu_state, ctx.npu_notes, ctx.npu_devices = "off", [], ""
     d, reason = open_delegate(mode, lib_path)
+    avail, need = mem_available(), copy_bytes(ctx.cfg)
+    if d is not None and mode == "auto" and avail is not None and need > avail // 2:
+        d, reason = None, (f"the F16 weight copies for NNAPI ({need >> 20} MiB) would take more than half of the "
+                           f"available memory ({avail >> 20} MiB)")
     if d is not None:
         from pi2.engine import ctx_set_nnapi
         from pi2.errors import Pi2Error

@@ -20,7 +20,7 @@ import pytest
 from clirun import cli
 from fixtures import write_model
 from standin import build_standin
-from pi2 import engine
+from pi2 import engine, npu
 from pi2.engine import CContext, CModel, NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
 from pi2.model.loader import load_model
@@ -342,7 +342,8 @@ def test_context_prompt_batches_on_nnapi(standin, tiny_f32):
     ctx = CContext(cm, 64, n_threads=1)
     ctx_set_nnapi(ctx, NnapiDelegate(standin.path), min_batch=8)
     st = ctx_nnapi_stats(ctx)
-    assert st["bytes"] > 0 and st["runs"] == 0
+    need = npu.copy_bytes(m.config)                        # what pi2/npu.py weighs before attaching
+    assert need <= st["bytes"] <= 1.1 * need and st["runs"] == 0
     out = ctx.decode(toks, all_logits=True)
     L, E = m.config.n_layer, m.config.n_embd
     assert ctx_nnapi_stats(ctx)["runs"] == 4 * L            # q/k/v, output, gate/up, down per layer
@@ -381,6 +382,15 @@ def test_missing_library_is_a_silent_cpu_run(tiny, capsys):
     assert auto.npu_state == "off" and capsys.readouterr().err == ""
 
 
+def test_auto_skips_copies_that_do_not_fit(standin, tiny, monkeypatch):
+    m, _ = tiny
+    monkeypatch.setattr(npu, "mem_available", lambda: npu.copy_bytes(m.config))     # twice the copies needed
+    ctx = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib=standin.path))
+    assert ctx.npu_state == "off" and "more than half of the available memory" in npu.notes(ctx)[0]
+    forced = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="nnapi", nnapi_lib=standin.path))
+    assert forced.npu_state == "nnapi"
+
+
 def test_cli_npu_modes(standin, tiny):
     m, _ = tiny
     args = ["run", m.path, "-p", "one two three four five six seven eight nine ten", "-n", "3", "--temp", "0",
@@ -394,7 +404,12 @@ def test_cli_npu_modes(standin, tiny):
     assert re.fullmatch(r"pi2: note: --npu nnapi: NNAPI unavailable: .*; running on the CPU\n", missing.err)
     used = cli(*args, standin.path, "--npu", "nnapi", "--verbose")
     assert used.code == 0 and len(standin.graphs()) > 0
-    standin.set(accelerator=0)
+    standin.set(fail_compile=1)
+    failed = cli(*args, standin.path, "--npu", "nnapi", "--verbose")
+    assert failed.code == 0 and json.loads(failed.out)["tokens"] == json.loads(off.out)["tokens"]
+    assert re.search(r"^pi2: npu: NNAPI: compiling the .* graph failed \(OP_FAILED\): computed on the CPU$",
+                     failed.err, re.M), failed.err
+    standin.set(fail_compile=0, accelerator=0)
     cpu_only = cli(*args, standin.path, "--verbose")       # auto: NNAPI's CPU device is not worth it
     assert cpu_only.code == 0 and "no GPU or accelerator" in cpu_only.err
     bad = cli("run", m.path, "-p", "x", "--npu", "npu")

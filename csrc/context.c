@@ -4,6 +4,7 @@
  * Does not: compute (forward.c). */
 #include "context.h"
 #include "internal.h"
+#include "npu.h"
 #include "ops.h"
 
 #include <stdlib.h>
@@ -69,7 +70,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->scores = alloc(T * C, sizeof(float), &ok);
     c->qf = alloc(T * hp->head_dim, sizeof(float), &ok);
     c->acc = alloc(T * pi2_attn_acc_floats(hp->head_dim, hp->head_dim_v), sizeof(float), &ok);
-    c->mm = (pi2_matmul_env){c->pool, p.impl, alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
+    c->mm = (pi2_matmul_env){.pool = c->pool, .impl = p.impl, .xq = alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
     if (!ok) {
         pi2_ctx_free(c);
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context of %d positions", (int)p.n_ctx);
@@ -86,6 +87,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
 
 void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
+    pi2_npu_free(c->mm.npu);
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
                     c->rope, c->scores, c->qf, c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx,

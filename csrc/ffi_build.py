@@ -8,8 +8,9 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
-SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/api.c",
-           "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c"]
+SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c",
+           "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c",
+           "nnapi.c", "nnapi_graph.c", "npu.c"]
 
 
 def _cdef(header: str) -> str:
@@ -25,7 +26,7 @@ ffi.set_source(
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-pthread"],
     extra_link_args=["-pthread"],
-    libraries=["m"],
+    libraries=["m", "dl"],   # dl: nnapi.c opens libneuralnetworks.so at run time
 )
 
 if __name__ == "__main__":

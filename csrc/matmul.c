@@ -98,6 +98,7 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
 }
 
 void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
+    if (env->npu && env->npu_matmul(env->npu, x, n_tok, mm, n_mm) == 0) return;   /* the NNAPI delegate did it */
     mm_job j = {.mm = mm, .n_mm = n_mm, .n_tok = n_tok, .x = x, .n_in = mm[0].w->n_in};
     uint8_t *free_xq = env->xq;
     int64_t rows = 0;

@@ -227,4 +227,90 @@ int64_t pi2_ctx_ffn_stats(const pi2_ctx *ctx, int64_t *active);
 typedef void (*pi2_trace_fn)(const char *name, int32_t layer, const float *data, int64_t n, void *user);
 void pi2_set_trace(pi2_ctx *ctx, pi2_trace_fn fn, void *user);
 
+/* ---- NNAPI delegate (nnapi.c: the library and its graphs; npu.c: a context's prompt batches) ----
+ * Android's Neural Networks API, opened with dlopen at run time (never linked, so one build runs
+ * everywhere). Graphs of FULLY_CONNECTED operations over F16 (or F32) copies of the weights, made once
+ * when a graph is created; one compilation per batch size, cached; runs started asynchronously so the
+ * CPU computes meanwhile. Every failure of the delegate returns PI2_ERR_UNSUPPORTED: the caller computes
+ * that operation on the CPU; a graph that failed to compile or run is not tried again, and the reason is
+ * kept once in pi2_nnapi_notes(). */
+
+typedef struct pi2_nnapi pi2_nnapi;               /* the opened library, its devices and notes */
+typedef struct pi2_nnapi_graph pi2_nnapi_graph;   /* weight copies + compilations per batch size */
+
+typedef struct {
+    const char *lib_path;        /* NULL: "libneuralnetworks.so" (the dynamic linker's search) */
+    int32_t accelerators_only;   /* 1: compile for GPU/accelerator devices only; 0: any device listed */
+    int32_t weight_type;         /* 1: F16 weights and activations (default); 0: F32 with relaxed F16 math */
+    int32_t max_shapes;          /* compiled batch sizes kept per graph, least recently used dropped (4) */
+    int32_t batch_matmul;        /* 1: BATCH_MATMUL (x · Wᵀ, then RELU where fused) instead of FULLY_CONNECTED
+                                    when the runtime and every selected device have feature level 6 */
+} pi2_nnapi_params;
+
+typedef struct {
+    const char *name;            /* the driver's name, e.g. "qti-gpu", "nnapi-reference" */
+    int32_t type;                /* NNAPI DeviceTypeCode: 0 unknown, 1 other, 2 CPU, 3 GPU, 4 accelerator */
+    int64_t feature_level;       /* 27..31, then 1000006.. */
+    int32_t selected;            /* 1: graphs compile for this device */
+} pi2_nnapi_device;
+
+/* A weight matrix in ggml layout: n_rows rows of n_cols values of `type`, row_bytes apart. */
+typedef struct {
+    const void *data;
+    int32_t type;                /* ggml type id (any type pi2_dequantize_rows reads) */
+    int64_t n_rows, n_cols;
+    size_t row_bytes;
+} pi2_nnapi_matrix;
+
+/* lib_path NULL, accelerators_only 0, weight_type 1 (F16), max_shapes 4, batch_matmul 0. */
+pi2_nnapi_params pi2_nnapi_default_params(void);
+
+/* Open the library and list its devices. PI2_ERR_UNSUPPORTED: no library, a missing function, or a
+ * failing device query (the message says which); PI2_ERR_INVALID: NULL out or bad params. */
+pi2_status pi2_nnapi_open(const pi2_nnapi_params *params, pi2_nnapi **out);
+/* Close (NULL is fine). Free its graphs and detach it from contexts first. */
+void pi2_nnapi_close(pi2_nnapi *d);
+int64_t pi2_nnapi_runtime_feature_level(const pi2_nnapi *d);
+int32_t pi2_nnapi_device_count(const pi2_nnapi *d);
+/* Device i (0 <= i < count); the name lives as long as d. PI2_ERR_INVALID: bad index. */
+pi2_status pi2_nnapi_device_info(const pi2_nnapi *d, int32_t i, pi2_nnapi_device *out);
+/* Why the delegate fell back to the CPU, one line per distinct reason ("" when it never did). */
+const char *pi2_nnapi_notes(const pi2_nnapi *d);
+
+/* out_i[t] = w[i] · x[t] for n_w (1..4) matrices sharing n_cols: one FULLY_CONNECTED (or BATCH_MATMUL)
+ * per matrix on a shared input [n_tok][n_cols]. PI2_ERR_UNSUPPORTED: no device selected; PI2_ERR_NOMEM;
+ * PI2_ERR_INVALID: bad matrices. */
+pi2_status pi2_nnapi_fc_create(pi2_nnapi *d, const pi2_nnapi_matrix *w, int32_t n_w, pi2_nnapi_graph **out);
+
+/* The hot prefix (neurons 0..n_hot-1) of one FFN layer as one graph:
+ *   out[t] = down_hot · (act(gate_hot · x[t]) * (up_hot · x[t]))
+ * gate, up: ffn_gate / ffn_up, [n_ff][n_embd]; down: ffn_down [n_embd][n_ff] (down_t 0, n_hot a multiple
+ * of its block size) or ffn_down_t [n_ff][n_embd] (down_t 1). act: PI2_ACT_SILU (LOGISTIC then MUL:
+ * NNAPI has no SiLU) or PI2_ACT_RELU (FUSED_RELU on the gate); PI2_ACT_GELU: PI2_ERR_UNSUPPORTED. */
+pi2_status pi2_nnapi_ffn_create(pi2_nnapi *d, int32_t act, const pi2_nnapi_matrix *gate, const pi2_nnapi_matrix *up,
+                                const pi2_nnapi_matrix *down, int32_t down_t, int64_t n_hot, pi2_nnapi_graph **out);
+
+/* Start g on x [n_tok][n_in] and return at once; out[i] receives output i ([n_tok][n_out_i]) at
+ * pi2_nnapi_wait. x may be reused as soon as this returns; out must stay valid until the wait.
+ * The first start at a batch size compiles the graph for it (slow, once). PI2_ERR_UNSUPPORTED: the
+ * graph failed now or earlier (compute on the CPU); PI2_ERR_INVALID: bad arguments or a run pending. */
+pi2_status pi2_nnapi_start(pi2_nnapi_graph *g, const float *x, int32_t n_tok, float *const *out);
+/* Wait for the started run and fill out. PI2_ERR_UNSUPPORTED: the run failed (out is untouched:
+ * compute on the CPU; the graph is not used again); PI2_ERR_INVALID: nothing started. */
+pi2_status pi2_nnapi_wait(pi2_nnapi_graph *g);
+/* Bytes of the weight copies and staging buffers g holds (they count against the memory budget). */
+size_t pi2_nnapi_graph_bytes(const pi2_nnapi_graph *g);
+/* Free (NULL is fine; waits for a pending run). */
+void pi2_nnapi_graph_free(pi2_nnapi_graph *g);
+
+/* Hand the dense matrix products of prompt batches of >= min_batch tokens in ctx (every layer's
+ * q/k/v, output, gate/up and down) to d, with weight copies made now; NULL d detaches. d must outlive
+ * the context or a later detach. A product whose graph fails runs on the CPU. PI2_ERR_UNSUPPORTED or
+ * PI2_ERR_NOMEM: nothing attached. */
+pi2_status pi2_ctx_set_nnapi(pi2_ctx *ctx, pi2_nnapi *d, int32_t min_batch);
+/* Bytes of the attached weight copies (0 when none). */
+size_t pi2_ctx_nnapi_bytes(const pi2_ctx *ctx);
+/* Matrix products the delegate computed / handed back to the CPU after a failure, since attaching. */
+int64_t pi2_ctx_nnapi_runs(const pi2_ctx *ctx, int64_t *fallbacks);
+
 #endif

@@ -38,6 +38,8 @@ class BenchParams:
     progress: bool = False
     keep: float | None = None        # --keep (None = the file's default)
     dense: bool = False              # --dense
+    npu: str = "auto"                # --npu auto | nnapi | off
+    nnapi_lib: str | None = None     # --nnapi-lib
 
 
 @dataclass
@@ -106,8 +108,10 @@ def _pair(s: str) -> tuple:
 
 
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
-                engine="auto", warmup=True, progress=False, keep=None, dense=False) -> BenchParams:
+                engine="auto", warmup=True, progress=False, keep=None, dense=False, npu="auto",
+                nnapi_lib=None) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams."""
+    from pi2.npu import check_mode
     from pi2.runtime import ENGINES
     models = tuple(str(m) for m in models or ())
     if not models:
@@ -123,7 +127,8 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
                     n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
-                    warmup=warmup, progress=progress, keep=keep, dense=dense)
+                    warmup=warmup, progress=progress, keep=keep, dense=dense,
+                    npu=check_mode(npu), nnapi_lib=nnapi_lib)
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
     return p
@@ -217,6 +222,7 @@ def _ctx_size(tests: list) -> int:
 def run_model(p: BenchParams, path: str, emit, log) -> None:
     """Run every test on one model; `emit(record)` is called as each test finishes."""
     from pi2 import bench_report as report
+    from pi2.npu import bench_fields as npu_fields
     from pi2.runtime import RunConfig, open_context, open_model
     tests = tests_for(p, path)
     model = open_model(path)
@@ -229,7 +235,8 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         for t in tests:
             groups.setdefault((t.engine, t.n_threads), []).append(t)
         for (engine, nt), group in groups.items():
-            ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine, keep=p.keep, dense=p.dense))
+            ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine, keep=p.keep, dense=p.dense,
+                                                npu=p.npu, nnapi_lib=p.nnapi_lib))
             resolved = engine_name(ctx)
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))
@@ -248,6 +255,7 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
                 extra = dict(stats()) if callable(stats) else {}
                 extra.setdefault("ffn_keep", 1.0)       # engines without a sparse FFN compute every neuron
                 extra.setdefault("ffn_bytes_per_token", dense_ffn_bytes(model))
+                extra.update(npu_fields(ctx))
                 emit(report.record(t, info, resolved, test_time, peak_rss(), extra))
             del ctx, runner
     finally:

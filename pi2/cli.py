@@ -21,6 +21,10 @@ ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as th
 KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neurons computed per token "
                        "(default: the pi2 file's, else 1.0 = dense)", show_default=False)
 DenseOpt = typer.Option(False, "--dense", help="compute every FFN neuron (no sparsity)")
+NpuOpt = typer.Option("auto", "--npu", envvar="PI2_NPU", help="dense prompt batches on NNAPI: auto (only with a "
+                      "GPU/accelerator device) | nnapi (any NNAPI device) | off")
+NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
+                           help="libneuralnetworks.so to open (default: the system's)", show_default=False)
 
 
 def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
@@ -70,7 +74,8 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
-    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks"),
+    npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
+    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks and why NNAPI was not used"),
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
     from pi2 import commands
@@ -83,7 +88,7 @@ def run(
         ctx_size=ctx_size, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
         sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                repeat_last_n=repeat_last_n, seed=seed),
-        json_out=json_out, engine=engine, keep=keep, dense=dense)
+        json_out=json_out, engine=engine, keep=keep, dense=dense, npu=npu, nnapi_lib=nnapi_lib, verbose=verbose)
     if conversation:
         commands.chat(opts)
     else:
@@ -150,11 +155,13 @@ def bench(
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the warm-up run"),
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
+    npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     from pi2 import bench as b
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
-                           output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense)
+                           output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
+                           npu=npu, nnapi_lib=nnapi_lib)
     b.run(params)
 
 
@@ -173,6 +180,15 @@ def convert(
     rep = cv.convert(_model_path(model, model_opt), output, calib=calib, calib_tokens=calib_tokens,
                      ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0))
     print(cv.summary(rep))
+
+
+@app.command()
+def devices(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+            json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+            nnapi_lib: Optional[str] = NnapiLibOpt):
+    """What this machine offers pi2: CPU, memory, I/O backends, O_DIRECT on the model's file system, NNAPI."""
+    from pi2 import devices as dv
+    dv.show(_model_path(model, model_opt) if model or model_opt else None, nnapi_lib, json_out)
 
 
 def _click_exceptions():

@@ -28,6 +28,9 @@ class RunOptions:
     engine: str = "auto"
     keep: Optional[float] = None    # model-wide mean FFN keep-fraction (None = the file's default)
     dense: bool = False
+    npu: str = "auto"               # --npu auto | nnapi | off
+    nnapi_lib: Optional[str] = None
+    verbose: bool = False           # --verbose: also print why NNAPI was not used
 
 
 def _check(opts: RunOptions) -> None:
@@ -45,7 +48,8 @@ def _open(opts: RunOptions):
     from pi2.sampling import Sampler
     timings = Timings()
     model = open_model(opts.model)
-    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense))
+    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
+                                      opts.npu, opts.nnapi_lib))
     sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
     return model, ctx, sampler, timings
 
@@ -93,6 +97,10 @@ def run(opts: RunOptions) -> None:
     else:
         _write("\n")
         print(timings.report(), file=sys.stderr)
+    if opts.verbose:
+        from pi2.npu import notes
+        for line in notes(ctx):
+            print(f"pi2: npu: {line}", file=sys.stderr)
 
 
 def chat(opts: RunOptions) -> None:

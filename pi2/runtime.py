@@ -23,6 +23,8 @@ class RunConfig:
     engine: str = "auto"
     keep: float | None = None     # --keep: model-wide mean FFN keep-fraction (None = the file's default)
     dense: bool = False           # --dense: every FFN neuron
+    npu: str = "auto"             # --npu auto | nnapi | off (pi2/npu.py)
+    nnapi_lib: str | None = None  # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
 
 
 _NOTED: list = []
@@ -63,6 +65,8 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.keep is not None and not 0.0 < cfg.keep <= 1.0:
         raise UsageError(f"invalid --keep {cfg.keep:g}: a fraction of the FFN neurons in (0, 1]")
     n_ctx = resolve_ctx(model, cfg.n_ctx)
+    from pi2 import npu
+    npu.check_mode(cfg.npu)
     gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
@@ -71,12 +75,15 @@ def open_context(model: Model, cfg: RunConfig):
         from pi2.sparse import choose_rule
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
         ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense))
+        npu.attach(ctx, cfg.npu, cfg.nnapi_lib)
         return ctx
     if cfg.engine == "auto" and not _NOTED:
         _NOTED.append(True)
         print(f"pi2: note: {gap}", file=sys.stderr)
     from pi2.reference import ReferenceContext
-    return ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense)
+    ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense)
+    npu.no_c_engine(ctx, cfg.npu)
+    return ctx
 
 
 def open_model(path) -> Model:

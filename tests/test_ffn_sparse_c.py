@@ -30,15 +30,16 @@ def run(ctx) -> np.ndarray:
     return np.concatenate(out)
 
 
-def both(path, keep=None, dense=False, threads=(1, 3)):
-    """Reference logits and stats, and the C engine's for each thread count."""
+def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto"))):
+    """Reference logits and stats, and the C engine's for each (thread count, kernel table). (The other tables
+    reproduce the auto kernels' sums only for axpy_group, which tests/c/kernel_selftest.c checks.)"""
     m = load_model(path)
     ref = ReferenceContext(m, 32, keep=keep, dense=dense)
     want = run(ref)
     spec = sparse.choose_rule(m, keep, dense)
     got = []
-    for nt in threads:
-        c = CContext(CModel.from_model(m), 32, nt)
+    for nt, impl in threads:
+        c = CContext(CModel.from_model(m), 32, nt, impl=impl)
         c.set_ffn(spec)
         got.append((run(c), c.bench_stats()))
     return want, ref.bench_stats(), got, spec
@@ -73,9 +74,9 @@ def test_c_sparse_ffn_equals_reference(files, name, keep, rule):
 
 
 def test_dense_rule_on_bundles_and_plain(files):
-    want, _, got, spec = both(files["ud"], dense=True, threads=(2,))
+    want, _, got, spec = both(files["ud"], dense=True, threads=((2, "auto"),))
     assert spec.rule == "dense" and np.array_equal(got[0][0], want)
-    want, stats, got, _ = both(files["plain"], keep=1.0, threads=(1,))
+    want, stats, got, _ = both(files["plain"], keep=1.0, threads=((1, "auto"),))
     assert np.array_equal(got[0][0], want) and got[0][1] == stats and stats["ffn_keep"] == 1.0
 
 

@@ -4,7 +4,8 @@
  * (no FMA), so every implementation agrees bit for bit with the scalar one and with pi2/sparse.py.
  * Does: the reference kernel for every type (to_float, then the sums) and AVX2 kernels for the row
  *       types pi2 files use (Q8_0, Q5_1, F16, F32) that convert in registers and keep the partial
- *       sums of 64 columns in registers across the group; pi2_kernels_install_axpy puts them in a table. */
+ *       sums of 64 columns in registers across the group, AVX-512 ones (Q8_0, Q5_1) with 128 columns;
+ *       pi2_kernels_install_axpy_x86 puts them in a table. */
 #include "traits.h"
 
 #define CHUNK 64   /* columns whose partial sums a kernel keeps in registers */
@@ -154,12 +155,83 @@ AVX2 static void axpy_q5_1_avx2(int64_t n, float *y, const void *rows, size_t rb
 AXPY_FLOAT(axpy_f32_avx2, F32_8, F32_1, float)
 AXPY_FLOAT(axpy_f16_avx2, F16_8, F16_1, pi2_fp16)
 
-void pi2_kernels_install_axpy_x86(pi2_type_traits *tab) {
+/* ---- AVX-512: 16 lanes, partial sums of 128 columns (four blocks) in registers ---- */
+#define AVX512 __attribute__((target("avx2,f16c,avx512f,avx512bw")))
+#define TERM16(acc, hv, v) (acc) = _mm512_add_ps((acc), _mm512_mul_ps((hv), (v)))
+#define CHUNK16 128
+
+AVX512 static void axpy_q8_0_avx512(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx,
+                                    const float *h, int32_t k) {
+    const uint8_t *base = rows;
+    for (int64_t j0 = 0; j0 < n; j0 += CHUNK16) {
+        const int nb = n - j0 >= CHUNK16 ? 4 : (int)((n - j0) / 32);
+        __m512 p[8];
+        for (int r = 0; r < 8; r++) p[r] = _mm512_setzero_ps();
+        const size_t off = (size_t)(j0 / 32) * sizeof(blk_q8_0);
+        for (int32_t i = 0; i < k; i++) {
+            const blk_q8_0 *b = (const blk_q8_0 *)(base + (size_t)idx[i] * rb + off);
+            const __m512 hv = _mm512_set1_ps(h[i]);
+            for (int q = 0; q < nb; q++) {
+                const __m512 d = _mm512_set1_ps(pi2_fp16_to_f32(b[q].d));
+                for (int r = 0; r < 2; r++) {
+                    const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[q].qs + 16 * r))));
+                    TERM16(p[2 * q + r], hv, _mm512_mul_ps(v, d));
+                }
+            }
+        }
+        for (int r = 0; r < 2 * nb; r++) _mm512_storeu_ps(y + j0 + 16 * r, _mm512_add_ps(_mm512_loadu_ps(y + j0 + 16 * r), p[r]));
+    }
+}
+
+/* the 32 5-bit values of a Q5_1 block as bytes, value order of q5_1_to_float */
+AVX2 static inline __m256i q5_1_bytes(const blk_q5_1 *b) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, mask), _mm256_set1_epi64x(-1));
+    return _mm256_or_si256(_mm256_set_m128i(hi, lo), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+
+AVX512 static void axpy_q5_1_avx512(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx,
+                                    const float *h, int32_t k) {
+    const uint8_t *base = rows;
+    for (int64_t j0 = 0; j0 < n; j0 += CHUNK16) {
+        const int nb = n - j0 >= CHUNK16 ? 4 : (int)((n - j0) / 32);
+        __m512 p[8];
+        for (int r = 0; r < 8; r++) p[r] = _mm512_setzero_ps();
+        const size_t off = (size_t)(j0 / 32) * sizeof(blk_q5_1);
+        for (int32_t i = 0; i < k; i++) {
+            const blk_q5_1 *b = (const blk_q5_1 *)(base + (size_t)idx[i] * rb + off);
+            const __m512 hv = _mm512_set1_ps(h[i]);
+            for (int q = 0; q < nb; q++) {
+                const __m512 d = _mm512_set1_ps(pi2_fp16_to_f32(b[q].d)), m = _mm512_set1_ps(pi2_fp16_to_f32(b[q].m));
+                const __m256i qb = q5_1_bytes(&b[q]);
+                const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(qb)));
+                const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(qb, 1)));
+                TERM16(p[2 * q], hv, _mm512_add_ps(_mm512_mul_ps(v0, d), m));
+                TERM16(p[2 * q + 1], hv, _mm512_add_ps(_mm512_mul_ps(v1, d), m));
+            }
+        }
+        for (int r = 0; r < 2 * nb; r++) _mm512_storeu_ps(y + j0 + 16 * r, _mm512_add_ps(_mm512_loadu_ps(y + j0 + 16 * r), p[r]));
+    }
+}
+
+void pi2_kernels_install_axpy_x86(pi2_type_traits *tab, int allow_ext) {
     tab[PI2_T_Q8_0].axpy_group = axpy_q8_0_avx2;
     tab[PI2_T_Q5_1].axpy_group = axpy_q5_1_avx2;
     tab[PI2_T_F32].axpy_group = axpy_f32_avx2;
     tab[PI2_T_F16].axpy_group = axpy_f16_avx2;
+    __builtin_cpu_init();
+    if (allow_ext && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+        tab[PI2_T_Q8_0].axpy_group = axpy_q8_0_avx512;
+        tab[PI2_T_Q5_1].axpy_group = axpy_q5_1_avx512;
+    }
 }
 #else
-void pi2_kernels_install_axpy_x86(pi2_type_traits *tab) { (void)tab; }
+void pi2_kernels_install_axpy_x86(pi2_type_traits *tab, int allow_ext) { (void)tab; (void)allow_ext; }
 #endif

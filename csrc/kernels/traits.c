@@ -21,8 +21,8 @@ static void init_once(void) {
     auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], 1)
              | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], 1);
     if (base_isa & PI2_K_AVX2) {   /* the AVX2 grouped row sums need what the AVX2 vec_dots need */
-        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE]);
-        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO]);
+        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE], 0);
+        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO], 1);
     }
 }
 

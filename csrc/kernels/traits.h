@@ -108,7 +108,7 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl);
 /* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels (install
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);
-void pi2_kernels_install_axpy_x86(pi2_type_traits *tab);
+void pi2_kernels_install_axpy_x86(pi2_type_traits *tab, int allow_ext);
 /* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
 void pi2_kernels_fill_ref(pi2_type_traits *tab);
 

@@ -32,6 +32,8 @@
 #include <stdlib.h>
 
 static const int SIZES[] = {1, 7, 31, 32, 33, 255, 256, 4096 + 32};
+static void test_axpy(int type, int size);
+static float *rand_floats(int64_t n, float scale);
 #define N_SIZES (int)(sizeof SIZES / sizeof SIZES[0])
 #define K_MAX_BLOCKS 256          /* 256-value block types: at most 256 blocks (65536 values) per row */
 
@@ -309,6 +311,41 @@ static void test_type(int type, pi2_pool *pool) {
     }
 }
 
+/* ---------------- grouped row sums (axpy_group) against their definition ---------------- */
+
+/* Every table's axpy_group equals the term-by-term definition on the row values (to_float), bit for
+ * bit: y += (((+0 + h0·v0) + h1·v1) + ...), rows picked by idx from a strided matrix, starting at a
+ * block boundary of the row. */
+static void test_axpy(int type, int size) {
+    const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
+    const int64_t bs = ref->block_size, n = cols_for(ref, size), skip = bs < 64 ? 64 : bs;
+    const int32_t n_rows = 80, ks[] = {1, 7, 64};
+    const size_t rb = (size_t)((n + skip) / bs) * (size_t)ref->type_size + 8;   /* + padding, like a bundle */
+    uint8_t *w = calloc(rb, n_rows);
+    for (int32_t r = 0; r < n_rows; r++) fill_weights(type, w + (size_t)r * rb, (n + skip) / bs, ref->type_size);
+    const size_t off = (size_t)(skip / bs) * (size_t)ref->type_size;
+    float *y0 = rand_floats(n, 1.0f), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    float *v = malloc(sizeof(float) * n), *p = malloc(sizeof(float) * n), h[64];
+    int32_t idx[64];
+    for (int c = 0; c < 3; c++) {
+        const int32_t k = ks[c];
+        for (int32_t i = 0; i < k; i++) { idx[i] = (int32_t)(i * n_rows / k + (int32_t)(next_u32() % (uint32_t)(n_rows / k))); h[i] = next_f(); }
+        for (int64_t j = 0; j < n; j++) p[j] = 0.0f;
+        for (int32_t i = 0; i < k; i++) {
+            ref->to_float(w + (size_t)idx[i] * rb + off, v, n);
+            for (int64_t j = 0; j < n; j++) p[j] += h[i] * v[j];
+        }
+        for (int64_t j = 0; j < n; j++) want[j] = y0[j] + p[j];
+        for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
+            memcpy(got, y0, sizeof(float) * n);
+            pi2_traits(type, impl)->axpy_group(n, got, w + off, rb, idx, h, k);
+            check(same_bits(got, want, n), "axpy_group", ref->name, impl == 0 ? "auto" : impl == 1 ? "ref" : "base",
+                  size, nmse(got, want, n));
+        }
+    }
+    free(w); free(y0); free(want); free(got); free(v); free(p);
+}
+
 /* ---------------- ops (ops.h) against double-precision math ---------------- */
 
 static float *rand_floats(int64_t n, float scale) {
@@ -477,6 +514,8 @@ int main(void) {
     check(h_ops == 0xe997281a3cd67fdbull, "cross-cpu-ops", "all", "-", 0, 0);
     test_portable_bytes(0xbbe1e1d40fa12f83ull);  /* from x86-64 */
     test_api();
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)   /* after the hashes: they fix the random stream */
+        for (int s = 0; s < N_SIZES; s++) test_axpy(types[i], SIZES[s]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

@@ -86,8 +86,8 @@ def test_output_is_gguf_with_pi2_metadata(q41):
     assert o.kv["pi2.version"] == 1 and o.kv["pi2.source.sha256"] == sha(src)
     assert o.kv["pi2.source.file"] == "m.gguf" and o.kv["pi2.calib.sha256"] == sha(profile.DEFAULT_CALIB)
     assert o.kv["pi2.calib.tokens"] == rep.n_tokens <= 256 and o.kv["pi2.ffn.score"] == "act"
-    assert o.kv["pi2.ffn.layout"] == "bundle-ud" and list(o.kv["pi2.ffn.down_types"]) == [7, 7]   # Q4_1 -> Q5_1
-    assert np.allclose(o.kv["pi2.ffn.keep_grid"], profile.KEEP_GRID) and o.kv["pi2.ffn.default_keep"] == 0.5
+    assert o.kv["pi2.ffn.layout"] == "bundle-ud" and list(o.kv["pi2.ffn.down_types"]) == [8, 8]   # Q4_1 -> Q8_0
+    assert np.allclose(o.kv["pi2.ffn.keep_grid"], profile.KEEP_GRID) and abs(o.kv["pi2.ffn.default_keep"] - profile.DEFAULT_KEEP) < 1e-6
     s = GGUFFile(src)
     for k, v in s.kv.items():
         if k != "general.alignment":
@@ -255,7 +255,7 @@ def test_smollm2_statistics(tmp_path):
     t0 = time.perf_counter()
     rep = convert(src, tmp_path / "s.pi2.gguf", calib_tokens=512, progress=False)
     o = GGUFFile(rep.output)
-    assert o.kv["pi2.calib.tokens"] == 512 and rep.down_types == ["Q5_1"] * 30
+    assert o.kv["pi2.calib.tokens"] == 512 and rep.down_types == ["Q8_0"] * 30
     assert max(rep.down_err) < 0.05
     for il in range(30):
         f = o.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel()

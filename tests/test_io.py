@@ -271,3 +271,48 @@ def test_buffered_reads_leave_no_page_cache(tmp_path):
             assert all(c.error == 0 for c in got)
             n = resident()
         assert (n == 0) if drop else (n >= 32), (drop, n)
+
+
+# ---- the device profile ----
+
+def test_profile_cache_written_and_reused(data_file, tmp_path):
+    from pi2.plan import profile as pf
+    grid = {"blocks": (4096, 16384), "depths": (1, 4), "seconds": 0.02}
+    prof, reused = pf.load_or_measure(data_file, cache_dir=tmp_path, **grid)
+    cf = tmp_path / "devices" / f"{pf.device_key(data_file)}.json"
+    st = os.stat(data_file)
+    assert pf.device_key(data_file).startswith(f"dev{os.major(st.st_dev)}-{os.minor(st.st_dev)}-fs")
+    assert not reused and cf.exists() and json.loads(cf.read_text()) == prof
+    assert prof["backend"] in ALL and prof["date"] and prof["file"] == str(data_file)
+    assert [(p["block"], p["qd"]) for p in prof["points"]] == [(4096, 1), (4096, 4), (16384, 1), (16384, 4)]
+    assert all(p["mb_s"] > 0 and p["reads"] > 0 and p["errors"] == 0 for p in prof["points"])
+    # the cache is what a second call returns: mark it and read the mark back
+    marked = dict(prof, points=[dict(p, mb_s=12345.0) for p in prof["points"]])
+    cf.write_text(json.dumps(marked))
+    again, reused = pf.load_or_measure(data_file, cache_dir=tmp_path, **grid)
+    assert reused and again == marked and pf.throughput(again, 4096, 4) == 12345.0
+    # a point outside the cached grid, another backend, or --refresh measure again
+    other = "pread" if prof["backend"] != "pread" else "mmap"
+    for kw in ({"blocks": (4096, 32768)}, {"io": other}, {"refresh": True}):
+        prof2, reused = pf.load_or_measure(data_file, cache_dir=tmp_path, **{**grid, **kw})
+        assert not reused and 12345.0 not in [p["mb_s"] for p in prof2["points"]], kw
+    assert prof2["backend"] == prof["backend"]      # the refresh ran auto again
+    cf.write_text("{not json")
+    assert pf.load_or_measure(data_file, cache_dir=tmp_path, **grid)[1] is False
+
+
+def test_cli_profile_io(data_file, tmp_path):
+    res = cli("profile-io", "-m", data_file, "--cache-dir", tmp_path, "--seconds", "0.01", "--json")
+    assert res.code == 0, res.err
+    prof = json.loads(res.out)
+    assert len(prof["points"]) == 28
+    big = [p for p in prof["points"] if p["block"] > SIZE]
+    assert big and all(p["mb_s"] is None for p in big)       # 512K does not fit in this file
+    text = cli("profile-io", data_file, "--cache-dir", tmp_path, "--seconds", "0.01").out
+    assert "| block | QD 1 | QD 4 | QD 16 | QD 32 |" in text and "(cached: " in text and "\n| 512K | - | - | - | - |" in text
+    assert_error(cli("profile-io", "-m", tmp_path / "none.bin", "--cache-dir", tmp_path), code=2, match="cannot read")
+    assert_error(cli("profile-io", data_file, "--io", "spdk", "--cache-dir", tmp_path), code=2, match="--io must be")
+    assert_error(cli("profile-io", data_file, "--seconds", "0", "--cache-dir", tmp_path), code=2, match="--seconds")
+    tiny = tmp_path / "tiny.bin"
+    tiny.write_bytes(b"x" * 100)
+    assert_error(cli("profile-io", tiny, "--refresh", "--cache-dir", tmp_path), code=2, match="smaller than one 4 KiB block")

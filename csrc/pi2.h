@@ -335,7 +335,7 @@ typedef enum {
 
 typedef struct {
     int32_t backend;      /* pi2_io_backend, not PI2_IO_AUTO (Python resolves auto with the probe) */
-    int32_t queue_depth;  /* requests in flight at most, 1..PI2_IO_MAX_QD (pread: its thread count) */
+    int32_t queue_depth;  /* requests in flight at most, 1..PI2_IO_MAX_QD (pread: min(it, 64) threads) */
     int32_t direct;       /* 1: O_DIRECT when the file system allows it, else buffered; 0: buffered */
     int32_t drop_cache;   /* 1: when buffered, drop every range read from the page cache (DONTNEED) */
     int32_t test_flags;   /* pi2_io_test_flag bits; 0 outside tests */

@@ -271,6 +271,11 @@ def test_buffered_reads_leave_no_page_cache(tmp_path):
             assert all(c.error == 0 for c in got)
             n = resident()
         assert (n == 0) if drop else (n >= 32), (drop, n)
+    with fio.FlashFile(p, "mmap", queue_depth=4) as f:      # a mapping's pages leave with drop_cache
+        assert all(c.error == 0 for c in f.read_all([(i * 8192, 8192, fio.aligned(8192), i) for i in range(32)]))
+        assert resident() == 64
+        f.drop_cache()
+        assert resident() == 0
 
 
 # ---- the device profile ----

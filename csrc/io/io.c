@@ -247,6 +247,7 @@ pi2_status pi2_io_read_all(pi2_io *io, const pi2_io_request *reqs, int32_t n, pi
 
 pi2_status pi2_io_drop_cache(pi2_io *io) {
     if (!io) return pi2_set_error(PI2_ERR_INVALID, "NULL handle");
+    if (io->backend == PI2_IO_MMAP) io_mmap_release(io);
     int e = posix_fadvise(io->fd, 0, 0, POSIX_FADV_DONTNEED);
     return e ? pi2_set_error(PI2_ERR_IO, "posix_fadvise(DONTNEED): %s", strerror(e)) : PI2_OK;
 }

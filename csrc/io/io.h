@@ -49,6 +49,9 @@ extern const io_backend_ops pi2_io_uring_ops, pi2_io_aio_ops, pi2_io_pread_ops, 
 /* Record slot `slot` as finished with `res` (bytes or -errno) and free its slot for reaping. */
 void io_finish(pi2_io *io, int32_t slot, int64_t res);
 
+/* mmap backend: drop the mapping's pages from this process, so the page cache can let them go. */
+void io_mmap_release(pi2_io *io);
+
 /* Set by a probe that ran io_uring in a child and saw it work; pi2_io_open refuses uring before. */
 int io_uring_cleared(void);
 void io_uring_set_cleared(void);

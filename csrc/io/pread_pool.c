@@ -106,8 +106,10 @@ static pi2_status init(pi2_io *io) {
 static int32_t start(pi2_io *io, const int32_t *slots, int32_t n) {
     pool *p = io->be;
     pthread_mutex_lock(&p->mu);
-    for (int32_t i = 0; i < n; i++) p->todo[(p->todo_head + p->n_todo++) % io->qd] = slots[i];
-    pthread_cond_broadcast(&p->work_cv);
+    for (int32_t i = 0; i < n; i++) {
+        p->todo[(p->todo_head + p->n_todo++) % io->qd] = slots[i];
+        pthread_cond_signal(&p->work_cv);     /* one worker per read, not the whole pool */
+    }
     pthread_mutex_unlock(&p->mu);
     io->n_started += n;
     return n;

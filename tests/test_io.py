@@ -195,6 +195,24 @@ def test_probe_refuses_uring_killed_by_seccomp(data_file):
     assert res.verdict("uring").status == "refused" and res.chosen != "uring"
 
 
+def test_probe_sees_aio_block_without_o_direct(tmp_path):
+    """Where O_DIRECT is not in effect (as on a file system that silently ignores it), Linux AIO reads
+    inside io_submit, one read after another: the probe must call that serial, and not pick it."""
+    p = tmp_path / "cold.bin"
+    with open(p, "wb") as fh:
+        fh.write(os.urandom(4 << 20))
+        fh.flush()
+        os.fsync(fh.fileno())
+    res = fio.probe(p, buffered=True)
+    aio = res.verdict("aio")
+    assert not aio.direct and aio.reason.startswith("buffered")
+    if "come from memory" in aio.reason:
+        pytest.skip("this file system serves the file from memory: nothing to time")
+    assert aio.status == "serial", aio.reason
+    assert aio.submit_us > 0.5 * aio.batch_us          # the time went inside io_submit
+    assert res.chosen != "aio" and res.verdict(res.chosen).status == "ok"
+
+
 def test_uring_is_refused_before_a_probe():
     """In a fresh process nothing may call io_uring before the probe has cleared it."""
     import subprocess

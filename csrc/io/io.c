@@ -177,6 +177,9 @@ pi2_status pi2_io_submit(pi2_io *io, const pi2_io_request *reqs, int32_t n, int3
     while (off < n_start) {
         int32_t k = io->ops->start(io, start + off, n_start - off);
         if (k < 0) return pi2_set_error((pi2_status)k, "%s: submitting reads failed", pi2_io_backend_name(io->backend));
+        if (k == 0 && io->n_started == 0)   /* nothing to wait for: the kernel would never make room */
+            return pi2_set_error(PI2_ERR_IO, "%s: the kernel takes no reads with none in flight",
+                                 pi2_io_backend_name(io->backend));
         off += k;
         if (off < n_start) {   /* the kernel is full: make room by finishing what is ready */
             pi2_status st = io->ops->wait(io, 1);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MAX_LEN (1ull << 30)
@@ -40,11 +41,13 @@ static const io_backend_ops *ops_of(int32_t b) {
     }
 }
 
-/* 1: statx says this file cannot do direct I/O (kernel >= 6.1 answers; older kernels say nothing). */
+/* 1: statx says this file cannot do direct I/O (kernel >= 6.1 answers; older kernels say nothing).
+ * The raw system call: Bionic declares statx() only from API level 30. */
 static int statx_no_dio(int fd) {
-#ifdef STATX_DIOALIGN
+#if defined(STATX_DIOALIGN) && defined(__NR_statx)
     struct statx sx;
-    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
+    memset(&sx, 0, sizeof sx);
+    if (syscall(__NR_statx, fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
         return sx.stx_dio_offset_align == 0 || sx.stx_dio_offset_align > PI2_IO_ALIGN ||
                sx.stx_dio_mem_align > PI2_IO_ALIGN;
 #else

@@ -8,6 +8,7 @@
 #include "../pi2.h"
 
 #include <stdint.h>
+#include <sys/syscall.h>
 
 typedef struct {
     pi2_status (*init)(pi2_io *io);                     /* allocate rings/threads for io->qd slots */
@@ -43,6 +44,15 @@ struct pi2_io {
     int32_t done_head, n_done;
     char note[192];             /* how the file was opened, for pi2_io_get_info */
 };
+
+/* io_uring's system call numbers are the same on every architecture pi2 builds for; older C
+ * libraries' headers may not name them. */
+#ifndef __NR_io_uring_setup
+#define __NR_io_uring_setup 425
+#endif
+#ifndef __NR_io_uring_enter
+#define __NR_io_uring_enter 426
+#endif
 
 extern const io_backend_ops pi2_io_uring_ops, pi2_io_aio_ops, pi2_io_pread_ops, pi2_io_mmap_ops;
 

@@ -400,7 +400,8 @@ pi2_status pi2_io_bench(pi2_io *io, uint64_t block, int32_t qd, double seconds, 
                         pi2_io_bench_result *out);
 
 /* The probe: for each backend in the order uring, aio, pread, mmap, a forked child opens `path` with
- * it, checks its bytes against pread, and times 16 concurrent 4 KiB reads against single ones; the
+ * it, checks its bytes against pread, and times 16 concurrent 4 KiB reads against single ones (SERIAL
+ * unless the batch takes under 0.55 of the time of the reads one by one, in one of two rounds); the
  * child's exit code and a report through a pipe are the verdict, a child killed by a signal means the
  * backend is refused (the parent never makes the call itself). A child that takes over 10 s is killed. */
 typedef enum {
@@ -422,7 +423,8 @@ typedef struct {
     int32_t verdict;        /* pi2_io_verdict_code */
     int32_t signal;         /* the signal that killed the child (REFUSED), else 0 */
     int32_t direct;         /* 1: the child read with O_DIRECT */
-    double read_us;         /* mean wall time of one read alone */
+    double read_us;         /* wall time of one read alone (median) */
+    double read_submit_us;  /* of which inside submit (median) */
     double submit_us;       /* time inside submit for 16 reads */
     double batch_us;        /* 16 reads from submit to the last completion */
     char reason[200];       /* one line */

@@ -217,9 +217,9 @@ def test_uring_is_refused_before_a_probe():
     """In a fresh process nothing may call io_uring before the probe has cleared it."""
     import subprocess
     import sys
-    code = ("from pi2 import flash_io as f\n"
+    code = ("import sys\nfrom pi2 import flash_io as f\n"
             "from pi2.errors import UnsupportedError\n"
-            "try:\n    f.FlashFile(__file__ if False else '/proc/self/exe', 'uring')\n"
+            "try:\n    f.FlashFile(sys.executable, 'uring')\n"
             "except UnsupportedError as e:\n    print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("refused: io_uring has not been probed safe"), out.stdout + out.stderr

@@ -1,6 +1,6 @@
 /* io/probe.c — pi2_io_probe: which read backends this process may use, and whether they overlap reads.
  * Does: for each backend (uring, aio, pread, mmap) fork a child that opens the file with it, checks
- *       its bytes against pread, times single reads (median) and batches of 16, writes a report to a pipe and
+ *       its bytes against pread, times single reads and batches of 16 (medians), writes a report to a pipe and
  *       _exits; the parent reads the report, or the signal that killed the child (Android's seccomp
  *       filter: SIGSYS on io_uring_setup), and kills a child that hangs. Clears io_uring for
  *       pi2_io_open only after a child used it and lived.
@@ -29,7 +29,8 @@
 
 #define BATCH 16
 #define SINGLES 9
-#define REPS 3            /* batches timed; the fastest counts */
+#define REPS 5            /* batches timed; the median counts */
+#define SPEEDUP 0.55      /* concurrent: a batch takes at most this share of the same reads one by one */
 #define MEMORY_US 20.0       /* a single read faster than this came from memory */
 #define TIMEOUT_MS 10000
 
@@ -54,19 +55,23 @@ static int install_uring_trap(void) {
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
 }
 
-/* Read `n` (<= SINGLES) blocks at `blk` one at a time (submit 1, reap 1): median wall time per read,
- * µs; <0 on error. */
-static double time_singles(pi2_io *io, char *buf, const uint64_t *blk, int n) {
-    double t[SINGLES];
+/* Read `n` (<= SINGLES) blocks at `blk` one at a time (submit 1, reap 1): median wall time per read and
+ * median time inside submit, µs; -1 on error. */
+static double time_singles(pi2_io *io, char *buf, const uint64_t *blk, int n, double *submit_us) {
+    double t[SINGLES], ts[SINGLES];
     for (int i = 0; i < n; i++) {
         pi2_io_request r = {blk[i] * PI2_IO_ALIGN, PI2_IO_ALIGN, buf, 0};
         pi2_io_completion c;
         int32_t k;
         double t0 = now_us();
-        if (pi2_io_submit(io, &r, 1, &k) != PI2_OK || pi2_io_reap(io, &c, 1, 1, &k) != PI2_OK || c.error) return -1;
-        t[i] = now_us() - t0;
+        if (pi2_io_submit(io, &r, 1, &k) != PI2_OK) return -1;
+        double t1 = now_us();
+        if (pi2_io_reap(io, &c, 1, 1, &k) != PI2_OK || c.error) return -1;
+        t[i] = now_us() - t0, ts[i] = t1 - t0;
         for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { double x = t[j]; t[j] = t[j - 1]; t[j - 1] = x; }
+        for (int j = i; j > 0 && ts[j] < ts[j - 1]; j--) { double x = ts[j]; ts[j] = ts[j - 1]; ts[j - 1] = x; }
     }
+    *submit_us = ts[n / 2];
     return t[n / 2];
 }
 
@@ -150,27 +155,30 @@ static int child(const char *path, int32_t backend, int32_t flags, int wfd, char
             blk[i] = s % whole;
         }
         pi2_io_drop_cache(io);
-        v.read_us = time_singles(io, bufs, blk, SINGLES);
+        v.read_us = time_singles(io, bufs, blk, SINGLES, &v.read_submit_us);
         double sub[REPS], all[REPS];
-        int best = 0;
         for (int rep = 0; rep < REPS; rep++) {
             pi2_io_drop_cache(io);
             if (v.read_us < 0 || time_batch(io, bufs, blk + SINGLES + rep * BATCH, &sub[rep], &all[rep]) != 0)
                 return report(wfd, &v, PI2_IO_VERDICT_FAILED, "timed reads failed: %s", pi2_last_error());
-            if (all[rep] < all[best]) best = rep;
+            for (int j = rep; j > 0 && all[j] < all[j - 1]; j--) {
+                double x = all[j]; all[j] = all[j - 1]; all[j - 1] = x;
+                x = sub[j]; sub[j] = sub[j - 1]; sub[j - 1] = x;
+            }
         }
-        v.submit_us = sub[best], v.batch_us = all[best];
+        v.submit_us = sub[REPS / 2], v.batch_us = all[REPS / 2];
         if (v.read_us < MEMORY_US)
             return report(wfd, &v, PI2_IO_VERDICT_OK, "%s reads come from memory (%.1f us each): nothing to overlap",
                           how, v.read_us);
-        /* concurrent: the batch beats the same reads one by one by 1.33x at least (AIO that blocks in
-         * io_submit, where O_DIRECT is not in effect, reads one after the other) */
-        if (v.batch_us < 0.75 * BATCH * v.read_us)
+        /* Concurrent: the batch is much faster than the same reads one by one. Where reads happen inside
+         * submit (Linux AIO without O_DIRECT in effect) they run one after another; time inside submit
+         * alone does not tell (a hypervisor may complete a direct read during the submitting call). */
+        if (v.batch_us < SPEEDUP * BATCH * v.read_us)
             return report(wfd, &v, PI2_IO_VERDICT_OK, "%s: %d reads overlap (%.0f us together, %.0f us each alone, "
-                          "%.0f us inside submit)", how, BATCH, v.batch_us, v.read_us, v.submit_us);
+                          "%.0f us of one inside submit)", how, BATCH, v.batch_us, v.read_us, v.read_submit_us);
     }
     return report(wfd, &v, PI2_IO_VERDICT_SERIAL, "%s: %d reads do not overlap (%.0f us together, %.0f us each alone, "
-                  "%.0f us inside submit)", how, BATCH, v.batch_us, v.read_us, v.submit_us);
+                  "%.0f us of one inside submit)", how, BATCH, v.batch_us, v.read_us, v.read_submit_us);
 }
 
 /* Run one backend's child; fill *v from its report or its fate. */

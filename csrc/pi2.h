@@ -313,4 +313,126 @@ size_t pi2_ctx_nnapi_bytes(const pi2_ctx *ctx);
 /* Matrix products the delegate computed / handed back to the CPU after a failure, since attaching. */
 int64_t pi2_ctx_nnapi_runs(const pi2_ctx *ctx, int64_t *fallbacks);
 
+/* ---- flash I/O (csrc/io/): aligned reads of one file, and the probe that picks a backend ----
+ * Backends: io_uring (raw system calls), Linux native AIO, a pread thread pool, mmap (MADV_RANDOM,
+ * copies in the submitting thread). Every backend returns the same bytes for the same requests.
+ * Offsets, lengths and destinations are multiples of PI2_IO_ALIGN. Errors are per request, as an
+ * errno in the completion: EINVAL misaligned or empty request, EBADF the file descriptor was closed
+ * under the handle, EIO the device failed, ENODATA the file ended before the request did (a request
+ * starting at or past the end, or a short read inside the file; a request covering the file's last
+ * partial block reads the bytes up to the end with no error and nbytes < length).
+ * io_uring is refused (PI2_ERR_UNSUPPORTED) until pi2_io_probe has run it in a child in this process
+ * and seen it work: Android's app sandbox kills a process that calls it (SIGSYS). */
+typedef enum { PI2_IO_AUTO = 0, PI2_IO_URING = 1, PI2_IO_AIO = 2, PI2_IO_PREAD = 3, PI2_IO_MMAP = 4 } pi2_io_backend;
+enum { PI2_IO_ALIGN = 4096, PI2_IO_MAX_QD = 1024, PI2_IO_N_BACKENDS = 4 };
+
+typedef struct pi2_io pi2_io;   /* one open file and one backend's queue; one thread at a time */
+
+typedef enum {
+    PI2_IO_TEST_DIRECT_OPEN_EINVAL = 1,  /* tests: behave as if the O_DIRECT open failed with EINVAL */
+    PI2_IO_TEST_DIRECT_READ_EINVAL = 2   /* tests: ... as if the first O_DIRECT read failed with EINVAL */
+} pi2_io_test_flag;
+
+typedef struct {
+    int32_t backend;      /* pi2_io_backend, not PI2_IO_AUTO (Python resolves auto with the probe) */
+    int32_t queue_depth;  /* requests in flight at most, 1..PI2_IO_MAX_QD (pread: min(it, 64) threads) */
+    int32_t direct;       /* 1: O_DIRECT when the file system allows it, else buffered; 0: buffered */
+    int32_t drop_cache;   /* 1: when buffered, drop every range read from the page cache (DONTNEED) */
+    int32_t test_flags;   /* pi2_io_test_flag bits; 0 outside tests */
+} pi2_io_params;
+
+typedef struct {
+    uint64_t offset;      /* byte offset in the file, a multiple of PI2_IO_ALIGN */
+    uint64_t length;      /* bytes, a multiple of PI2_IO_ALIGN, 1 .. 1 GiB */
+    void *dest;           /* PI2_IO_ALIGN-aligned, length bytes */
+    uint64_t user;        /* returned in the completion */
+} pi2_io_request;
+
+typedef struct {
+    uint64_t user;        /* the request's */
+    int64_t nbytes;       /* bytes read into dest (may be > 0 with ENODATA: a short read) */
+    int32_t error;        /* 0 or an errno (see above) */
+} pi2_io_completion;
+
+typedef struct {
+    int32_t backend;      /* pi2_io_backend */
+    int32_t direct;       /* 1: O_DIRECT is in effect */
+    int32_t queue_depth;
+    int32_t fd;           /* the descriptor the handle reads (owned by it) */
+    int64_t file_size;    /* bytes, at open */
+    const char *note;     /* how the file was opened, e.g. why O_DIRECT was not used; lives as long as io */
+} pi2_io_info;
+
+/* backend PI2_IO_PREAD, queue_depth 32, direct 1, drop_cache 1, test_flags 0. */
+pi2_io_params pi2_io_default_params(void);
+/* "uring", "aio", "pread", "mmap" ("auto" for 0; NULL for anything else). */
+const char *pi2_io_backend_name(int32_t backend);
+
+/* Open `path` for reading. O_DIRECT falls back to buffered reads when the open or the first aligned
+ * read fails with EINVAL, or statx says the file has no direct I/O (the note says which).
+ * PI2_ERR_IO: cannot open/stat/map; PI2_ERR_UNSUPPORTED: the kernel refuses the backend (io_setup,
+ * io_uring_setup) or io_uring was not cleared by a probe; PI2_ERR_INVALID; PI2_ERR_NOMEM. */
+pi2_status pi2_io_open(const char *path, const pi2_io_params *params, pi2_io **out);
+/* Wait for every request in flight, then close (NULL is fine). */
+void pi2_io_close(pi2_io *io);
+pi2_status pi2_io_get_info(const pi2_io *io, pi2_io_info *out);
+
+/* Queue requests in order until queue_depth are in flight; *n_accepted says how many were taken (the
+ * rest: reap, then submit them again). A request that is invalid takes a slot and completes at once
+ * with EINVAL. PI2_ERR_INVALID: NULL arguments or n < 0; PI2_ERR_IO: the backend itself failed. */
+pi2_status pi2_io_submit(pi2_io *io, const pi2_io_request *reqs, int32_t n, int32_t *n_accepted);
+/* Wait until min_complete requests (capped at those in flight) have finished, then move up to max
+ * finished ones into out (*n_out of them, in completion order). min_complete 0 never blocks. */
+pi2_status pi2_io_reap(pi2_io *io, pi2_io_completion *out, int32_t max, int32_t min_complete, int32_t *n_out);
+/* Requests submitted and not yet reaped. */
+int32_t pi2_io_in_flight(const pi2_io *io);
+/* Submit and reap all n requests with queue_depth in flight; out[i] is reqs[i]'s completion.
+ * Needs nothing in flight before. Per-request errors stay in out; the status is for the call. */
+pi2_status pi2_io_read_all(pi2_io *io, const pi2_io_request *reqs, int32_t n, pi2_io_completion *out);
+/* Drop the file's pages from the page cache (posix_fadvise DONTNEED on the whole file). */
+pi2_status pi2_io_drop_cache(pi2_io *io);
+
+/* Random reads of `block` bytes (a multiple of PI2_IO_ALIGN, <= the file size) at aligned offsets,
+ * qd in flight (<= the handle's queue_depth), for `seconds`; offsets from `seed`. Buffered handles
+ * drop every range read, so the page cache never serves a repeat. errors: reads that failed. */
+typedef struct { int64_t reads, bytes, errors; double seconds; } pi2_io_bench_result;
+pi2_status pi2_io_bench(pi2_io *io, uint64_t block, int32_t qd, double seconds, uint64_t seed,
+                        pi2_io_bench_result *out);
+
+/* The probe: for each backend in the order uring, aio, pread, mmap, a forked child opens `path` with
+ * it, checks its bytes against pread, and times 16 concurrent 4 KiB reads against single ones (SERIAL
+ * unless the batch takes under 0.55 of the time of the reads one by one, in one of two rounds); the
+ * child's exit code and a report through a pipe are the verdict, a child killed by a signal means the
+ * backend is refused (the parent never makes the call itself). A child that takes over 10 s is killed. */
+typedef enum {
+    PI2_IO_VERDICT_OK = 0,          /* works, and reads run concurrently (or come from memory) */
+    PI2_IO_VERDICT_SERIAL = 1,      /* works, but concurrent reads do not overlap */
+    PI2_IO_VERDICT_REFUSED = 2,     /* the child was killed by a signal (seccomp: SIGSYS) */
+    PI2_IO_VERDICT_UNAVAILABLE = 3, /* the kernel returned an error (ENOSYS, EPERM, ...) */
+    PI2_IO_VERDICT_FAILED = 4       /* wrong bytes, a read error, or the child hung */
+} pi2_io_verdict_code;
+
+typedef enum {
+    PI2_IO_PROBE_BUFFERED = 1,          /* probe without O_DIRECT */
+    PI2_IO_PROBE_TEST_SECCOMP_URING = 2,/* tests: the child installs a seccomp filter trapping io_uring_setup */
+    PI2_IO_PROBE_TEST_RAISE_SIGSYS = 4  /* tests: the uring child raises SIGSYS before any system call */
+} pi2_io_probe_flag;
+
+typedef struct {
+    int32_t backend;        /* pi2_io_backend */
+    int32_t verdict;        /* pi2_io_verdict_code */
+    int32_t signal;         /* the signal that killed the child (REFUSED), else 0 */
+    int32_t direct;         /* 1: the child read with O_DIRECT */
+    double read_us;         /* wall time of one read alone (median) */
+    double read_submit_us;  /* of which inside submit (median) */
+    double submit_us;       /* time inside submit for 16 reads */
+    double batch_us;        /* 16 reads from submit to the last completion */
+    char reason[200];       /* one line */
+} pi2_io_verdict;
+
+/* out: PI2_IO_N_BACKENDS verdicts in probe order; *chosen: the first OK backend, else the first SERIAL,
+ * else PI2_IO_AUTO (none works). PI2_ERR_INVALID: NULL arguments; PI2_ERR_IO: path unreadable, fork or
+ * pipe failed. */
+pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, int32_t *chosen);
+
 #endif

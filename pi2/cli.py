@@ -191,6 +191,23 @@ def devices(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelO
     dv.show(_model_path(model, model_opt) if model or model_opt else None, nnapi_lib, json_out)
 
 
+@app.command("profile-io")
+def profile_io(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+               refresh: bool = typer.Option(False, "--refresh", help="measure again even if a profile is cached"),
+               json_out: bool = typer.Option(False, "--json", help="print the profile as JSON"),
+               io: str = typer.Option("auto", "--io", envvar="PI2_IO", help="auto | uring | aio | pread | mmap"),
+               seconds: float = typer.Option(0.3, "--seconds", help="seconds per point (block size x queue depth)"),
+               cache_dir: Optional[str] = typer.Option(None, "--cache-dir", envvar="PI2_CACHE_DIR",
+                                                       help="cache root (default ~/.cache/pi2)", show_default=False)):
+    """Random-read throughput of the model file's device by block size and queue depth (cached per device)."""
+    from pi2.flash_io import parse_io
+    from pi2.plan import profile
+    if not 0 < seconds <= 60:
+        raise UsageError(f"--seconds must be in (0, 60], not {seconds}")
+    profile.show(_model_path(model, model_opt), refresh=refresh, io=parse_io(io), as_json=json_out,
+                 cache_dir=cache_dir, seconds=seconds)
+
+
 def _click_exceptions():
     """(ClickException, UsageError, NoArgsIsHelpError, aborts, exits) as raised by this Typer: recent
     Typer vendors click as typer._click and has its own Abort and Exit; older Typer uses click's."""

@@ -2,16 +2,16 @@
 
 Owns: the CPU (cores, core clusters by maximum frequency, features from /proc/cpuinfo, the kernels
 pi2_kernel_isa reports), memory (MemTotal / MemAvailable, the memory cgroup's limit when there is one),
-the flash I/O backends (pread and mmap; io_uring and Linux AIO are reported as not built yet), whether
-a model file's file system accepts O_DIRECT (an open with O_DIRECT and one 4 KiB aligned read), and
-NNAPI (its devices with types and feature levels, or why it is not available).
+the flash I/O backends (the verdicts of pi2_io_probe, run on the model file or, without one, on a
+temporary file: which work, which overlap reads, which a seccomp filter refuses, and the one `--io auto`
+picks), whether a model file's file system gives O_DIRECT (pi2_io_open's own decision: an O_DIRECT open,
+statx, one 4 KiB aligned read), and NNAPI (its devices with types and feature levels, or why it is not
+available).
 Does not: change anything on the machine or choose a plan.
 """
 from __future__ import annotations
 
-import errno
 import json
-import mmap
 import os
 from pathlib import Path
 
@@ -88,30 +88,37 @@ def memory_info(meminfo: str | None = None) -> dict:
     return {"total": kb.get("MemTotal"), "available": kb.get("MemAvailable"), "cgroup_limit": cgroup_limit()}
 
 
-def io_backends() -> list:
-    return [{"name": "pread", "status": "available"}, {"name": "mmap", "status": "available"},
-            {"name": "io_uring", "status": "not built yet"}, {"name": "linux-aio", "status": "not built yet"}]
+def io_backends(path: Path | None = None) -> dict:
+    """The probe's verdict on every backend, on `path` or a temporary 1 MiB file in the temp directory."""
+    from pi2 import flash_io
+    tmp = None
+    if path is None:
+        import tempfile
+        fd, tmp = tempfile.mkstemp(prefix="pi2-probe-", suffix=".bin")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(1 << 20))
+            fh.flush()
+            os.fsync(fh.fileno())
+    try:
+        res = flash_io.probe(tmp or path)
+    finally:
+        if tmp:
+            os.unlink(tmp)
+    return {"probed_on": "a temporary file in " + os.path.dirname(tmp) if tmp else str(path), "chosen": res.chosen,
+            "backends": [{"name": v.backend, "status": v.status, "reason": v.reason, "direct": v.direct}
+                         for v in res.verdicts]}
 
 
 def o_direct(path: Path) -> dict:
-    """Open `path` with O_DIRECT and read its first 4 KiB into a page-aligned buffer."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:  # pragma: no cover - not Linux
-        return {"path": str(path), "supported": False, "detail": "this platform has no O_DIRECT"}
+    """Whether pi2 reads `path` with O_DIRECT (pi2_io_open: the open, statx, a first aligned read), and why not."""
+    from pi2 import flash_io
+    from pi2.errors import EngineError
     try:
-        fd = os.open(path, os.O_RDONLY | flag)
-    except OSError as e:
-        if e.errno == errno.EINVAL:
-            return {"path": str(path), "supported": False, "detail": "the file system refuses O_DIRECT (EINVAL)"}
-        raise UsageError(f"cannot open {path}: {e.strerror}") from None
-    try:
-        buf = mmap.mmap(-1, 4096)                  # page-aligned
-        n = os.preadv(fd, [buf], 0)
-        return {"path": str(path), "supported": True, "detail": f"4 KiB aligned read returned {n} bytes"}
-    except OSError as e:
-        return {"path": str(path), "supported": False, "detail": f"aligned read failed: {e.strerror}"}
-    finally:
-        os.close(fd)
+        with flash_io.FlashFile(path, "pread", queue_depth=1, direct=True) as f:
+            info = f.info
+    except EngineError as e:
+        raise UsageError(str(e)) from None
+    return {"path": str(path), "supported": info["direct"], "detail": info["note"]}
 
 
 def nnapi_info(lib_path: str | None = None) -> dict:
@@ -126,9 +133,10 @@ def nnapi_info(lib_path: str | None = None) -> dict:
 
 
 def report(model: Path | None = None, lib_path: str | None = None) -> dict:
-    rep = {"cpu": cpu_info(), "memory": memory_info(), "io_backends": io_backends()}
+    rep = {"cpu": cpu_info(), "memory": memory_info()}
     if model is not None:
-        rep["o_direct"] = o_direct(model)
+        rep["o_direct"] = o_direct(model)     # first: a missing model is a usage error before any probe
+    rep["io"] = io_backends(model)
     rep["nnapi"] = nnapi_info(lib_path)
     return rep
 
@@ -146,10 +154,12 @@ def format_text(rep: dict) -> str:
              f"kernels:   {', '.join(c['kernels'])}",
              f"memory:    total {_mib(m['total'])}, available {_mib(m['available'])}, cgroup limit "
              + (_mib(m["cgroup_limit"]) if m["cgroup_limit"] else "none"),
-             "io:        " + ", ".join(f"{b['name']} ({b['status']})" for b in rep["io_backends"])]
+             "io:        " + ", ".join(f"{b['name']} ({b['status']})" for b in rep["io"]["backends"])
+             + f"; --io auto picks {rep['io']['chosen'] or 'nothing'} (probed on {rep['io']['probed_on']})"]
+    lines += [f"  {b['name']}: {b['reason']}" for b in rep["io"]["backends"]]
     if "o_direct" in rep:
         od = rep["o_direct"]
-        lines.append(f"o_direct:  {'yes' if od['supported'] else 'no'} on {od['path']}: {od['detail']}")
+        lines.append(f"o_direct:  {'yes' if od['supported'] else 'no'} on {od['path']} ({od['detail']})")
     n = rep["nnapi"]
     if not n["available"]:
         reason = n["reason"].removeprefix("NNAPI unavailable: ")

@@ -1,6 +1,7 @@
 """test_devices.py — `pi2 devices`: CPU features from /proc/cpuinfo text, memory and cgroup limits from
-files laid out like /proc and /sys/fs/cgroup, the O_DIRECT probe, NNAPI present (the stand-in library)
-and absent, text and JSON output, and a missing model file as a one-line error."""
+files laid out like /proc and /sys/fs/cgroup, the O_DIRECT decision, the I/O probe's verdicts, NNAPI
+present (the stand-in library) and absent, text and JSON output, and a missing model file as a one-line
+error."""
 from __future__ import annotations
 
 import json
@@ -53,8 +54,7 @@ def test_o_direct_probe(tmp_path):
     except OSError:
         accepts = False
     assert r["supported"] == accepts
-    assert r["detail"] == ("4 KiB aligned read returned 4096 bytes" if accepts else
-                           "the file system refuses O_DIRECT (EINVAL)")
+    assert r["detail"] == ("O_DIRECT" if accepts else "buffered: the file system refuses O_DIRECT (EINVAL at open)")
 
 
 def test_cli_devices_without_nnapi(tmp_path):
@@ -62,8 +62,11 @@ def test_cli_devices_without_nnapi(tmp_path):
     assert res.code == 0, res.err
     rep = json.loads(res.out)
     assert rep["nnapi"]["available"] is False and "NNAPI unavailable" in rep["nnapi"]["reason"]
-    assert {b["name"]: b["status"] for b in rep["io_backends"]} == {
-        "pread": "available", "mmap": "available", "io_uring": "not built yet", "linux-aio": "not built yet"}
+    io = rep["io"]
+    assert [b["name"] for b in io["backends"]] == ["uring", "aio", "pread", "mmap"]
+    assert io["probed_on"].startswith("a temporary file in ") and io["chosen"] in ("uring", "aio", "pread", "mmap")
+    assert all(b["status"] in ("ok", "serial", "refused", "unavailable", "failed") and b["reason"] for b in io["backends"])
+    assert next(b for b in io["backends"] if b["name"] == "pread")["status"] in ("ok", "serial")
     assert "o_direct" not in rep and rep["memory"]["total"] > 0
     text = cli("devices", "--nnapi-lib", str(tmp_path / "libneuralnetworks.so")).out
     assert "\nnnapi:     not available (" in text and text.startswith("cpu:")
@@ -77,9 +80,10 @@ def test_cli_devices_with_nnapi_and_model(tmp_path):
     assert rep["nnapi"] == {"available": True, "runtime_feature_level": 31, "devices": [
         {"name": "standin-npu", "type": "accelerator", "feature_level": 31},
         {"name": "nnapi-reference", "type": "cpu", "feature_level": 31}]}
-    assert rep["o_direct"]["path"] == str(model)
+    assert rep["o_direct"]["path"] == str(model) and rep["io"]["probed_on"] == str(model)
     text = cli("devices", model, "--nnapi-lib", lib).out
     assert "  standin-npu: accelerator, feature level 31" in text and "\no_direct:  " in text
+    assert "; --io auto picks " in text and "\n  pread: " in text
 
 
 def test_cli_devices_missing_model(tmp_path):

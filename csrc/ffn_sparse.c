@@ -17,6 +17,7 @@
 
 #define UP_CHUNK 32      /* active up rows per task of a single token */
 #define PREFETCH 4       /* neurons ahead whose rows a group task prefetches */
+#define DOWN_SLICE 128   /* output values per task of a batch's down-row sums */
 
 typedef struct {
     pi2_ctx *c;
@@ -25,7 +26,7 @@ typedef struct {
     int64_t n_ff, n_embd;
     const pi2_type_traits *up_tr;
     size_t xq_row;
-    int64_t slice, n_slices;     /* down rows: output values per task, tasks per token */
+    int64_t slice;               /* down rows: output values per task */
     size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
 } ffn_job;
 
@@ -63,7 +64,7 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     pi2_ctx *c = j->c;
     const int64_t F = j->n_ff;
     const float *g = c->gate + (size_t)t * F, *u = c->up + (size_t)t * F;
-    float *s = c->ffn_score + (size_t)t * F, *keys = c->up + (size_t)t * F;
+    float *s = c->ffn_score + (size_t)t * F, *keys = c->gate + (size_t)t * F;   /* g is not needed after s */
     int32_t *idx = c->ffn_idx + (size_t)t * F, n = 0;
     pi2_ffn_act_values(s, g, F, c->m->hp.ffn_act, c->m->gelu_table);
     if (c->ffn.score_up)
@@ -80,7 +81,7 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
         for (int64_t i = 0; i < F; i++) if (fabsf(s[i]) > thr) idx[n++] = (int32_t)i;
         break;
     }
-    case PI2_FFN_TOPK: {   /* up's row is free until the up rows are computed: the keys go there */
+    case PI2_FFN_TOPK: {   /* the keys go over g (combine_task overwrites it with h anyway) */
         double kd = ceil((double)c->ffn.keep * (double)F - 1e-9);
         const int64_t k = kd < 1 ? 1 : kd > (double)F ? F : (int64_t)kd;
         for (int64_t i = 0; i < F; i++) keys[i] = fabsf(s[i]);
@@ -118,17 +119,11 @@ static void up_rows(const ffn_job *j, int32_t t, int32_t k0, int32_t k1) {
         dot(w->n_in, &u[idx[k]], w->data + (size_t)idx[k] * w->row_bytes, xq);
 }
 
-static void up_task_one(void *arg, int32_t task, int32_t thread) {   /* one token, chunks of its list */
+static void up_task_one(void *arg, int32_t task, int32_t thread) {   /* one token: chunks of its list */
     (void)thread;
     const ffn_job *j = arg;
     const int32_t n = j->c->ffn_n_active[0], k0 = task * UP_CHUNK;
     up_rows(j, 0, k0, k0 + UP_CHUNK < n ? k0 + UP_CHUNK : n);
-}
-
-static void up_task_tok(void *arg, int32_t t, int32_t thread) {      /* a batch: one token per task */
-    (void)thread;
-    const ffn_job *j = arg;
-    up_rows(j, t, 0, j->c->ffn_n_active[t]);
 }
 
 /* h[t] = act(gate)·up on the active neurons, 0 elsewhere (into the gate buffer). */
@@ -156,17 +151,19 @@ static void down_rows_task(void *arg, int32_t task, int32_t thread) {
     const pi2_ctx *c = j->c;
     const pi2_weight *w = &j->L->down_rows;
     const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
-    const int32_t t = (int32_t)(task / j->n_slices);
-    const int64_t j0 = task % j->n_slices * j->slice, j1 = j0 + j->slice < j->n_embd ? j0 + j->slice : j->n_embd;
-    const int32_t *idx = c->ffn_idx + (size_t)t * j->n_ff, n = c->ffn_n_active[t];
-    const float *h = c->gate + (size_t)t * j->n_ff;
+    const int64_t j0 = task * j->slice, j1 = j0 + j->slice < j->n_embd ? j0 + j->slice : j->n_embd;
     const uint8_t *rows = w->data + (size_t)(j0 / tr->block_size) * (size_t)tr->type_size;
-    float *y = c->o + (size_t)t * j->n_embd + j0, hg[PI2_FFN_GROUP];
-    for (int64_t e = 0; e < j1 - j0; e++) y[e] = 0.0f;
-    for (int32_t k = 0; k < n;) {   /* one group of neurons at a time */
-        const int32_t group = idx[k] / PI2_FFN_GROUP, k0 = k;
-        for (; k < n && idx[k] / PI2_FFN_GROUP == group; k++) hg[k - k0] = h[idx[k]];
-        tr->axpy_group(j1 - j0, y, rows, w->row_bytes, idx + k0, hg, k - k0);
+    float hg[PI2_FFN_GROUP];
+    for (int32_t t = 0; t < j->n_tok; t++) {   /* every token over this slice: its rows' slice stays cached */
+        const int32_t *idx = c->ffn_idx + (size_t)t * j->n_ff, n = c->ffn_n_active[t];
+        const float *h = c->gate + (size_t)t * j->n_ff;
+        float *y = c->o + (size_t)t * j->n_embd + j0;
+        for (int64_t e = 0; e < j1 - j0; e++) y[e] = 0.0f;
+        for (int32_t k = 0; k < n;) {   /* one group of neurons at a time */
+            const int32_t group = idx[k] / PI2_FFN_GROUP, k0 = k;
+            for (; k < n && idx[k] / PI2_FFN_GROUP == group; k++) hg[k - k0] = h[idx[k]];
+            tr->axpy_group(j1 - j0, y, rows, w->row_bytes, idx + k0, hg, k - k0);
+        }
     }
 }
 
@@ -233,7 +230,9 @@ static void one_token_rows(pi2_ctx *c, ffn_job *j) {
 void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* one pass over the bundles */
-    const int full_up = !one_rows && (c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
+    /* batches compute every up row with the tiled product (the same value per row and token as one row's
+     * kernel) rather than fetch each token's rows again */
+    const int full_up = !one_rows && (n > 1 || c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
     const int32_t threads = pi2_pool_n_threads(c->pool);
     ffn_job j = {.c = c, .L = L, .il = il, .n_tok = n, .n_ff = hp->n_ff, .n_embd = hp->n_embd,
                  .up_tr = pi2_traits(L->up.type, c->p.impl)};
@@ -255,10 +254,9 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
         one_token_rows(c, &j);
         return;
     }
-    if (!full_up) {
-        pi2_pool_run(c->pool, quantize_task, &j, n);
-        if (n == 1) pi2_pool_run(c->pool, up_task_one, &j, (c->ffn_n_active[0] + UP_CHUNK - 1) / UP_CHUNK);
-        else pi2_pool_run(c->pool, up_task_tok, &j, n);
+    if (!full_up) {   /* a single token (plain files' down) */
+        quantize_task(&j, 0, 0);
+        pi2_pool_run(c->pool, up_task_one, &j, (c->ffn_n_active[0] + UP_CHUNK - 1) / UP_CHUNK);
     }
     pi2_pool_run(c->pool, combine_task, &j, n);
     int64_t active = 0;
@@ -272,9 +270,9 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
         return;
     }
     const int64_t bs = pi2_traits(L->down_rows.type, c->p.impl)->block_size, blocks = j.n_embd / bs;
-    int64_t want = n == 1 ? 2 * (int64_t)threads : 1;
+    int64_t want = n == 1 ? 2 * (int64_t)threads : (j.n_embd + DOWN_SLICE - 1) / DOWN_SLICE;
+    if (want < threads) want = threads;
     if (want > blocks) want = blocks;
     j.slice = (blocks + want - 1) / want * bs;
-    j.n_slices = (j.n_embd + j.slice - 1) / j.slice;
-    pi2_pool_run(c->pool, down_rows_task, &j, (int32_t)(n * j.n_slices));
+    pi2_pool_run(c->pool, down_rows_task, &j, (int32_t)((j.n_embd + j.slice - 1) / j.slice));
 }

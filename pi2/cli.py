@@ -21,6 +21,7 @@ ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as th
 KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neurons computed per token "
                        "(default: the pi2 file's, else 1.0 = dense)", show_default=False)
 DenseOpt = typer.Option(False, "--dense", help="compute every FFN neuron (no sparsity)")
+NoPredOpt = typer.Option(False, "--no-predictor", help="ignore a pi2 file's own predictor (read every gate row)")
 
 
 def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
@@ -69,7 +70,7 @@ def run(
     conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks"),
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
@@ -83,7 +84,7 @@ def run(
         ctx_size=ctx_size, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
         sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                repeat_last_n=repeat_last_n, seed=seed),
-        json_out=json_out, engine=engine, keep=keep, dense=dense)
+        json_out=json_out, engine=engine, keep=keep, dense=dense, predictor=not no_predictor)
     if conversation:
         commands.chat(opts)
     else:
@@ -126,12 +127,12 @@ def perplexity(
     chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     from pi2 import commands
     commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine,
-                        keep, dense)
+                        keep, dense, not no_predictor)
 
 
 @app.command()
@@ -167,11 +168,19 @@ def convert(
     layout: str = typer.Option("bundle-ud", "--layout", help="bundle-ud | bundle-gud"),
     ffn_type: str = typer.Option("auto", "--ffn-type", help="row type of down: auto | f32 | f16"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
+    predictor: Optional[str] = typer.Option(None, "--predictor", help="make a predictor: lowbit | lowrank"),
+    predictor_input: str = typer.Option("ffn_norm", "--predictor-input", help="ffn_norm | attn_input"),
+    predictor_bits: int = typer.Option(2, "--predictor-bits", help="bits per weight of a lowbit predictor (1 or 2)"),
+    predictor_rank: int = typer.Option(64, "--predictor-rank", help="rank of a lowrank predictor"),
+    predictor_recall: float = typer.Option(0.95, "--predictor-recall", help="target recall of the margins"),
 ):
     """Convert a GGUF model to a pi2 file: profile neurons, order them hot-first, bundle up and down rows."""
     from pi2 import convert as cv
+    from pi2.convert.predictor import Spec
+    pred = None if predictor is None else Spec(predictor, predictor_input, predictor_bits, predictor_rank,
+                                               predictor_recall)
     rep = cv.convert(_model_path(model, model_opt), output, calib=calib, calib_tokens=calib_tokens,
-                     ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0))
+                     ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0), pred=pred)
     print(cv.summary(rep))
 
 

@@ -28,6 +28,7 @@ class RunOptions:
     engine: str = "auto"
     keep: Optional[float] = None    # model-wide mean FFN keep-fraction (None = the file's default)
     dense: bool = False
+    predictor: bool = True          # False: --no-predictor
 
 
 def _check(opts: RunOptions) -> None:
@@ -45,7 +46,8 @@ def _open(opts: RunOptions):
     from pi2.sampling import Sampler
     timings = Timings()
     model = open_model(opts.model)
-    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense))
+    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
+                                        opts.predictor))
     sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
     return model, ctx, sampler, timings
 
@@ -171,7 +173,7 @@ def info(model_path: Path, list_tensors: bool = False) -> None:
 
 
 def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str,
-               keep: Optional[float] = None, dense: bool = False) -> None:
+               keep: Optional[float] = None, dense: bool = False, predictor: bool = True) -> None:
     """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
     import time
     from pi2.perplexity import format_final, perplexity as ppl
@@ -182,7 +184,7 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
     model = open_model(model_path)
     tok = model.tokenizer
-    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense))
+    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense, predictor))
     n_ctx = ctx.n_ctx       # -c 0 means the model's training context, as in llama-perplexity
     t0 = time.perf_counter()
     tokens = tok.encode(text, add_special=None, parse_special=False)

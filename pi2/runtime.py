@@ -23,6 +23,7 @@ class RunConfig:
     engine: str = "auto"
     keep: float | None = None     # --keep: model-wide mean FFN keep-fraction (None = the file's default)
     dense: bool = False           # --dense: every FFN neuron
+    predictor: bool = True        # --no-predictor: a pi2 file's pi2-made predictor is not used
 
 
 _NOTED: list = []
@@ -64,7 +65,7 @@ def open_context(model: Model, cfg: RunConfig):
         print("pi2: note: sparse and pi2 FFNs run on the numpy reference engine until the C sparse FFN lands",
               file=sys.stderr)
     from pi2.reference import ReferenceContext
-    return ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense)
+    return ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
 
 
 def open_model(path) -> Model:

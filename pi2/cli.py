@@ -171,8 +171,9 @@ def convert(
     predictor: Optional[str] = typer.Option(None, "--predictor", help="make a predictor: lowbit | lowrank"),
     predictor_input: str = typer.Option("ffn_norm", "--predictor-input", help="ffn_norm | attn_input"),
     predictor_bits: int = typer.Option(2, "--predictor-bits", help="bits per weight of a lowbit predictor (1 or 2)"),
-    predictor_rank: int = typer.Option(64, "--predictor-rank", help="rank of a lowrank predictor"),
-    predictor_recall: float = typer.Option(0.95, "--predictor-recall", help="target recall of the margins"),
+    predictor_rank: int = typer.Option(64, "--predictor-rank", help="rank of a lowrank predictor (multiple of 32)"),
+    predictor_recall: float = typer.Option(0.95, "--predictor-recall",
+                                           help="share of truly active neurons the margins must catch"),
 ):
     """Convert a GGUF model to a pi2 file: profile neurons, order them hot-first, bundle up and down rows."""
     from pi2 import convert as cv

@@ -4,7 +4,8 @@
 # GGUF (dense), the pi2 file at keep 1.0, 0.7, 0.5, 0.35 (calibrated thresholds, no predictor) and with the
 # file's pi2-made predictor at its default keep; with mean keep, predicted share and FFN bytes per token.
 # Owns: converting the model when given a plain GGUF (with --predictor), running the settings, the markdown.
-# Usage: python3 scripts/sparse_quality.py MODEL.gguf [--pi2 FILE.pi2.gguf] [--predictor lowbit] [--chunks N]
+# Usage: python3 scripts/sparse_quality.py MODEL.gguf [--pi2 FILE.pi2.gguf | -o OUT.pi2.gguf] [--predictor lowbit]
+#        [--chunks N]
 import argparse
 import math
 import sys
@@ -56,6 +57,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("model", help="a GGUF model (converted here) or its pi2 file")
     ap.add_argument("--pi2", help="an existing pi2 file of MODEL (with a predictor)")
+    ap.add_argument("-o", "--output", help="where to write the conversion (default: beside MODEL)")
     ap.add_argument("--predictor", default=predictor.DEFAULT_KIND, help="kind for the conversion")
     ap.add_argument("--predictor-input", default="ffn_norm")
     ap.add_argument("--chunks", type=int, default=-1, help="score at most N chunks per setting")
@@ -67,7 +69,8 @@ def main() -> int:
     try:
         pi2 = Path(a.pi2) if a.pi2 else None
         if pi2 is None:
-            pi2 = default_output(src).with_name(default_output(src).name.replace(".pi2.", f".{a.predictor}.pi2."))
+            pi2 = Path(a.output) if a.output else \
+                default_output(src).with_name(default_output(src).name.replace(".pi2.", f".{a.predictor}.pi2."))
             rep = convert(src, pi2, calib_tokens=a.calib_tokens,
                           pred=predictor.Spec(a.predictor, a.predictor_input))
             print(summary(rep), file=sys.stderr)

@@ -115,8 +115,10 @@ def run_layers(model, chunks, progress: bool = True):
         x = _rms(h, vec(b + "ffn_norm.weight"), eps)
         g, u = x @ wg.T, x @ wu.T
         ag = act(g)
-        hh = np.maximum(g, 0) * np.maximum(u, 0) if cfg.ffn_act == "drelu" else ag * u
-        y = hh @ down.T
+        y = np.empty_like(h)
+        for c0, c1 in zip(bounds[:-1], bounds[1:]):          # act·up a chunk at a time: one (tokens, n_ff) less
+            hh = np.maximum(g[c0:c1], 0) * np.maximum(u[c0:c1], 0) if cfg.ffn_act == "drelu" else ag[c0:c1] * u[c0:c1]
+            y[c0:c1] = hh @ down.T
         if cfg.post_norms:
             y = _rms(y, vec(b + "post_ffw_norm.weight"), eps)
         yield LayerPass(il, an, x, g, u, ag, down, wg, W)

@@ -122,12 +122,12 @@ class LayerStats:
 
 def ffn_errors(act: np.ndarray, h: np.ndarray, down: np.ndarray, thresholds, score: np.ndarray | None = None):
     """Relative L2 error of the FFN output (tokens × n_embd) when pairs with score <= t are dropped.
-    act, h: (tokens, n_ff); down: (n_embd, n_ff) float32; score defaults to |act|. One stacked matmul."""
+    act, h: (tokens, n_ff); down: (n_embd, n_ff) float32; score defaults to |act|. One product per threshold
+    (a stacked one holds 1 + len(thresholds) copies of h: 78 MB for a 4864-neuron layer)."""
     s = np.abs(act) if score is None else score
-    stack = np.stack([h] + [np.where(s > t, 0, h) for t in thresholds])       # (1 + n_t, tokens, n_ff)
-    y = (stack.reshape(-1, h.shape[1]) @ down.T).reshape(stack.shape[0], -1).astype(np.float64)
-    sq = np.sum(y * y, axis=1)
-    return np.sqrt(sq[1:] / (sq[0] or 1.0)).astype(np.float32)
+    sq = [float(np.sum(((np.where(s > t, 0, h) if i else h) @ down.T).astype(np.float64) ** 2))
+          for i, t in enumerate([None] + list(thresholds))]
+    return np.sqrt(np.array(sq[1:]) / (sq[0] or 1.0)).astype(np.float32)
 
 
 def score_values(kind: str, act: np.ndarray, h: np.ndarray, down_norms: np.ndarray) -> np.ndarray:

@@ -56,7 +56,8 @@ def main() -> int:
             rows[c].append(m)
             if a.per_layer:
                 print(f"L{lp.il:02d} {c}: recall {m['recall']:.4f} keep {m['keep']:.3f} predicted {m['predicted']:.3f} "
-                      f"bytes/tok {m['bytes_tok']/1e3:.0f}k vs {m['bytes_tok_gate']/1e3:.0f}k err {m['err_pred']:.4f} vs "
+                      f"bytes/tok {m['bytes_tok']/1e3:.0f}k vs {m['bytes_tok_gate']/1e3:.0f}k "
+                      f"err {m['err_pred']:.4f} vs "
                       f"{m['err_gate']:.4f}", flush=True)
     print(f"\n{Path(a.model).name}: {n_tok} calibration tokens ({predictor.HOLDOUT:.0%} held out), keep {a.keep}\n")
     print("| kind | input | bits/rank | target | recall mean (min) | predicted / n_ff | added / n_ff | "

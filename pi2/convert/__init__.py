@@ -1,7 +1,8 @@
 # convert — `pi2 convert`: turn an ordinary GGUF (or PowerInfer PWRI) model into a pi2 file.
 # Owns: the conversion's phases (profile, one layer at a time, with statistics and the optional pi2-made
 #       predictor of each layer -> order and layout -> write), the pi2.* metadata, and the report of what was
-#       measured (peak memory of the profile phase included). The file format is described in DESIGN.md ("The pi2 file").
+#       measured (peak memory of the profile phase included).
+#       The file format: DESIGN.md ("The pi2 file") and docs/pi2-file-format.md.
 # Does not: run the sparse FFN (pi2/sparse.py) or decide the run-time keep allocation.
 from __future__ import annotations
 

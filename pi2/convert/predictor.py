@@ -10,7 +10,8 @@
 # Does not: profile (layerwise.py, profile.py), write files (writer.py) or run the FFN (pi2/sparse.py).
 #
 # Low-bit row format (bits b ∈ {1, 2}, blocks of 32 weights along n_embd): per block, an f16 scale d, then
-# 32 codes of b bits packed little-endian (code j at bit j·b of the block's code bytes); weight = d·(2c − (2^b − 1)).
+# 32 codes of b bits packed little-endian (code j at bit j·b of the block's code bytes);
+# weight = d·(2c − (2^b − 1)).
 # The dot product with x: x is quantized to Q8_0 per 32-block (d_x = amax/127 as f16, q = round-half-even(x·127/amax));
 # per block sumi = Σ_j (2c_j − (2^b−1))·q_j (exact integer); ĝ = Σ_blocks in order, from 0.0f, of
 # (float)sumi · ((float)d · (float)d_x) in float32.
@@ -52,7 +53,10 @@ def lowbit_encode(w: np.ndarray, bits: int) -> np.ndarray:
     xb = w.reshape(rows, n // BLOCK, BLOCK).astype(np.float32)
     amax = np.abs(xb).max(axis=-1, keepdims=True)
     best_err, best_d, best_c = None, None, None
-    cands = [np.abs(xb).mean(axis=-1, keepdims=True)] if bits == 1 else [amax / L * f for f in np.linspace(0.4, 1.0, 13)]
+    if bits == 1:
+        cands = [np.abs(xb).mean(axis=-1, keepdims=True)]            # the L2-best scale of a sign code
+    else:
+        cands = [amax / L * f for f in np.linspace(0.4, 1.0, 13)]
     for d in cands:
         d = d.astype(np.float16).astype(np.float32)
         inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
@@ -119,7 +123,8 @@ class LowbitGate:
 # ------------------------------------------------------------------ the low-rank model
 
 def fit_lowrank(z: np.ndarray, g: np.ndarray, rank: int, ridge: float = 1e-3):
-    """Reduced-rank least squares g ≈ z·B, rank(B) = r: (fc1 (r, n_embd), fc2 (n_ff, r)) float32, ĝ = fc2·(fc1·z)."""
+    """Reduced-rank least squares g ≈ z·B, rank(B) = r: (fc1 (r, n_embd), fc2 (n_ff, r)) float32;
+    ĝ = fc2·(fc1·z)."""
     z64, g64 = z.astype(np.float64), g.astype(np.float64)
     zz = z64.T @ z64
     zz[np.diag_indices_from(zz)] += ridge * np.trace(zz) / zz.shape[0]

@@ -25,6 +25,7 @@ NpuOpt = typer.Option("auto", "--npu", envvar="PI2_NPU", help="dense prompt batc
                       "GPU/accelerator device) | nnapi (any NNAPI device) | off")
 NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
                            help="libneuralnetworks.so to open (default: the system's)", show_default=False)
+NoPredOpt = typer.Option(False, "--no-predictor", help="ignore a pi2 file's own predictor (read every gate row)")
 
 
 def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
@@ -73,7 +74,7 @@ def run(
     conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks and why NNAPI was not used"),
 ):
@@ -88,7 +89,8 @@ def run(
         ctx_size=ctx_size, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
         sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                repeat_last_n=repeat_last_n, seed=seed),
-        json_out=json_out, engine=engine, keep=keep, dense=dense, npu=npu, nnapi_lib=nnapi_lib, verbose=verbose)
+        json_out=json_out, engine=engine, keep=keep, dense=dense, npu=npu, nnapi_lib=nnapi_lib, verbose=verbose,
+        predictor=not no_predictor)
     if conversation:
         commands.chat(opts)
     else:
@@ -131,12 +133,12 @@ def perplexity(
     chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     from pi2 import commands
     commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine,
-                        keep, dense)
+                        keep, dense, not no_predictor)
 
 
 @app.command()
@@ -174,11 +176,20 @@ def convert(
     layout: str = typer.Option("bundle-ud", "--layout", help="bundle-ud | bundle-gud"),
     ffn_type: str = typer.Option("auto", "--ffn-type", help="row type of down: auto (= q8_0) | q8_0 | q5_1 | f32 | f16"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
+    predictor: Optional[str] = typer.Option(None, "--predictor", help="make a predictor: lowbit | lowrank"),
+    predictor_input: str = typer.Option("ffn_norm", "--predictor-input", help="ffn_norm | attn_input"),
+    predictor_bits: int = typer.Option(2, "--predictor-bits", help="bits per weight of a lowbit predictor (1 or 2)"),
+    predictor_rank: int = typer.Option(64, "--predictor-rank", help="rank of a lowrank predictor (multiple of 32)"),
+    predictor_recall: float = typer.Option(0.95, "--predictor-recall",
+                                           help="share of truly active neurons the margins must catch"),
 ):
     """Convert a GGUF model to a pi2 file: profile neurons, order them hot-first, bundle up and down rows."""
     from pi2 import convert as cv
+    from pi2.convert.predictor import Spec
+    pred = None if predictor is None else Spec(predictor, predictor_input, predictor_bits, predictor_rank,
+                                               predictor_recall)
     rep = cv.convert(_model_path(model, model_opt), output, calib=calib, calib_tokens=calib_tokens,
-                     ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0))
+                     ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0), pred=pred)
     print(cv.summary(rep))
 
 

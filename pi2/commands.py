@@ -31,6 +31,7 @@ class RunOptions:
     npu: str = "auto"               # --npu auto | nnapi | off
     nnapi_lib: Optional[str] = None
     verbose: bool = False           # --verbose: also print why NNAPI was not used
+    predictor: bool = True          # False: --no-predictor
 
 
 def _check(opts: RunOptions) -> None:
@@ -49,7 +50,7 @@ def _open(opts: RunOptions):
     timings = Timings()
     model = open_model(opts.model)
     ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
-                                      opts.npu, opts.nnapi_lib))
+                                      opts.npu, opts.nnapi_lib, predictor=opts.predictor))
     sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
     return model, ctx, sampler, timings
 
@@ -179,7 +180,7 @@ def info(model_path: Path, list_tensors: bool = False) -> None:
 
 
 def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str,
-               keep: Optional[float] = None, dense: bool = False) -> None:
+               keep: Optional[float] = None, dense: bool = False, predictor: bool = True) -> None:
     """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
     import time
     from pi2.perplexity import format_final, perplexity as ppl
@@ -190,7 +191,7 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
     model = open_model(model_path)
     tok = model.tokenizer
-    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense))
+    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense, predictor=predictor))
     n_ctx = ctx.n_ctx       # -c 0 means the model's training context, as in llama-perplexity
     t0 = time.perf_counter()
     tokens = tok.encode(text, add_special=None, parse_special=False)

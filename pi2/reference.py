@@ -128,11 +128,11 @@ class ReferenceContext:
     """A sequence being evaluated: the F16 KV cache and the position of the next token."""
 
     def __init__(self, model: Model, n_ctx: int, weights: ReferenceWeights | None = None,
-                 keep: float | None = None, dense: bool = False):
+                 keep: float | None = None, dense: bool = False, predictor: bool = True):
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
         self.w = weights or ReferenceWeights(model)
-        self.ffn = sparse.SparseFFN(model, self.w.layers, keep, dense)   # which neurons each token computes
+        self.ffn = sparse.SparseFFN(model, self.w.layers, keep, dense, predictor)   # which neurons each token computes
         self.k = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
         self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
         self.n_past = 0
@@ -179,6 +179,9 @@ class ReferenceContext:
         cfg = self.cfg
         h = rms_norm(x, L["attn_norm"], cfg.rms_eps)
         self._cb("attn_norm", il, h)
+        note = getattr(self.ffn, "note_attn_input", None)     # a predictor reading the layer's input
+        if note is not None:
+            note(il, h)
         q, k, v = L["attn_q"](h), L["attn_k"](h), L["attn_v"](h)
         self._cb("Qcur", il, q)
         self._cb("Kcur", il, k)

@@ -25,6 +25,7 @@ class RunConfig:
     dense: bool = False           # --dense: every FFN neuron
     npu: str = "auto"             # --npu auto | nnapi | off (pi2/npu.py)
     nnapi_lib: str | None = None  # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
+    predictor: bool = True        # --no-predictor: a pi2 file's pi2-made predictor is not used
 
 
 _NOTED: list = []
@@ -47,6 +48,9 @@ def c_engine_gap(model: Model, cfg: RunConfig) -> str:
         return "files with ffn_down_t run on the reference engine"
     if c.arch not in ("llama", "qwen2", "gemma3"):
         return f"the C engine does not run {c.arch} models"
+    if c.pi2 and cfg.predictor and "pi2.predictor.kind" in model.file.kv and not cfg.dense and \
+            (cfg.keep is None or cfg.keep < 1.0):
+        return "pi2-made predictors run on the reference engine (--no-predictor runs the C engine)"
     return ""
 def resolve_ctx(model: Model, n_ctx: int) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
@@ -74,14 +78,14 @@ def open_context(model: Model, cfg: RunConfig):
         from pi2.engine import CContext, CModel
         from pi2.sparse import choose_rule
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
-        ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense))
+        ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=False))
         npu.attach(ctx, cfg.npu, cfg.nnapi_lib)
         return ctx
     if cfg.engine == "auto" and not _NOTED:
         _NOTED.append(True)
         print(f"pi2: note: {gap}", file=sys.stderr)
     from pi2.reference import ReferenceContext
-    ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense)
+    ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
     npu.no_c_engine(ctx, cfg.npu)
     return ctx
 

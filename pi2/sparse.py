@@ -1,7 +1,8 @@
 """sparse.py — the sparse FFN of the numpy reference: which neurons a token activates, and the FFN over them.
 
-Owns: the active-set rules (predictor score >= threshold, ReLU gate > 0, |act(gate)| > t_L, and the on-the-fly
-top-F fraction per token for plain GGUF files), the allocation of a model-wide keep-fraction across layers
+Owns: the active-set rules (predictor score >= threshold, ReLU gate > 0, |act(gate)| > t_L, the pi2-made
+predictor's `predicted` rule (gate rows only for the predicted set P, active = P ∩ {|act(gate)| > t_L}), and the
+on-the-fly top-F fraction per token for plain GGUF files), the allocation of a model-wide keep-fraction across layers
 from the pi2 file's error curves, reading a layer's FFN weights (dense GGUF, PowerInfer `ffn_down_t`, pi2
 bundles), and the count of FFN weight bytes each token touches.
 The FFN over active neurons is llama.cpp's dense FFN with the inactive neurons' h = act(gate)·up set to 0
@@ -204,7 +205,7 @@ def _nbytes(q: QuantLinear) -> int:
     return int(q.raw.nbytes)
 
 
-RULES = ("dense", "predictor", "relu", "threshold", "topk")
+RULES = ("dense", "predictor", "relu", "threshold", "predicted", "topk")
 GROUP = 64   # neurons per partial sum of the down-row product (PI2_FFN_GROUP in csrc/pi2.h)
 
 
@@ -223,14 +224,15 @@ class FFNRule:
     def describe(self) -> str:
         return {"dense": "dense FFN", "predictor": f"predictor (score >= {self.threshold:g})",
                 "relu": "ReLU gate > 0", "threshold": f"calibrated thresholds at keep {self.keep:g}",
-                "topk": f"per-token top {self.keep:g} of |act(gate)|"}[self.rule]
+                "topk": f"per-token top {self.keep:g} of |act(gate)|",
+                "predicted": f"pi2 predictor, then calibrated thresholds at keep {self.keep:g}"}[self.rule]
 
 
 ALLOCATIONS = ("uniform", "error")
 
 
 def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred: bool | None = None,
-                alloc: str = "uniform") -> FFNRule:
+                alloc: str = "uniform", use_predictor: bool = True) -> FFNRule:
     """The active-set rule of a run: --dense or keep 1 = dense; PowerInfer predictors; ReLU gates of sparse
     files; calibrated thresholds of pi2 files (at --keep, else the file's default keep); per-token top-F
     for plain files with --keep. alloc: how a pi2 file's model-wide keep is spread over layers: `uniform`
@@ -274,6 +276,8 @@ def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred:
             raise UsageError(f"--keep {keep:g} is below the smallest calibrated keep {grid[0]:g} of this file")
         r.layer_keep = allocate_keep(err, grid, keep) if alloc == "error" else np.full(cfg.n_layer, keep)
         r.thresholds = layer_thresholds(thr, grid, r.layer_keep)
+        if use_predictor and "pi2.predictor.kind" in kv:   # a pi2-made predictor chooses the gate rows to read
+            r.rule = "predicted"
     else:
         r.rule = "topk"
     return r
@@ -295,29 +299,84 @@ def layer_bytes(model, il: int) -> tuple:
     return pred, gate // n_ff, ud // n_ff, n_ff
 
 
-def bytes_touched(rule: str, lb: tuple, n_tok: int, n_act: int) -> int:
+def bytes_touched(rule: str, lb: tuple, n_tok: int, n_act: int, n_gate: int | None = None) -> int:
     """FFN weight bytes n_tok tokens read in a layer with byte table lb (layer_bytes) and n_act active
-    (token, neuron) pairs: predictor + gate rows (all, or the active ones under a predictor) + up/down."""
+    (token, neuron) pairs: predictor + gate rows (all; the active ones under a PowerInfer predictor; the
+    n_gate predicted ones under a pi2-made predictor) + up/down."""
     pred, gate_b, ud_b, n_ff = lb
     if rule == "dense":
         return (gate_b + ud_b) * n_ff * n_tok
+    if rule == "predicted":
+        return pred * n_tok + gate_b * n_gate + ud_b * n_act
     return pred * n_tok + gate_b * (n_act if rule == "predictor" else n_ff * n_tok) + ud_b * n_act
 
 
 class SparseFFN:
     """How one context computes its FFN layers, and what it has touched (for `pi2 bench`).
 
-    rule: dense | predictor | relu | threshold (pi2 file, calibrated t_L) | topk (per-token top-F)."""
+    rule: dense | predictor | relu | threshold (pi2 file, calibrated t_L) | predicted (pi2 file with a pi2-made
+    predictor: P = {|act(ĝ)| > t_L − m_L}, active = P ∩ {|act(gate)| > t_L}) | topk (per-token top-F)."""
 
-    def __init__(self, model, layers: list, keep: float | None = None, dense: bool = False):
+    def __init__(self, model, layers: list, keep: float | None = None, dense: bool = False,
+                 use_predictor: bool = True):
         self.cfg, self.act = model.config, model.config.ffn_act
-        r = choose_rule(model, keep, dense, all("fc1" in L for L in layers))
+        r = choose_rule(model, keep, dense, all("fc1" in L for L in layers), use_predictor=use_predictor)
         self.spec = r
         self.rule, self.keep, self.threshold, self.score = r.rule, r.keep, r.threshold, r.score
         self.thresholds, self.layer_keep = r.thresholds, r.layer_keep
+        if self.rule == "predicted":
+            self._setup_predicted(model, layers)
         self._row_bytes = [self._bytes(L) for L in layers]
-        self.n_tokens = self.n_active = 0
+        if self.rule == "predicted":
+            self._row_bytes = [(p.nbytes,) + r[1:] for p, r in zip(self._pred, self._row_bytes)]
+        self.n_tokens = self.n_active = self.n_predicted = 0
         self.bytes = 0
+
+    def _setup_predicted(self, model, layers) -> None:
+        """The pi2-made predictor of every layer and its cut t_L − m_L at the layer's allocated keep."""
+        from pi2.convert import predictor as pr
+        kv, cfg = model.file.kv, self.cfg
+        grid = np.asarray(kv["pi2.ffn.keep_grid"], np.float64)
+        thr = np.stack([model.raw(f"blk.{il}.ffn_thresh.weight").view(np.float32).reshape(-1)
+                        for il in range(cfg.n_layer)])
+        self.pred_kind, self.pred_input = str(kv["pi2.predictor.kind"]), str(kv.get("pi2.predictor.input", ""))
+        if self.pred_kind not in pr.KINDS or self.pred_input not in pr.INPUTS:
+            raise ModelFormatError(f"{model.path}: pi2.predictor.kind/input '{self.pred_kind}'/'{self.pred_input}' "
+                                   f"is not one of {'|'.join(pr.KINDS)} / {'|'.join(pr.INPUTS)}")
+        self._pred, self.cuts, self._attn_in = [], [], None
+        for il, L in enumerate(layers):
+            b = f"blk.{il}."
+            need = [b + "ffn_pred_margin.weight"] + ([b + "ffn_gate_pred.weight"] if self.pred_kind == "lowbit"
+                                                      else [b + "fc1.weight", b + "fc2.weight"])
+            missing = [n for n in need if n not in model.file.tensors]
+            if missing:
+                raise ModelFormatError(f"{model.path}: the {self.pred_kind} predictor needs tensor {missing[0]}",
+                                       hint="convert the model again, or run with --no-predictor")
+            margin = model.raw(b + "ffn_pred_margin.weight").view(np.float32).reshape(-1)
+            if margin.size != len(grid) or not np.isfinite(margin).all():
+                raise ModelFormatError(f"{model.path}: {b}ffn_pred_margin needs {len(grid)} finite values "
+                                       f"(pi2.ffn.keep_grid)")
+            if self.pred_kind == "lowbit":
+                bits = int(kv.get("pi2.predictor.bits", 0))
+                raw = model.raw(b + "ffn_gate_pred.weight")
+                if bits not in (1, 2) or raw.shape != (cfg.n_ff, pr.lowbit_row_bytes(cfg.n_embd, bits)):
+                    raise ModelFormatError(f"{model.path}: {b}ffn_gate_pred must be {cfg.n_ff} rows of "
+                                           f"{pr.lowbit_row_bytes(cfg.n_embd, max(bits, 1))} bytes with "
+                                           f"pi2.predictor.bits 1 or 2 (got {raw.shape}, bits {bits})")
+                p = pr.LowbitGate(raw, bits, cfg.n_embd)
+            else:
+                fc1, fc2 = L["fc1"], L["fc2"]
+                if fc1.n_in != cfg.n_embd or fc2.n_out != cfg.n_ff or fc2.n_in != fc1.n_out:
+                    raise ModelFormatError(f"{model.path}: {b}fc1/fc2 must map n_embd {cfg.n_embd} -> r -> n_ff "
+                                           f"{cfg.n_ff} (got {fc1.n_in} -> {fc1.n_out}, {fc2.n_in} -> {fc2.n_out})")
+                p = pr.LowrankGate(fc1, fc2)
+            self._pred.append(p)
+            self.cuts.append(pr.cut_at(thr[il], margin, grid, self.layer_keep[il]))
+
+    def note_attn_input(self, il: int, z: np.ndarray) -> None:
+        """attn_norm of the layer's input, kept for a predictor that reads it (pi2.predictor.input attn_input)."""
+        if self.rule == "predicted" and self.pred_input == "attn_input":
+            self._attn_in = z
 
     @staticmethod
     def _bytes(L: dict) -> tuple:
@@ -339,6 +398,16 @@ class SparseFFN:
         n_ff = self._row_bytes[il][3]
         if self.rule == "dense":
             mask, n_act = None, n_ff * x.shape[0]
+        elif self.rule == "predicted":
+            z = x if self.pred_input == "ffn_norm" else self._attn_in
+            P = np.abs(act_values(self._pred[il](z), self.act)) > self.cuts[il]
+            trace("ffn_pred", P)
+            mask = P & threshold_mask(act_values(g, self.act), self.thresholds[il])    # gate rows of P only
+            n_act = int(mask.sum())
+            self.n_predicted += int(P.sum())
+            n_gate = int(P.sum())
+            h = np.where(mask, h, np.float32(0))
+            trace("ffn_mask", mask)
         else:
             if self.rule == "predictor":
                 mask = predictor_mask(h_pre, L["fc1"], L["fc2"], self.threshold)
@@ -347,7 +416,8 @@ class SparseFFN:
             n_act = int(mask.sum())
             h = np.where(mask, h, np.float32(0))
             trace("ffn_mask", mask)
-        self.bytes += bytes_touched(self.rule, self._row_bytes[il], x.shape[0], n_act)
+        self.bytes += bytes_touched(self.rule, self._row_bytes[il], x.shape[0], n_act,
+                                    n_gate if self.rule == "predicted" else None)
         self.n_active += n_act
         if "ffn_down" in L:
             return L["ffn_down"](h)
@@ -365,8 +435,11 @@ class SparseFFN:
         """Mean keep-fraction over every (token, layer) and FFN weight bytes touched per token."""
         n = max(self.n_tokens, 1)
         total = sum(r[3] for r in self._row_bytes) * n
-        return {"ffn_keep": round(self.n_active / total, 6) if self.n_tokens else (1.0 if self.rule == "dense" else 0.0),
-                "ffn_bytes_per_token": int(round(self.bytes / n))}
+        out = {"ffn_keep": round(self.n_active / total, 6) if self.n_tokens else (1.0 if self.rule == "dense" else 0.0),
+               "ffn_bytes_per_token": int(round(self.bytes / n))}
+        if self.rule == "predicted":
+            out["ffn_predicted"] = round(self.n_predicted / total, 6) if self.n_tokens else 0.0
+        return out
 
     def describe(self) -> str:
         return self.spec.describe()

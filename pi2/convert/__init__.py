@@ -1,11 +1,14 @@
 # convert — `pi2 convert`: turn an ordinary GGUF (or PowerInfer PWRI) model into a pi2 file.
-# Owns: the conversion's phases (profile -> statistics -> order and layout -> write), the pi2.* metadata,
-#       and the report of what was measured. The file format is described in DESIGN.md ("The pi2 file").
+# Owns: the conversion's phases (profile, one layer at a time, with statistics and the optional pi2-made
+#       predictor of each layer -> order and layout -> write), the pi2.* metadata, and the report of what was
+#       measured (peak memory of the profile phase included).
+#       The file format: DESIGN.md ("The pi2 file") and docs/pi2-file-format.md.
 # Does not: run the sparse FFN (pi2/sparse.py) or decide the run-time keep allocation.
 from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pi2.convert import layout, profile
+from pi2.convert import layerwise, layout, predictor, profile
 from pi2.convert.writer import ConvertError, kv_types, write_gguf
 from pi2.errors import UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
@@ -39,6 +42,8 @@ class ConvertReport:
     thresh: np.ndarray
     err: np.ndarray
     seconds: dict = field(default_factory=dict)
+    predictor: dict | None = None   # spec and per-layer held-out metrics when --predictor was given
+    peak_rss_mb: dict = field(default_factory=dict)
 
 
 def default_output(src: Path) -> Path:
@@ -70,7 +75,7 @@ def _copy(f, name):
 
 def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKENS, ffn_layout: str = "bundle-ud",
             ffn_type: str = "auto", default_keep: float = profile.DEFAULT_KEEP, n_threads: int = 0,
-            progress: bool = True) -> ConvertReport:
+            progress: bool = True, pred: "predictor.Spec | None" = None) -> ConvertReport:
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
     if ffn_layout not in layout.LAYOUTS:
@@ -88,25 +93,41 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     f, cfg = model.file, model.config
     if "pi2.version" in f.kv:
         raise UsageError(f"{src} is already a pi2 file")
+    if pred is not None:
+        _check_spec(pred, cfg, f)
     chunks, calib_sha, n_tok = profile.calib_tokens(model.tokenizer, calib, calib_tokens)
-    layers = profile.run_profile(model, chunks, n_threads, progress)
-    secs["profile"] = time.perf_counter() - t0
-
     down_t = f"blk.0.ffn_down_t.weight" in f.tensors
     n_embd, n_ff = cfg.n_embd, cfg.n_ff
 
     def down_name(il):
         return f"blk.{il}.ffn_down_t.weight" if down_t else f"blk.{il}.ffn_down.weight"
 
-    def down_matrix(il):
-        t = f.tensors[down_name(il)]
-        if down_t:
-            return np.ascontiguousarray(dequantize(f.raw(t.name), t.type, n_embd).T)
-        return dequantize(f.raw(t.name), t.type, n_ff)
-
-    t1 = time.perf_counter()
-    prof = profile.summarize(layers, down_matrix, calib_sha, n_tok, default_keep, progress)
-    secs["statistics"] = time.perf_counter() - t1
+    # profile + statistics (+ predictor), one layer at a time: nothing of a layer is kept but its summaries
+    n = cfg.n_layer
+    thresh = np.zeros((n, len(profile.KEEP_GRID)), np.float32)
+    err = np.zeros((n, len(profile.KEEP_GRID)), np.float32)
+    freq, built = [], []
+    stride = max(1, n_tok // profile.ERR_TOKENS)
+    bounds = np.cumsum([0] + [len(c) for c in chunks])
+    act = profile.act_fn(cfg.ffn_act)
+    for lp in layerwise.run_layers(model, chunks, progress):
+        st = profile.LayerStats(n_ff)
+        for c0, c1 in zip(bounds[:-1], bounds[1:]):
+            st.add(lp.act[c0:c1], lp.up[c0:c1], stride)
+        thresh[lp.il], fq, err[lp.il] = profile.layer_summary(st, lp.down, default_keep)
+        freq.append(fq)
+        if pred is not None:
+            W = lp.weights
+            dn = W["down_rows"] if "down_rows" in W else W["ffn_down"]
+            built.append(predictor.build(pred, lp, act, thresh[lp.il], profile.KEEP_GRID, default_keep,
+                                         (W["ffn_up"].raw.nbytes + dn.raw.nbytes) / n_ff,
+                                         W["ffn_gate"].raw.nbytes / n_ff))
+        del lp, st
+    if any(not np.isfinite(t).all() for t in thresh):
+        raise ConvertError("the profile produced non-finite thresholds (a broken model?)")
+    prof = profile.Profile([], calib_sha, n_tok, thresh, freq, err)
+    secs["profile"] = time.perf_counter() - t0
+    rss = {"profile": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
     t2 = time.perf_counter()
     replaced, down_types, down_err = {}, [], []
@@ -127,6 +148,8 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
                 (p + "ffn_freq.weight", prof.freq[il][perm].astype(np.float32), None),
                 (p + "ffn_thresh.weight", prof.thresh[il].astype(np.float32), None),
                 (p + "ffn_err.weight", prof.err[il].astype(np.float32), None)]
+        if pred is not None:
+            new += _predictor_tensors(p, built[il], perm)
         replaced[gate.name] = new
         replaced[up.name] = replaced[dn.name] = []
         if p + "fc2.weight" in f.tensors:
@@ -149,16 +172,55 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
             ("pi2.ffn.keep_grid", [float(k) for k in profile.KEEP_GRID], arr, f32),
             ("pi2.ffn.default_keep", float(default_keep), f32, None),
             ("pi2.ffn.score", SCORE, s, None)]
+    if pred is not None:
+        kvs += [("pi2.predictor.kind", pred.kind, s, None),
+                ("pi2.predictor.input", pred.input, s, None),
+                ("pi2.predictor.rank", int(pred.rank if pred.kind == "lowrank" else 0), u32, None),
+                ("pi2.predictor.bits", int(pred.bits if pred.kind == "lowbit" else 0), u32, None),
+                ("pi2.predictor.target_recall", float(pred.target), f32, None),
+                ("pi2.predictor.recall", [float(b.metrics["recall"]) for b in built], arr, f32)]
     secs["layout"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
     write_gguf(out, cfg.arch, kvs, tensors, progress)
     secs["write"] = time.perf_counter() - t3
     secs["total"] = time.perf_counter() - t0
+    rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     model.close()
     keep10 = [profile.keep_for_error(e, 0.10) for e in prof.err]
+    pinfo = None if pred is None else {"spec": pred, "metrics": [b.metrics for b in built],
+                                       "bytes": [b.nbytes for b in built], "keep": default_keep}
     return ConvertReport(str(out), n_tok, ffn_layout, [GGML_TYPES[t][0] for t in down_types], down_err, keep10,
-                         prof.thresh, prof.err, secs)
+                         prof.thresh, prof.err, secs, pinfo, rss)
+
+
+def _check_spec(spec, cfg, f) -> None:
+    if cfg.sparse or "blk.0.fc1.weight" in f.tensors:
+        raise UsageError("this model ships its own predictor (fc1/fc2); --predictor is for models without one")
+    if cfg.ffn_act not in ("silu", "gelu"):
+        raise UsageError(f"--predictor needs a SiLU or GELU gate (this model's FFN activation is {cfg.ffn_act})")
+    if spec.kind not in predictor.KINDS:
+        raise UsageError(f"unknown --predictor '{spec.kind}' (choose from {', '.join(predictor.KINDS)})")
+    if spec.input not in predictor.INPUTS:
+        raise UsageError(f"unknown --predictor-input '{spec.input}' (choose from {', '.join(predictor.INPUTS)})")
+    if not 0.5 <= spec.target < 1.0:
+        raise UsageError(f"--predictor-recall must be in [0.5, 1) (got {spec.target:g})")
+    if spec.kind == "lowrank" and (spec.rank <= 0 or spec.rank % predictor.BLOCK or spec.rank > cfg.n_embd):
+        raise UsageError(f"--predictor-rank must be a positive multiple of {predictor.BLOCK} up to n_embd "
+                         f"{cfg.n_embd} (got {spec.rank})")
+    if spec.kind == "lowbit" and spec.bits not in (1, 2):
+        raise UsageError(f"--predictor-bits must be 1 or 2 (got {spec.bits})")
+    if cfg.n_embd % predictor.BLOCK:
+        raise UsageError(f"a pi2 predictor needs n_embd divisible by {predictor.BLOCK} (got {cfg.n_embd})")
+
+
+def _predictor_tensors(p: str, b, perm: np.ndarray) -> list:
+    """The layer's predictor tensors in the new neuron order (rows per neuron follow perm; fc1 does not)."""
+    out = []
+    for name, (raw, qtype) in b.tensors.items():
+        rows = raw if name == "fc1" else np.ascontiguousarray(raw[perm])
+        out.append((f"{p}{name}.weight", rows.view(np.int8) if qtype is None else rows, qtype))
+    return out + [(p + "ffn_pred_margin.weight", b.margin.astype(np.float32), None)]
 
 
 def summary(rep: ConvertReport) -> str:
@@ -170,5 +232,20 @@ def summary(rep: ConvertReport) -> str:
         f"calibration: {rep.n_tokens} tokens; layout {rep.layout}; down rows {', '.join(types)} "
         f"(relative error {max(rep.down_err):.4f} max, {float(np.mean(rep.down_err)):.4f} mean)",
         f"keep for 10% FFN error per layer: mean {k.mean():.2f}, min {k.min():.2f}, max {k.max():.2f}",
+    ] + _predictor_lines(rep) + [
         "time: " + ", ".join(f"{n} {v:.1f}s" for n, v in rep.seconds.items()),
+        "peak memory: " + ", ".join(f"after {n} {v} MB" for n, v in rep.peak_rss_mb.items()),
     ])
+
+
+def _predictor_lines(rep: ConvertReport) -> list:
+    if not rep.predictor:
+        return []
+    sp, ms = rep.predictor["spec"], rep.predictor["metrics"]
+    r = np.array([m["recall"] for m in ms])
+    what = f"rank {sp.rank}" if sp.kind == "lowrank" else f"{sp.bits}-bit"
+    ratio = sum(m["bytes_tok"] for m in ms) / sum(m["bytes_tok_gate"] for m in ms)
+    return [f"predictor {sp.kind} ({what}, input {sp.input}, target recall {sp.target:g}): held-out recall "
+            f"mean {r.mean():.3f}, min {r.min():.3f}; predicted {np.mean([m['predicted'] for m in ms]):.3f} of "
+            f"neurons ({np.mean([m['added'] for m in ms]):.3f} added); {sum(rep.predictor['bytes']) / 2**20:.2f} MiB; "
+            f"FFN bytes/token {ratio:.3f}x the gate rule's at keep {rep.predictor.get('keep', 0.5):g}"]

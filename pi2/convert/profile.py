@@ -1,5 +1,5 @@
 # profile.py — activation statistics of a model's FFN neurons on calibration text.
-# Owns: running the model over evenly spaced chunks of the calibration tokens with the trace hook,
+# Owns: choosing evenly spaced chunks of the calibration tokens (layerwise.py runs the model over them),
 #       per-layer streaming statistics (a fine |act(gate)| histogram for thresholds, per-neuron exceedance
 #       counts on a coarse magnitude grid for frequencies, a token subsample of act and act·up for errors),
 #       and deriving thresholds, frequencies and FFN-output errors at each keep fraction.
@@ -122,12 +122,12 @@ class LayerStats:
 
 def ffn_errors(act: np.ndarray, h: np.ndarray, down: np.ndarray, thresholds, score: np.ndarray | None = None):
     """Relative L2 error of the FFN output (tokens × n_embd) when pairs with score <= t are dropped.
-    act, h: (tokens, n_ff); down: (n_embd, n_ff) float32; score defaults to |act|. One stacked matmul."""
+    act, h: (tokens, n_ff); down: (n_embd, n_ff) float32; score defaults to |act|. One product per threshold
+    (a stacked one holds 1 + len(thresholds) copies of h: 78 MB for a 4864-neuron layer)."""
     s = np.abs(act) if score is None else score
-    stack = np.stack([h] + [np.where(s > t, 0, h) for t in thresholds])       # (1 + n_t, tokens, n_ff)
-    y = (stack.reshape(-1, h.shape[1]) @ down.T).reshape(stack.shape[0], -1).astype(np.float64)
-    sq = np.sum(y * y, axis=1)
-    return np.sqrt(sq[1:] / (sq[0] or 1.0)).astype(np.float32)
+    sq = [float(np.sum(((np.where(s > t, 0, h) if i else h) @ down.T).astype(np.float64) ** 2))
+          for i, t in enumerate([None] + list(thresholds))]
+    return np.sqrt(np.array(sq[1:]) / (sq[0] or 1.0)).astype(np.float32)
 
 
 def score_values(kind: str, act: np.ndarray, h: np.ndarray, down_norms: np.ndarray) -> np.ndarray:
@@ -155,39 +155,14 @@ class Profile:
     err: np.ndarray = None      # (n_layer, len(KEEP_GRID))
 
 
-def run_profile(model, chunks, n_threads: int = 0, progress: bool = True) -> list:
-    """Decode the chunks with the C engine (the reference engine for PWRI files), collecting per-layer stats."""
-    from pi2.runtime import RunConfig, open_context
-
-    cfg = model.config
-    act = act_fn(cfg.ffn_act)
-    n_ctx = max(len(c) for c in chunks)
-    engine = "reference" if cfg.sparse else "c"
-    ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=n_threads, engine=engine))
-    layers = [LayerStats(cfg.n_ff) for _ in range(cfg.n_layer)]
-    stride = max(1, sum(len(c) for c in chunks) // ERR_TOKENS)
-    gate = {}
-
-    def trace(name, il, x):
-        if name == "ffn_gate":
-            gate[il] = np.asarray(x, np.float32).reshape(-1, cfg.n_ff)
-        elif name == "ffn_up" and il in gate:
-            layers[il].add(act(gate.pop(il)), np.asarray(x, np.float32).reshape(-1, cfg.n_ff), stride)
-
-    if hasattr(ctx, "set_trace"):
-        ctx.set_trace(trace)
-    else:
-        ctx.trace = trace
-    try:
-        for c in tqdm(chunks, desc="profile", unit="chunk", disable=not progress):
-            ctx.reset()
-            ctx.decode(c)
-    finally:
-        if hasattr(ctx, "set_trace"):
-            ctx.set_trace(None)
-    if any(l.n_tok == 0 for l in layers):
-        raise RuntimeError("the engine reported no FFN activations")
-    return layers
+def layer_summary(L: "LayerStats", down: np.ndarray, default_keep: float = DEFAULT_KEEP):
+    """(thresholds at the keep grid, per-neuron frequency at the default keep's threshold, FFN-output errors
+    at the keep grid) of one layer; down: (n_embd, n_ff) float32 in source neuron order."""
+    thresh = np.array([L.threshold(k) for k in KEEP_GRID], np.float32)
+    freq = L.frequency(L.threshold(default_keep))
+    a, h = np.concatenate(L.act).astype(np.float32), np.concatenate(L.h).astype(np.float32)
+    ts = [t if k < 1 else -1.0 for t, k in zip(thresh, KEEP_GRID)]
+    return thresh, freq, ffn_errors(a, h, down, ts)
 
 
 def summarize(layers, downs, calib_sha, n_tokens, default_keep=DEFAULT_KEEP, progress=True) -> Profile:
@@ -198,12 +173,8 @@ def summarize(layers, downs, calib_sha, n_tokens, default_keep=DEFAULT_KEEP, pro
     err = np.zeros((n, len(KEEP_GRID)), np.float32)
     freq = []
     for il in tqdm(range(n), desc="statistics", unit="layer", disable=not progress):
-        L = layers[il]
-        thresh[il] = [L.threshold(k) for k in KEEP_GRID]
-        freq.append(L.frequency(L.threshold(default_keep)))
-        a, h = np.concatenate(L.act).astype(np.float32), np.concatenate(L.h).astype(np.float32)
-        ts = [t if k < 1 else -1.0 for t, k in zip(thresh[il], KEEP_GRID)]
-        err[il] = ffn_errors(a, h, downs(il), ts)
+        thresh[il], f, err[il] = layer_summary(layers[il], downs(il), default_keep)
+        freq.append(f)
     return Profile(layers, calib_sha, n_tokens, thresh, freq, err)
 
 

@@ -252,6 +252,15 @@ class GGUFFile:
     def get(self, key: str, default=None):
         return self.kv.get(key, default)
 
+    def drop_pages(self) -> None:
+        """Let go of the mapped pages read so far (MADV_DONTNEED; they are read again if touched), so a
+        layer-at-a-time pass holds one layer of the file, not every layer it has seen."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                self._mm.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):
+                pass
+
     def close(self) -> None:
         # numpy views may still reference the map; closing it then would fault, so leave that to GC
         try:

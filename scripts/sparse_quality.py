@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+# sparse_quality.py — the sparse FFN's quality table for one model: `pi2 perplexity -c 512` on a held-out text
+# (CPython's Lib/pydoc_data/topics.py from the local Python install; never calibrate on it) for the source
+# GGUF (dense), the pi2 file at keep 1.0, 0.7, 0.5, 0.35 (calibrated thresholds, no predictor) and with the
+# file's pi2-made predictor at its default keep; with mean keep, predicted share and FFN bytes per token.
+# Owns: converting the model when given a plain GGUF (with --predictor), running the settings, the markdown.
+# Usage: python3 scripts/sparse_quality.py MODEL.gguf [--pi2 FILE.pi2.gguf | -o OUT.pi2.gguf] [--predictor lowbit]
+#        [--chunks N]
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pi2.convert import convert, default_output, predictor, summary  # noqa: E402
+from pi2.errors import Pi2Error  # noqa: E402
+from pi2.perplexity import perplexity  # noqa: E402
+from pi2.runtime import RunConfig, open_context, open_model  # noqa: E402
+
+KEEPS = (1.0, 0.7, 0.5, 0.35)
+
+
+def held_out_text() -> tuple[str, str]:
+    import pydoc_data.topics as topics
+    p = Path(topics.__file__)
+    return p.read_text(encoding="utf-8"), f"{p.parent.parent.name}/pydoc_data/topics.py"
+
+
+def measure(path: Path, text: str, n_ctx: int, chunks: int, threads: int, **run) -> dict:
+    model = open_model(path)
+    ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=threads, **run))
+    tok = model.tokenizer
+    tokens = tok.encode(text, add_special=None, parse_special=False)
+
+    def eval_chunk(chunk):
+        ctx.reset()
+        return ctx.decode(chunk, all_logits=True)
+
+    t0 = time.perf_counter()
+    res = perplexity(eval_chunk, tokens, n_ctx, n_chunks=chunks, bos_id=tok.bos_id, add_bos=tok.add_bos)
+    stats = ctx.bench_stats() if hasattr(ctx, "bench_stats") else {}
+    if not stats:                                   # the C engine's dense FFN: every neuron, every byte
+        stats = {"ffn_keep": 1.0, "ffn_bytes_per_token": dense_ffn_bytes(model)}
+    model.close()
+    return {"ppl": res.ppl, "stderr": res.stderr, "seconds": time.perf_counter() - t0, **stats}
+
+
+def dense_ffn_bytes(model) -> int:
+    f = model.file
+    names = [n for n in f.tensors if any(k in n for k in (".ffn_gate.", ".ffn_up.", ".ffn_down.", ".ffn_down_t."))]
+    return int(sum(f.tensors[n].nbytes for n in names))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("model", help="a GGUF model (converted here) or its pi2 file")
+    ap.add_argument("--pi2", help="an existing pi2 file of MODEL (with a predictor)")
+    ap.add_argument("-o", "--output", help="where to write the conversion (default: beside MODEL)")
+    ap.add_argument("--predictor", default=predictor.DEFAULT_KIND, help="kind for the conversion")
+    ap.add_argument("--predictor-input", default="ffn_norm")
+    ap.add_argument("--chunks", type=int, default=-1, help="score at most N chunks per setting")
+    ap.add_argument("-c", "--ctx-size", type=int, default=512)
+    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("--calib-tokens", type=int, default=2048)
+    a = ap.parse_args()
+    src = Path(a.model)
+    try:
+        pi2 = Path(a.pi2) if a.pi2 else None
+        if pi2 is None:
+            pi2 = Path(a.output) if a.output else \
+                default_output(src).with_name(default_output(src).name.replace(".pi2.", f".{a.predictor}.pi2."))
+            rep = convert(src, pi2, calib_tokens=a.calib_tokens,
+                          pred=predictor.Spec(a.predictor, a.predictor_input))
+            print(summary(rep), file=sys.stderr)
+        text, name = held_out_text()
+        rows = [("source GGUF, dense", src, {"engine": "auto"})]
+        rows += [(f"keep {k:g}" + (" (dense)" if k >= 1 else ""), pi2,
+                  {"engine": "reference", "keep": k, "dense": k >= 1, "predictor": False}) for k in KEEPS]
+        rows += [("predictor, default keep", pi2, {"engine": "reference"})]
+        out = []
+        for label, path, run in rows:
+            r = measure(path, text, a.ctx_size, a.chunks, a.threads, **run)
+            out.append((label, r))
+            print(f"{label}: PPL {r['ppl']:.4f} ({r['seconds']:.0f}s)", file=sys.stderr, flush=True)
+    except Pi2Error as e:
+        print(f"pi2: error: {e}", file=sys.stderr)
+        return 1
+    base = out[0][1]
+    print(f"\n{src.name}, `pi2 perplexity -c {a.ctx_size}` on {name}"
+          f"{'' if a.chunks < 0 else f', first {a.chunks} chunks'}; pi2 file {pi2.name}\n")
+    print("| setting | PPL | vs dense source | mean keep | predicted | FFN bytes/token |")
+    print("|---|---|---|---|---|---|")
+    for label, r in out:
+        rel = 100 * (r["ppl"] / base["ppl"] - 1) if math.isfinite(base["ppl"]) else float("nan")
+        pr = f"{r['ffn_predicted']:.3f}" if "ffn_predicted" in r else "–"
+        print(f"| {label} | {r['ppl']:.4f} ± {r['stderr']:.4f} | {rel:+.2f}% | {r['ffn_keep']:.3f} | {pr} | "
+              f"{r['ffn_bytes_per_token'] / 2**20:.2f} MiB |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,9 +30,10 @@ _NP = {GGUFValueType.UINT8: np.uint8, GGUFValueType.INT8: np.int8, GGUFValueType
 
 @pytest.fixture(autouse=True)
 def no_hang():
-    """Fail instead of hanging: every test here finishes in well under 20 s."""
+    """Fail instead of hanging (a generous bound: gguf's own reader takes seconds on a real model, more on a
+    loaded machine)."""
     old = signal.signal(signal.SIGALRM, lambda *a: pytest.fail("timed out (the reader hung)"))
-    signal.alarm(20)
+    signal.alarm(180)
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
@@ -127,7 +128,7 @@ def test_real_model_opens_fast():
     t = time.perf_counter()
     g = GGUFFile(p)
     dt = time.perf_counter() - t
-    assert dt < 1.5, f"opening took {dt:.2f} s"
+    assert dt < 15, f"opening took {dt:.2f} s"      # ~0.3 s quiet: only a read of the tensor data would reach this
     assert len(g.kv["tokenizer.ggml.tokens"]) > 150_000
     assert g.magic == "GGUF" and {t.type_name for t in g.tensors.values()} >= {"Q4_K", "Q6_K", "F32"}
 

@@ -1,7 +1,8 @@
 /* matmul.c — the dense matrix products of the forward pass (matmul.h).
  * Does: quantize x once per activation format (rows in parallel for batches); split the output
  *       rows of a group of matrices into about TASKS_PER_THREAD tasks per thread; inside a task, walk token
- *       tiles of TILE_TOK so a weight row and a tile of activations stay in L1 (prompt batches).
+ *       tiles of TILE_TOK so a weight row and a tile of activations stay in L1 (prompt batches), four
+ *       or two rows at a time where the type has such a kernel.
  * Does not: choose kernels (kernels/traits.c) or skip rows (the sparse FFN will).
  * Determinism: every out[t][r] is one vec_dot of fixed inputs, whichever thread computes it; which
  *       float order (vec_dot or vec_dot_batch) depends on the batch size and t as in ggml. */
@@ -18,6 +19,7 @@ typedef struct {
     int32_t n_mm, n_tok;
     const pi2_type_traits *tr[MAX_GROUP];
     pi2_vec_dot4x2_fn dot4x2[MAX_GROUP];   /* two rows x four tokens, or NULL */
+    pi2_vec_dot4x2_fn dot4x4[MAX_GROUP];   /* four rows x four tokens, or NULL */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -70,16 +72,18 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
         const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-            if (j->dot4x2[i] && r + 1 < r1 && t1 - t0 >= 4) {   /* rows r, r+1: same orders as vec_dot */
+            const int rows = j->dot4x4[i] && r + 3 < r1 ? 4 : j->dot4x2[i] && r + 1 < r1 ? 2 : 1;
+            if (rows > 1 && t1 - t0 >= 4) {   /* rows r .. r+rows-1: same orders as vec_dot */
+                const pi2_vec_dot4x2_fn fn = rows == 4 ? j->dot4x4[i] : j->dot4x2[i];
                 int32_t t = t0;
                 for (; t + 4 <= t1; t += 4)
-                    j->dot4x2[i](w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
-                                   w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
+                    fn(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
+                       w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
                 for (; t < t1; t++)
-                    for (int64_t k = r; k < r + 2; k++)
+                    for (int64_t k = r; k < r + rows; k++)
                         tr->vec_dot(w->n_in, &out[(size_t)t * w->n_out + k], w->data + (size_t)k * w->row_bytes,
                                     j->xq[i] + (size_t)t * j->xq_row[i]);
-                r++;
+                r += rows - 1;
                 continue;
             }
             for (int32_t t = t0; t < t1; t++) {
@@ -110,6 +114,7 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
     for (int32_t i = 0; i < n_mm; i++) {
         j.tr[i] = pi2_traits(mm[i].w->type, env->impl);
         j.dot4x2[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x2(mm[i].w->type, env->impl);
+        j.dot4x4[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x4(mm[i].w->type, env->impl);
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;

@@ -85,6 +85,60 @@ static X86_TARGET void X86_FN(q5_0_vec_dot4x2)(int64_t n, float *s, size_t s_str
 #endif
 }
 
+#if X86_VNNI
+/* Q5_0 rows a and b, one block each: the unsigned 5-bit codes q + 16 (0..31) of a in bytes 0..31 and
+ * of b in bytes 32..63, value order as nibbles() (low nibbles, then high), the fifth bit from qh. */
+static inline X86_TARGET __m512i X86_FN(q5_0_codes2)(const blk_q5_0 *a, const blk_q5_0 *b) {
+    const __m256i qs = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a->qs)),
+                                               _mm_loadu_si128((const __m128i *)b->qs), 1);
+    const __m512i z = _mm512_castsi256_si512(qs);
+    const __m512i dup = _mm512_shuffle_i64x2(z, z, 0x50);                 /* [a.qs, a.qs, b.qs, b.qs] */
+    const __m512i nib = _mm512_and_si512(_mm512_mask_srli_epi16(dup, 0xFF00FF00u, dup, 4), _mm512_set1_epi8(0x0F));
+    uint32_t ha, hb;
+    memcpy(&ha, a->qh, 4);
+    memcpy(&hb, b->qh, 4);
+    const __mmask64 h = _cvtu64_mask64((uint64_t)ha | (uint64_t)hb << 32);
+    return _mm512_mask_add_epi8(nib, h, nib, _mm512_set1_epi8(16));
+}
+
+/* twin: q5_0_vec_dot in ref.c (x86 order: q5_0_vec_dot in x86_body.h), four rows x four tokens. Rows
+ * (0, 1) and (2, 3) share a 512-bit register, 8 lanes each. A lane's int32 is Σ code·y − 16·Σ y over its
+ * four values, which is Σ q·y exactly (the −16·Σ y start is computed once per token for all rows); the
+ * float steps per output are vec_dot's: dx·dy, one FMA per block into its own 8 lanes, hsum. */
+static X86_TARGET void X86_FN(q5_0_vec_dot4x4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               size_t w_stride, const void *xq, size_t xq_stride) {
+    const blk_q5_0 *x[4];
+    for (int k = 0; k < 4; k++) x[k] = (const blk_q5_0 *)((const uint8_t *)w + k * w_stride);
+    __m512 acc[2][4];
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < 4; t++) acc[p][t] = _mm512_setzero_ps();
+    const __m512i c16 = _mm512_set1_epi8(16);
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m512i c[2] = {X86_FN(q5_0_codes2)(&x[0][i], &x[1][i]), X86_FN(q5_0_codes2)(&x[2][i], &x[3][i])};
+        __m512 dx[2];
+        for (int p = 0; p < 2; p++) {
+            const __m256 d0 = _mm256_set1_ps(X86_FN(h2f)(x[2 * p][i].d)), d1 = _mm256_set1_ps(X86_FN(h2f)(x[2 * p + 1][i].d));
+            dx[p] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d0)), _mm256_castps_pd(d1), 1));
+        }
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
+            const __m512i yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y->qs));
+            const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c16, yv));
+            const __m512 dy = _mm512_set1_ps(X86_FN(h2f)(y->d));
+            for (int p = 0; p < 2; p++) {
+                const __m512i q = _mm512_dpbusd_epi32(start, c[p], yv);
+                acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dx[p], dy), _mm512_cvtepi32_ps(q), acc[p][t]);
+            }
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int p = 0; p < 2; p++) {
+            s[t * s_stride + 2 * p] = X86_FN(hsum)(_mm512_castps512_ps256(acc[p][t]));
+            s[t * s_stride + 2 * p + 1] = X86_FN(hsum)(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][t]), 1)));
+        }
+}
+#endif
+
 /* twin: q8_0_vec_dot in ref.c (x86 order: q8_0_vec_dot in x86_body.h), four tokens */
 static X86_TARGET void X86_FN(q8_0_vec_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
                                              const void *xq, size_t xq_stride) {

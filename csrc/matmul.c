@@ -20,6 +20,7 @@ typedef struct {
     const pi2_type_traits *tr[MAX_GROUP];
     pi2_vec_dot4x2_fn dot4x2[MAX_GROUP];   /* two rows x four tokens, or NULL */
     pi2_vec_dot4x2_fn dot4x4[MAX_GROUP];   /* four rows x four tokens, or NULL */
+    pi2_vec_dot4x2_fn dot8x4[MAX_GROUP];   /* four rows x eight tokens, or NULL (only with dot4x4) */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -76,6 +77,10 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
             if (rows > 1 && t1 - t0 >= 4) {   /* rows r .. r+rows-1: same orders as vec_dot */
                 const pi2_vec_dot4x2_fn fn = rows == 4 ? j->dot4x4[i] : j->dot4x2[i];
                 int32_t t = t0;
+                if (rows == 4 && j->dot8x4[i])
+                    for (; t + 8 <= t1; t += 8)
+                        j->dot8x4[i](w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
+                                     w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
                 for (; t + 4 <= t1; t += 4)
                     fn(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
                        w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
@@ -115,6 +120,7 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
         j.tr[i] = pi2_traits(mm[i].w->type, env->impl);
         j.dot4x2[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x2(mm[i].w->type, env->impl);
         j.dot4x4[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x4(mm[i].w->type, env->impl);
+        j.dot8x4[i] = j.dot4x4[i] ? pi2_kernels_dot8x4(mm[i].w->type, env->impl) : NULL;
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;

@@ -28,7 +28,7 @@
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
-static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT];
+static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT], dot8x4[2][PI2_T_COUNT];
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;   /* also fills the tables */
@@ -38,6 +38,11 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
 pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
     return dot4x4[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return dot8x4[impl == PI2_K_IMPL_AUTO][type];
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
@@ -64,6 +69,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_vnni, q5_0_vec_dot4_vnni, "avx512vnni");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_vnni;
         dot4x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x4_vnni;
+        dot8x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot8x4_vnni;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, NULL, "avx512vnni");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, q8_0_vec_dot4_vnni, "avx512vnni");
     } else {
@@ -99,6 +105,11 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
     (void)type; (void)impl;
     return NULL;
 }

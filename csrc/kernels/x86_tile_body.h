@@ -101,17 +101,18 @@ static inline X86_TARGET __m512i X86_FN(q5_0_codes2)(const blk_q5_0 *a, const bl
     return _mm512_mask_add_epi8(nib, h, nib, _mm512_set1_epi8(16));
 }
 
-/* twin: q5_0_vec_dot in ref.c (x86 order: q5_0_vec_dot in x86_body.h), four rows x four tokens. Rows
+/* twin: q5_0_vec_dot in ref.c (x86 order: q5_0_vec_dot in x86_body.h), four rows x NT tokens. Rows
  * (0, 1) and (2, 3) share a 512-bit register, 8 lanes each. A lane's int32 is Σ code·y − 16·Σ y over its
  * four values, which is Σ q·y exactly (the −16·Σ y start is computed once per token for all rows); the
  * float steps per output are vec_dot's: dx·dy, one FMA per block into its own 8 lanes, hsum. */
-static X86_TARGET void X86_FN(q5_0_vec_dot4x4)(int64_t n, float *s, size_t s_stride, const void *w,
-                                               size_t w_stride, const void *xq, size_t xq_stride) {
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_0_rows4)(
+        int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *xq, size_t xq_stride,
+        const int NT) {
     const blk_q5_0 *x[4];
     for (int k = 0; k < 4; k++) x[k] = (const blk_q5_0 *)((const uint8_t *)w + k * w_stride);
-    __m512 acc[2][4];
+    __m512 acc[2][8];
     for (int p = 0; p < 2; p++)
-        for (int t = 0; t < 4; t++) acc[p][t] = _mm512_setzero_ps();
+        for (int t = 0; t < NT; t++) acc[p][t] = _mm512_setzero_ps();
     const __m512i c16 = _mm512_set1_epi8(16);
     for (int64_t i = 0; i < n / 32; i++) {
         const __m512i c[2] = {X86_FN(q5_0_codes2)(&x[0][i], &x[1][i]), X86_FN(q5_0_codes2)(&x[2][i], &x[3][i])};
@@ -120,7 +121,7 @@ static X86_TARGET void X86_FN(q5_0_vec_dot4x4)(int64_t n, float *s, size_t s_str
             const __m256 d0 = _mm256_set1_ps(X86_FN(h2f)(x[2 * p][i].d)), d1 = _mm256_set1_ps(X86_FN(h2f)(x[2 * p + 1][i].d));
             dx[p] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d0)), _mm256_castps_pd(d1), 1));
         }
-        for (int t = 0; t < 4; t++) {
+        for (int t = 0; t < NT; t++) {
             const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
             const __m512i yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y->qs));
             const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c16, yv));
@@ -131,11 +132,22 @@ static X86_TARGET void X86_FN(q5_0_vec_dot4x4)(int64_t n, float *s, size_t s_str
             }
         }
     }
-    for (int t = 0; t < 4; t++)
+    for (int t = 0; t < NT; t++)
         for (int p = 0; p < 2; p++) {
             s[t * s_stride + 2 * p] = X86_FN(hsum)(_mm512_castps512_ps256(acc[p][t]));
             s[t * s_stride + 2 * p + 1] = X86_FN(hsum)(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[p][t]), 1)));
         }
+}
+
+/* q5_0_rows4 on four and on eight tokens (the eight-token one unpacks each weight block once for all eight). */
+static X86_TARGET void X86_FN(q5_0_vec_dot4x4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               size_t w_stride, const void *xq, size_t xq_stride) {
+    X86_FN(q5_0_rows4)(n, s, s_stride, w, w_stride, xq, xq_stride, 4);
+}
+
+static X86_TARGET void X86_FN(q5_0_vec_dot8x4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               size_t w_stride, const void *xq, size_t xq_stride) {
+    X86_FN(q5_0_rows4)(n, s, s_stride, w, w_stride, xq, xq_stride, 8);
 }
 #endif
 

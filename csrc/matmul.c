@@ -21,6 +21,7 @@ typedef struct {
     pi2_vec_dot4x2_fn dot4x2[MAX_GROUP];   /* two rows x four tokens, or NULL */
     pi2_vec_dot4x2_fn dot4x4[MAX_GROUP];   /* four rows x four tokens, or NULL */
     pi2_vec_dot4x2_fn dot8x4[MAX_GROUP];   /* four rows x eight tokens, or NULL (only with dot4x4) */
+    pi2_vec_dot4_fn batch8[MAX_GROUP];     /* vec_dot_batch on eight tokens, or NULL */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -96,7 +97,10 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
                 const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
                 const int batch = pi2_uses_batch_dot(tr, j->n_tok, t);
                 const pi2_vec_dot4_fn dot4 = batch ? tr->vec_dot_batch4 : tr->vec_dot4;
-                if (dot4 && t + 4 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 3) == batch) {
+                if (batch && j->batch8[i] && t + 8 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 7)) {
+                    j->batch8[i](w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+7, same orders */
+                    t += 7;
+                } else if (dot4 && t + 4 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 3) == batch) {
                     dot4(w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+3, same orders */
                     t += 3;
                 } else
@@ -121,6 +125,7 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
         j.dot4x2[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x2(mm[i].w->type, env->impl);
         j.dot4x4[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x4(mm[i].w->type, env->impl);
         j.dot8x4[i] = j.dot4x4[i] ? pi2_kernels_dot8x4(mm[i].w->type, env->impl) : NULL;
+        j.batch8[i] = j.tr[i]->vec_dot_batch4 ? pi2_kernels_batch8(mm[i].w->type, env->impl) : NULL;
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;

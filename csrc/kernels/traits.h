@@ -110,6 +110,8 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl);
 pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl);
 /* dot4x4 on eight tokens (t < 8), the weight blocks unpacked once for all eight; NULL where there is none. */
 pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl);
+/* vec_dot_batch4 on eight tokens (t < 8, all in the batch order); NULL where there is none. */
+pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl);
 /* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels (install
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);

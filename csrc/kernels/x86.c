@@ -29,6 +29,8 @@
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
 static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT], dot8x4[2][PI2_T_COUNT];
+/* [allow_ext][type]: vec_dot_batch on eight tokens, likewise. */
+static pi2_vec_dot4_fn batch8[2][PI2_T_COUNT];
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;   /* also fills the tables */
@@ -43,6 +45,11 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
 pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
     return dot8x4[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return batch8[impl == PI2_K_IMPL_AUTO][type];
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
@@ -87,6 +94,8 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
     t[PI2_T_Q4_K].vec_dot_batch4 = q4_K_gemm_dot4_avx2;
     t[PI2_T_Q6_K].vec_dot_batch4 = q6_K_tiled_dot4_avx2;
+    batch8[allow_ext != 0][PI2_T_Q4_K] = q4_K_gemm_dot8_avx2;
+    batch8[allow_ext != 0][PI2_T_Q6_K] = q6_K_tiled_dot8_avx2;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);
@@ -110,6 +119,11 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
     (void)type; (void)impl;
     return NULL;
 }

@@ -191,65 +191,80 @@ static X86_TARGET void X86_FN(q4_1_vec_dot4)(int64_t n, float *s, size_t s_strid
 }
 
 #if !X86_VNNI
-/* twin: q4_K_gemm_dot in ref_k.h, four tokens at once: the weight block is unpacked once, and each
- * token's FMA chain runs in one lane of a 4-float vector (lane t: the same operations, same order). */
-static X86_TARGET void X86_FN(q4_K_gemm_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
-                                              const void *xq, size_t xq_stride) {
+/* twin: q4_K_gemm_dot in ref_k.h, NT (4 or 8) tokens at once: the weight block is unpacked once, and
+ * each token's FMA chain runs in one lane of a 4-float vector per group of four tokens (lane t: the same
+ * operations, same order). */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_gemm_rows)(
+        int64_t n, float *s, size_t s_stride, const void *w, const void *xq, size_t xq_stride, const int NT) {
     const blk_q4_K *x = w;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m128 acc = _mm_setzero_ps(), accm = _mm_setzero_ps();
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, accm[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t i = 0; i < n / QK_K; i++) {
         uint8_t sc[8], mn[8];
         for (int j = 0; j < 8; j++) pi2_k4_scale_min(j, x[i].scales, &sc[j], &mn[j]);
         const __m256i mins = _mm256_set_epi16(mn[7], mn[7], mn[6], mn[6], mn[5], mn[5], mn[4], mn[4],
                                               mn[3], mn[3], mn[2], mn[2], mn[1], mn[1], mn[0], mn[0]);
-        __m256i q[8];
+        __m256i q[8], scv[8];
         for (int c = 0; c < 4; c++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
             q[2 * c] = _mm256_and_si256(bits, m4);
             q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
         }
-        __m128 fi[4], fm[4];
-        float dy[4];
-        for (int t = 0; t < 4; t++) {
-            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)xq + t * xq_stride) + i;
-            __m256i sv[4];
-            for (int c = 0; c < 4; c++) {
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c))),
-                                                     _mm256_set1_epi16(sc[2 * c]));
-                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c + 1], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32))),
-                                                     _mm256_set1_epi16(sc[2 * c + 1]));
-                sv[c] = _mm256_add_epi32(p0, p1);
+        for (int j = 0; j < 8; j++) scv[j] = _mm256_set1_epi16(sc[j]);
+        const float xd = X86_FN(h2f)(x[i].d), xdmin = X86_FN(h2f)(x[i].dmin);
+        for (int g = 0; g < NT / 4; g++) {
+            __m128 fi[4], fm[4];
+            float dy[4];
+            for (int t = 0; t < 4; t++) {
+                const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)xq + (4 * g + t) * xq_stride) + i;
+                __m256i sv[4];
+                for (int c = 0; c < 4; c++) {
+                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c))), scv[2 * c]);
+                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c + 1], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32))), scv[2 * c + 1]);
+                    sv[c] = _mm256_add_epi32(p0, p1);
+                }
+                const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(sv[0], sv[1]), _mm256_hadd_epi32(sv[2], sv[3]));
+                fi[t] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+                const __m256i mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins);
+                const __m256i mh = _mm256_hadd_epi32(mp, mp);
+                fm[t] = _mm_cvtepi32_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1)));
+                dy[t] = y->d;
             }
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(sv[0], sv[1]), _mm256_hadd_epi32(sv[2], sv[3]));
-            fi[t] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-            const __m256i mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins);
-            const __m256i mh = _mm256_hadd_epi32(mp, mp);
-            fm[t] = _mm_cvtepi32_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1)));
-            dy[t] = y->d;
-        }
-        _MM_TRANSPOSE4_PS(fi[0], fi[1], fi[2], fi[3]);          /* fi[k] lane t: token t's 64-value sum k */
-        _MM_TRANSPOSE4_PS(fm[0], fm[1], fm[2], fm[3]);
-        const __m128 vy = _mm_loadu_ps(dy);
-        const __m128 dd = _mm_mul_ps(vy, _mm_set1_ps(X86_FN(h2f)(x[i].d)));
-        const __m128 dm = _mm_mul_ps(vy, _mm_set1_ps(X86_FN(h2f)(x[i].dmin)));
-        for (int k = 0; k < 4; k++) {
-            acc = _mm_fmadd_ps(fi[k], dd, acc);
-            accm = _mm_fmadd_ps(fm[k], dm, accm);
+            _MM_TRANSPOSE4_PS(fi[0], fi[1], fi[2], fi[3]);          /* fi[k] lane t: token t's 64-value sum k */
+            _MM_TRANSPOSE4_PS(fm[0], fm[1], fm[2], fm[3]);
+            const __m128 vy = _mm_loadu_ps(dy);
+            const __m128 dd = _mm_mul_ps(vy, _mm_set1_ps(xd));
+            const __m128 dm = _mm_mul_ps(vy, _mm_set1_ps(xdmin));
+            for (int k = 0; k < 4; k++) {
+                acc[g] = _mm_fmadd_ps(fi[k], dd, acc[g]);
+                accm[g] = _mm_fmadd_ps(fm[k], dm, accm[g]);
+            }
         }
     }
-    float r[4];
-    _mm_storeu_ps(r, _mm_sub_ps(acc, accm));
-    for (int t = 0; t < 4; t++) s[t * s_stride] = r[t];
+    for (int g = 0; g < NT / 4; g++) {
+        float r[4];
+        _mm_storeu_ps(r, _mm_sub_ps(acc[g], accm[g]));
+        for (int t = 0; t < 4; t++) s[(4 * g + t) * s_stride] = r[t];
+    }
 }
 
-/* twin: q6_K_tiled_dot in ref_k.h, four tokens at once (codes and scales unpacked once; token t's
- * chain in lane t). */
-static X86_TARGET void X86_FN(q6_K_tiled_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
-                                               const void *xq, size_t xq_stride) {
+static X86_TARGET void X86_FN(q4_K_gemm_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                              const void *xq, size_t xq_stride) {
+    X86_FN(q4_K_gemm_rows)(n, s, s_stride, w, xq, xq_stride, 4);
+}
+
+static X86_TARGET void X86_FN(q4_K_gemm_dot8)(int64_t n, float *s, size_t s_stride, const void *w,
+                                              const void *xq, size_t xq_stride) {
+    X86_FN(q4_K_gemm_rows)(n, s, s_stride, w, xq, xq_stride, 8);
+}
+
+/* twin: q6_K_tiled_dot in ref_k.h, NT (4 or 8) tokens at once (codes and scales unpacked once; token
+ * t's chain in lane t % 4 of group t / 4). */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_tiled_rows)(
+        int64_t n, float *s, size_t s_stride, const void *w, const void *xq, size_t xq_stride, const int NT) {
     const blk_q6_K *x = w;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    __m128 acc = _mm_setzero_ps();
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t i = 0; i < n / QK_K; i++) {
         __m256i q[8], scv[8];
         for (int h = 0; h < 2; h++) {
@@ -268,24 +283,39 @@ static X86_TARGET void X86_FN(q6_K_tiled_dot4)(int64_t n, float *s, size_t s_str
             }
         }
         const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        int32_t tot[4];
-        float dy[4];
-        for (int t = 0; t < 4; t++) {
-            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)xq + t * xq_stride) + i;
-            __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), scales), 5);
-            sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
-            for (int c = 0; c < 8; c++)
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * c))), scv[c]));
-            tot[t] = X86_FN(hsum_i32)(sumi);
-            dy[t] = y->d;
+        const __m128 xd = _mm_set1_ps(X86_FN(h2f)(x[i].d));
+        for (int g = 0; g < NT / 4; g++) {
+            int32_t tot[4];
+            float dy[4];
+            for (int t = 0; t < 4; t++) {
+                const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)xq + (4 * g + t) * xq_stride) + i;
+                __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), scales), 5);
+                sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
+                for (int c = 0; c < 8; c++)
+                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * c))), scv[c]));
+                tot[t] = X86_FN(hsum_i32)(sumi);
+                dy[t] = y->d;
+            }
+            const __m128 r = _mm_mul_ps(_mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)tot)), xd);
+            acc[g] = _mm_fmadd_ps(r, _mm_loadu_ps(dy), acc[g]);
         }
-        const __m128 r = _mm_mul_ps(_mm_cvtepi32_ps(_mm_loadu_si128((const __m128i *)tot)), _mm_set1_ps(X86_FN(h2f)(x[i].d)));
-        acc = _mm_fmadd_ps(r, _mm_loadu_ps(dy), acc);
     }
-    float r[4];
-    _mm_storeu_ps(r, acc);
-    for (int t = 0; t < 4; t++) s[t * s_stride] = r[t];
+    for (int g = 0; g < NT / 4; g++) {
+        float r[4];
+        _mm_storeu_ps(r, acc[g]);
+        for (int t = 0; t < 4; t++) s[(4 * g + t) * s_stride] = r[t];
+    }
+}
+
+static X86_TARGET void X86_FN(q6_K_tiled_dot4)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               const void *xq, size_t xq_stride) {
+    X86_FN(q6_K_tiled_rows)(n, s, s_stride, w, xq, xq_stride, 4);
+}
+
+static X86_TARGET void X86_FN(q6_K_tiled_dot8)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               const void *xq, size_t xq_stride) {
+    X86_FN(q6_K_tiled_rows)(n, s, s_stride, w, xq, xq_stride, 8);
 }
 
 #endif

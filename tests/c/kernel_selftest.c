@@ -178,11 +178,11 @@ static void x86_order_batch(const pi2_type_traits *ref, int type, int64_t n, flo
 static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, (size_t)n * sizeof *a); }
 
 /* The four-token and two-row kernels against their one-token twins, bit for bit: four rows of
- * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot4x4 / dot8x4 /
+ * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot4x4 / dot8x4 / batch8 /
  * vec_dot_batch4. */
 static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
                              const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42,
-                             pi2_vec_dot4x2_fn d44, pi2_vec_dot4x2_fn d84) {
+                             pi2_vec_dot4x2_fn d44, pi2_vec_dot4x2_fn d84, pi2_vec_dot4_fn b8) {
     uint8_t *x4 = malloc(4 * xrow), *x8 = malloc(8 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
     for (int k = 0; k < 8; k++) memcpy(x8 + k * xrow, xq, xrow);
@@ -223,6 +223,13 @@ static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *re
             t->vec_dot_batch(n, &want, row, xq);
             t->vec_dot_batch4(n, four, 2, row, x4, xrow);
             check(same_bits(&four[0], &want, 1) && same_bits(&four[6], &want, 1), "batch4-vs-batch", ref->name, t->vec_dot_impl, size, 0);
+            if (b8) {
+                float eight[16];
+                b8(n, eight, 2, row, x8, xrow);
+                int same = 1;
+                for (int k = 0; k < 8; k++) same &= same_bits(&eight[2 * k], &want, 1);
+                check(same, "batch8-vs-batch", ref->name, t->vec_dot_impl, size, 0);
+            }
         }
     }
     free(x4); free(x8);
@@ -278,7 +285,8 @@ static void test_vec_dot(int type, int size) {
             check(same_bits(out, out_bx86, ROWS), "batch-vs-x86-order", ref->name, t->vec_dot_impl, size, nmse(out, out_bx86, ROWS));
         }
         test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl),
-                         pi2_kernels_dot4x4(type, impl), pi2_kernels_dot8x4(type, impl));
+                         pi2_kernels_dot4x4(type, impl), pi2_kernels_dot8x4(type, impl),
+                         pi2_kernels_batch8(type, impl));
     }
     free(w); free(xq); free(x); free(wf); free(xf);
 }

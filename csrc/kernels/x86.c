@@ -31,6 +31,8 @@
 static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT], dot8x4[2][PI2_T_COUNT];
 /* [allow_ext][type]: vec_dot_batch on eight tokens, likewise. */
 static pi2_vec_dot4_fn batch8[2][PI2_T_COUNT];
+/* [allow_ext][type]: the activation rows dot8x4 reads, made from vec_dot_type rows (NULL: those rows). */
+static pi2_act_prep_fn prep8x4[2][PI2_T_COUNT];
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;   /* also fills the tables */
@@ -50,6 +52,14 @@ pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
 pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
     return batch8[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes) {
+    *block_bytes = 0;
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    const pi2_act_prep_fn f = prep8x4[impl == PI2_K_IMPL_AUTO][type];
+    if (f) *block_bytes = Q8_0_WIDE_BYTES;
+    return f;
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
@@ -77,6 +87,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_vnni;
         dot4x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x4_vnni;
         dot8x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot8x4_vnni;
+        prep8x4[allow_ext != 0][PI2_T_Q5_0] = q8_0_wide_vnni;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, NULL, "avx512vnni");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, q8_0_vec_dot4_vnni, "avx512vnni");
     } else {
@@ -125,6 +136,12 @@ pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
 
 pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
     (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes) {
+    (void)type; (void)impl;
+    *block_bytes = 0;
     return NULL;
 }
 

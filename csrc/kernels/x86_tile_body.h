@@ -6,6 +6,9 @@
  * Does not: stand alone, or pick which tokens use it (matmul.c, by traits.h's vec_dot4 fields). */
 
 #define X86_ACT(T, t, i) ((const T *)((const uint8_t *)xq + (t) * xq_stride) + (i))
+#ifndef Q8_0_WIDE_BYTES
+#define Q8_0_WIDE_BYTES 68   /* q8_0_wide: int32 start[8], int8 qs[32], float d */
+#endif
 #define X86_ZERO4 {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}
 
 /* twin: q5_0_vec_dot in ref.c (x86 order: q5_0_vec_dot in x86_body.h), four tokens */
@@ -107,7 +110,7 @@ static inline X86_TARGET __m512i X86_FN(q5_0_codes2)(const blk_q5_0 *a, const bl
  * float steps per output are vec_dot's: dx·dy, one FMA per block into its own 8 lanes, hsum. */
 static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_0_rows4)(
         int64_t n, float *s, size_t s_stride, const void *w, size_t w_stride, const void *xq, size_t xq_stride,
-        const int NT) {
+        const int NT, const int WIDE) {
     const blk_q5_0 *x[4];
     for (int k = 0; k < 4; k++) x[k] = (const blk_q5_0 *)((const uint8_t *)w + k * w_stride);
     __m512 acc[2][8];
@@ -122,10 +125,21 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_0_rows4)(
             dx[p] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d0)), _mm256_castps_pd(d1), 1));
         }
         for (int t = 0; t < NT; t++) {
-            const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
-            const __m512i yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y->qs));
-            const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c16, yv));
-            const __m512 dy = _mm512_set1_ps(X86_FN(h2f)(y->d));
+            __m512i yv, start;
+            __m512 dy;
+            if (WIDE) {   /* q8_0_wide blocks: start, qs, dy ready */
+                const uint8_t *yb = (const uint8_t *)xq + t * xq_stride + i * Q8_0_WIDE_BYTES;
+                float d;
+                memcpy(&d, yb + 64, 4);
+                start = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)yb));
+                yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(yb + 32)));
+                dy = _mm512_set1_ps(d);
+            } else {
+                const blk_q8_0 *y = X86_ACT(blk_q8_0, t, i);
+                yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y->qs));
+                start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c16, yv));
+                dy = _mm512_set1_ps(X86_FN(h2f)(y->d));
+            }
             for (int p = 0; p < 2; p++) {
                 const __m512i q = _mm512_dpbusd_epi32(start, c[p], yv);
                 acc[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dx[p], dy), _mm512_cvtepi32_ps(q), acc[p][t]);
@@ -139,15 +153,32 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_0_rows4)(
         }
 }
 
-/* q5_0_rows4 on four and on eight tokens (the eight-token one unpacks each weight block once for all eight). */
+/* q5_0_rows4 on four tokens of Q8_0 rows, and on eight tokens of q8_0_wide rows (each weight block
+ * unpacked once for all eight, the per-token steps done once per matrix by q8_0_wide). */
 static X86_TARGET void X86_FN(q5_0_vec_dot4x4)(int64_t n, float *s, size_t s_stride, const void *w,
                                                size_t w_stride, const void *xq, size_t xq_stride) {
-    X86_FN(q5_0_rows4)(n, s, s_stride, w, w_stride, xq, xq_stride, 4);
+    X86_FN(q5_0_rows4)(n, s, s_stride, w, w_stride, xq, xq_stride, 4, 0);
 }
 
 static X86_TARGET void X86_FN(q5_0_vec_dot8x4)(int64_t n, float *s, size_t s_stride, const void *w,
                                                size_t w_stride, const void *xq, size_t xq_stride) {
-    X86_FN(q5_0_rows4)(n, s, s_stride, w, w_stride, xq, xq_stride, 8);
+    X86_FN(q5_0_rows4)(n, s, s_stride, w, w_stride, xq, xq_stride, 8, 1);
+}
+
+/* One Q8_0 row (n values) as q8_0_wide blocks of Q8_0_WIDE_BYTES: the eight int32 −16·Σ y over each
+ * four values (q5_0_rows4's start), the 32 int8 values, and d as float. */
+static X86_TARGET void X86_FN(q8_0_wide)(const void *xq, void *dst, int64_t n) {
+    const blk_q8_0 *y = xq;
+    uint8_t *o = dst;
+    for (int64_t i = 0; i < n / 32; i++, o += Q8_0_WIDE_BYTES) {
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i start = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                               _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(16), yv));
+        const float d = X86_FN(h2f)(y[i].d);
+        _mm256_storeu_si256((__m256i *)o, start);
+        _mm256_storeu_si256((__m256i *)(o + 32), yv);
+        memcpy(o + 64, &d, 4);
+    }
 }
 #endif
 

@@ -221,7 +221,6 @@ static X86_TARGET void X86_FN(q4_1_vec_dot4)(int64_t n, float *s, size_t s_strid
     for (int t = 0; t < 4; t++) s[t * s_stride] = X86_FN(hsum)(acc[t]) + summs[t];
 }
 
-#if !X86_VNNI
 /* twin: q4_K_gemm_dot in ref_k.h, NT (4 or 8) tokens at once: the weight block is unpacked once, and
  * each token's FMA chain runs in one lane of a 4-float vector per group of four tokens (lane t: the same
  * operations, same order). */
@@ -251,8 +250,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_gemm_ro
                 __m256i sv[4];
                 for (int c = 0; c < 4; c++) {
                     const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c))), scv[2 * c]);
-                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(q[2 * c + 1], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32))), scv[2 * c + 1]);
-                    sv[c] = _mm256_add_epi32(p0, p1);
+                    sv[c] = X86_FN(madd_add)(p0, _mm256_maddubs_epi16(q[2 * c + 1], _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32))), scv[2 * c + 1]);
                 }
                 const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(sv[0], sv[1]), _mm256_hadd_epi32(sv[2], sv[3]));
                 fi[t] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
@@ -323,8 +321,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_tiled_r
                 __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), scales), 5);
                 sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
                 for (int c = 0; c < 8; c++)
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * c))), scv[c]));
+                    sumi = X86_FN(madd_add)(sumi, _mm256_maddubs_epi16(q[c], _mm256_loadu_si256((const __m256i *)(y->qs + 32 * c))), scv[c]);
                 tot[t] = X86_FN(hsum_i32)(sumi);
                 dy[t] = y->d;
             }
@@ -349,7 +346,6 @@ static X86_TARGET void X86_FN(q6_K_tiled_dot8)(int64_t n, float *s, size_t s_str
     X86_FN(q6_K_tiled_rows)(n, s, s_stride, w, xq, xq_stride, 8);
 }
 
-#endif
 
 #undef X86_ACT
 #undef X86_ZERO4

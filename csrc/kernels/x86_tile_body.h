@@ -1,9 +1,12 @@
-/* x86_tile_body.h — four-token kernels, included by x86.c after each x86_body.h (same macros): the
- * weight block is unpacked once and multiplied with four activation rows, the lever for prompt batches.
+/* x86_tile_body.h — four- and eight-token kernels, included by x86.c after each x86_body.h (same
+ * macros): the weight block is unpacked once and multiplied with several activation rows, the lever for
+ * prompt batches.
  * Does: for each token, exactly the float operations of its one-token twin, in the same order (token t
- *       keeps its own accumulators), so results are bit-identical to four vec_dot calls.
- *       Q5_0 also has a two-row kernel (pi2_kernels_dot4x2), each activation block loaded once for both.
- * Does not: stand alone, or pick which tokens use it (matmul.c, by traits.h's vec_dot4 fields). */
+ *       keeps its own accumulators), so results are bit-identical to vec_dot calls; integer sums, exact,
+ *       may be formed differently. Q5_0 also has two- and four-row kernels (pi2_kernels_dot4x2, dot4x4,
+ *       dot8x4), each activation block loaded once for all rows; the eight-token one reads q8_0_wide rows.
+ *       Q4_K and Q6_K have eight-token batch kernels (pi2_kernels_batch8).
+ * Does not: stand alone, or pick which tokens use it (matmul.c, by traits.h's fields and x86.c's tables). */
 
 #define X86_ACT(T, t, i) ((const T *)((const uint8_t *)xq + (t) * xq_stride) + (i))
 #ifndef Q8_0_WIDE_BYTES

@@ -1,7 +1,9 @@
 /* matmul.c — the dense matrix products of the forward pass (matmul.h).
  * Does: quantize x once per activation format (rows in parallel for batches); split the output
  *       rows of a group of matrices into about TASKS_PER_THREAD tasks per thread; inside a task, walk token
- *       tiles of TILE_TOK so a weight row and a tile of activations stay in L1 (prompt batches).
+ *       tiles of TILE_TOK so a weight row and a tile of activations stay in L1 (prompt batches), four
+ *       or two rows at a time where the type has such a kernel; for eight-token kernels that read their
+ *       own activation format, make those rows once per token beside the quantized ones.
  * Does not: choose kernels (kernels/traits.c) or skip rows (the sparse FFN will).
  * Determinism: every out[t][r] is one vec_dot of fixed inputs, whichever thread computes it; which
  *       float order (vec_dot or vec_dot_batch) depends on the batch size and t as in ggml. */
@@ -18,6 +20,12 @@ typedef struct {
     int32_t n_mm, n_tok;
     const pi2_type_traits *tr[MAX_GROUP];
     pi2_vec_dot4x2_fn dot4x2[MAX_GROUP];   /* two rows x four tokens, or NULL */
+    pi2_vec_dot4x2_fn dot4x4[MAX_GROUP];   /* four rows x four tokens, or NULL */
+    pi2_vec_dot4x2_fn dot8x4[MAX_GROUP];   /* four rows x eight tokens, or NULL (only with dot4x4) */
+    pi2_vec_dot4_fn batch8[MAX_GROUP];     /* vec_dot_batch on eight tokens, or NULL */
+    const uint8_t *xw[MAX_GROUP];     /* dot8x4's activation rows for mm[i] (prep's format), or xq[i] */
+    size_t xw_row[MAX_GROUP];
+    pi2_act_prep_fn prep[MAX_GROUP];  /* fills xw from xq, in mm[i]'s first user of that type; or NULL */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -35,6 +43,16 @@ static size_t act_row_bytes(const pi2_type_traits *w, int64_t n_in, int32_t impl
     return (size_t)(n_in / a->block_size) * (size_t)a->type_size;
 }
 
+/* Bytes per token of dot8x4's own activation rows for mm[i], 0 when it reads the quantized rows or an
+ * earlier matrix of the group (same type) already made them. */
+static size_t wide_row_bytes(const pi2_mm *mm, int32_t i, int32_t impl) {
+    int32_t bb;
+    if (!pi2_kernels_dot8x4(mm[i].w->type, impl) || !pi2_kernels_dot8x4_prep(mm[i].w->type, impl, &bb)) return 0;
+    for (int32_t j = 0; j < i; j++)
+        if (mm[j].w->type == mm[i].w->type) return 0;
+    return (size_t)(mm[i].w->n_in / 32) * (size_t)bb;
+}
+
 size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t impl) {
     size_t total = 0;
     for (int32_t i = 0; i < n_mm; i++) {
@@ -43,6 +61,7 @@ size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t
         for (int32_t j = 0; j < i; j++)
             shared |= pi2_traits(mm[j].w->type, impl)->vec_dot_type == t->vec_dot_type;
         if (!shared) total += (size_t)n_tok * act_row_bytes(t, mm[i].w->n_in, impl);
+        if (n_tok >= 8) total += (size_t)n_tok * wide_row_bytes(mm, i, impl);
     }
     return total;
 }
@@ -54,6 +73,8 @@ static void quantize_task(void *arg, int32_t t, int32_t thread) {
         const size_t rb = (size_t)(j->n_in / j->qtr[f]->block_size) * (size_t)j->qtr[f]->type_size;
         j->qtr[f]->quantize_act(j->x + (size_t)t * j->n_in, j->qdst[f] + (size_t)t * rb, j->n_in);
     }
+    for (int32_t i = 0; i < j->n_mm; i++)
+        if (j->prep[i]) j->prep[i](j->xq[i] + (size_t)t * j->xq_row[i], (uint8_t *)j->xw[i] + (size_t)t * j->xw_row[i], j->n_in);
 }
 
 static void dot_task(void *arg, int32_t task, int32_t thread) {
@@ -70,16 +91,22 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
         const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-            if (j->dot4x2[i] && r + 1 < r1 && t1 - t0 >= 4) {   /* rows r, r+1: same orders as vec_dot */
+            const int rows = j->dot4x4[i] && r + 3 < r1 ? 4 : j->dot4x2[i] && r + 1 < r1 ? 2 : 1;
+            if (rows > 1 && t1 - t0 >= 4) {   /* rows r .. r+rows-1: same orders as vec_dot */
+                const pi2_vec_dot4x2_fn fn = rows == 4 ? j->dot4x4[i] : j->dot4x2[i];
                 int32_t t = t0;
+                if (rows == 4 && j->dot8x4[i])
+                    for (; t + 8 <= t1; t += 8)
+                        j->dot8x4[i](w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
+                                     w->row_bytes, j->xw[i] + (size_t)t * j->xw_row[i], j->xw_row[i]);
                 for (; t + 4 <= t1; t += 4)
-                    j->dot4x2[i](w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
-                                   w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
+                    fn(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
+                       w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
                 for (; t < t1; t++)
-                    for (int64_t k = r; k < r + 2; k++)
+                    for (int64_t k = r; k < r + rows; k++)
                         tr->vec_dot(w->n_in, &out[(size_t)t * w->n_out + k], w->data + (size_t)k * w->row_bytes,
                                     j->xq[i] + (size_t)t * j->xq_row[i]);
-                r++;
+                r += rows - 1;
                 continue;
             }
             for (int32_t t = t0; t < t1; t++) {
@@ -87,7 +114,10 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
                 const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
                 const int batch = pi2_uses_batch_dot(tr, j->n_tok, t);
                 const pi2_vec_dot4_fn dot4 = batch ? tr->vec_dot_batch4 : tr->vec_dot4;
-                if (dot4 && t + 4 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 3) == batch) {
+                if (batch && j->batch8[i] && t + 8 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 7)) {
+                    j->batch8[i](w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+7, same orders */
+                    t += 7;
+                } else if (dot4 && t + 4 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 3) == batch) {
                     dot4(w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+3, same orders */
                     t += 3;
                 } else
@@ -110,6 +140,9 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
     for (int32_t i = 0; i < n_mm; i++) {
         j.tr[i] = pi2_traits(mm[i].w->type, env->impl);
         j.dot4x2[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x2(mm[i].w->type, env->impl);
+        j.dot4x4[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x4(mm[i].w->type, env->impl);
+        j.dot8x4[i] = j.dot4x4[i] && n_tok >= 8 ? pi2_kernels_dot8x4(mm[i].w->type, env->impl) : NULL;
+        j.batch8[i] = j.tr[i]->vec_dot_batch4 ? pi2_kernels_batch8(mm[i].w->type, env->impl) : NULL;
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;
@@ -121,6 +154,20 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
         }
         j.xq[i] = j.qdst[f];
         j.first_task[i + 1] = j.first_task[i] + (int32_t)((mm[i].w->n_out + j.rows_per_task - 1) / j.rows_per_task);
+    }
+    for (int32_t i = 0; i < n_mm; i++) {   /* dot8x4's own rows, after all quantized rows */
+        j.xw[i] = j.xq[i];
+        j.xw_row[i] = j.xq_row[i];
+        if (!j.dot8x4[i]) continue;
+        int32_t bb;
+        if (!pi2_kernels_dot8x4_prep(mm[i].w->type, env->impl, &bb)) continue;
+        int32_t k = 0;
+        while (k < i && mm[k].w->type != mm[i].w->type) k++;
+        j.xw_row[i] = (size_t)(j.n_in / 32) * (size_t)bb;
+        if (k < i) { j.xw[i] = j.xw[k]; continue; }   /* made for mm[k] */
+        j.prep[i] = pi2_kernels_dot8x4_prep(mm[i].w->type, env->impl, &bb);
+        j.xw[i] = free_xq;
+        free_xq += (size_t)n_tok * j.xw_row[i];
     }
     if (n_tok == 1) quantize_task(&j, 0, 0);
     else pi2_pool_run(env->pool, quantize_task, &j, n_tok);

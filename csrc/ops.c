@@ -1,5 +1,6 @@
 /* ops.c — RMSNorm, RoPE, FFN activations and attention (ops.h), each the C twin of the function of
- * the same concept in pi2/reference.py, equal to it up to float summation order.
+ * the same concept in pi2/reference.py, equal to it up to float summation order. Batch attention has
+ * an AVX-512 path (lane sums in registers, same float order) chosen at run time on x86-64.
  * Does not: multiply by weight matrices (matmul.c) or hold state. */
 #include "ops.h"
 
@@ -219,6 +220,62 @@ WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const fl
     lanes_reduce(out, acc, hdv, vec);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ATTN512 1
+#define T512 __attribute__((target("avx512f")))
+
+/* The sixteen lane sums l[0..15] of a batch dot product (one per vector lane: 16 keys or 16 value
+ * dimensions) reduced as lanes_reduce does without vec: halves, halves, (0+2) + (1+3). */
+static inline T512 __m512 reduce_lanes16(__m512 *l) {
+    for (int i = 0; i < 8; i++) l[i] = _mm512_add_ps(l[8 + i], l[i]);
+    for (int i = 0; i < 4; i++) l[i] = _mm512_add_ps(l[4 + i], l[i]);
+    return _mm512_add_ps(_mm512_add_ps(l[0], l[2]), _mm512_add_ps(l[1], l[3]));
+}
+
+/* score_keys for a batch (tinyBLAS's order, one accumulator) with the 16 lane sums of 16 keys in
+ * registers: term i goes to l[i % 16], added in term order; products of F16 values are exact in float,
+ * so the FMA rounds like the separate product and sum. */
+static T512 void score_keys_512(const pi2_attn *a, const float *q, const float *kT, float *s, int32_t j0, int32_t j1) {
+    const int32_t hd = a->head_dim;
+    for (int32_t jb = j0; jb < j1; jb += 16) {
+        const __mmask16 m = (__mmask16)(j1 - jb >= 16 ? 0xFFFF : (1u << (j1 - jb)) - 1);
+        __m512 l[16];
+        for (int k = 0; k < 16; k++) l[k] = _mm512_setzero_ps();
+        for (int32_t i0 = 0; i0 < hd; i0 += 16) {
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++)
+                if (i0 + k < hd)
+                    l[k] = _mm512_fmadd_ps(_mm512_set1_ps(q[i0 + k]),
+                                           _mm512_maskz_loadu_ps(m, kT + (size_t)(i0 + k) * a->n_ctx + jb), l[k]);
+        }
+        _mm512_mask_storeu_ps(s + jb, m, _mm512_mul_ps(reduce_lanes16(l), _mm512_set1_ps(a->scale)));
+    }
+}
+
+/* weigh_values for a batch: term j goes to l[j % 16] (absolute position, as ACC and the lane index
+ * above), 16 value dimensions per pass. */
+static T512 void weigh_values_512(const pi2_attn *a, const float *p, const float *v, float *out, int32_t j0, int32_t j1) {
+    const int32_t hdv = a->head_dim_v;
+    const size_t vd = (size_t)a->n_head_kv * hdv;
+    for (int32_t d0 = 0; d0 < hdv; d0 += 16) {
+        const __mmask16 m = (__mmask16)(hdv - d0 >= 16 ? 0xFFFF : (1u << (hdv - d0)) - 1);
+        __m512 l[16];
+        for (int k = 0; k < 16; k++) l[k] = _mm512_setzero_ps();
+        for (int32_t jb = j0 & ~15; jb < j1; jb += 16) {
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++)
+                if (jb + k >= j0 && jb + k < j1)
+                    l[k] = _mm512_fmadd_ps(_mm512_set1_ps(p[jb + k]),
+                                           _mm512_maskz_loadu_ps(m, v + (size_t)(jb + k) * vd + d0), l[k]);
+        }
+        _mm512_mask_storeu_ps(out + d0, m, reduce_lanes16(l));
+    }
+}
+#else
+#define ATTN512 0
+#endif
+
 /* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
  * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V.
  * Keys and values come from the cache. */
@@ -231,6 +288,11 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
     float *acc = a->acc + (size_t)thread * pi2_attn_acc_floats(hd, hdv);
     const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
     for (int32_t d = 0; d < hd; d++) qf[d] = f16_round(q[d]);
+#if ATTN512
+    const int wide = !vec && __builtin_cpu_supports("avx512f");
+    if (wide) score_keys_512(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1);
+    else
+#endif
     score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
     float max = -INFINITY;
     for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
@@ -242,6 +304,10 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
         sum += (double)reduce16(lane);
     }
     scale_to_f16(s + j0, pos + 1 - j0, (float)(1.0 / sum));
+#if ATTN512
+    if (wide) weigh_values_512(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1);
+    else
+#endif
     weigh_values(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
 }
 

@@ -211,16 +211,16 @@ def test_ops_match_reference(pool, n):
         for neox in (False, True):
             want = reference.rope(xh[None], cos, sin, n_rot, neox)[0]
             assert bits_equal(cinternal.rope(xh, pos, n_rot, 10000.0, neox), want), (pos, neox)
-    for n_tok in (1, 3):
+    for n_tok, hd, hdv in ((1, 64, 64), (3, 64, 64), (3, 24, 40)):   # 24, 40: partial 16-lane vectors
         if n_tok > n:
             continue
-        q = rng.standard_normal((n_tok, 4, 64), dtype=np.float32) * 2
-        kc = rng.standard_normal((n, 2, 64)).astype(np.float16)
-        vc = rng.standard_normal((n, 2, 64)).astype(np.float16)
+        q = rng.standard_normal((n_tok, 4, hd), dtype=np.float32) * 2
+        kc = rng.standard_normal((n, 2, hd)).astype(np.float16)
+        vc = rng.standard_normal((n, 2, hdv)).astype(np.float16)
         for window in (0, 5):
             got = cinternal.attention(pool, q, kc, vc, n - n_tok, 0.125, window)
             want = reference.attention(q, kc, vc, np.arange(n - n_tok, n), n, 0.125, window)
-            assert bits_equal(got, want), (n_tok, window)
+            assert bits_equal(got, want), (n_tok, hd, hdv, window)
 
 
 def test_argument_errors():

@@ -105,6 +105,18 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *tab, int allow_ext);
 /* The two-row four-token kernel of `type` in table `impl` (x86.c), NULL where there is none (the
  * reference table, other ISAs, other types). Kept beside the table, read-only after the first call. */
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl);
+/* The same with four weight rows (w + k·w_stride, k < 4): out[t·out_stride + k], each output in vec_dot's
+ * float order; NULL where there is none. */
+pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl);
+/* dot4x4 on eight tokens (t < 8), the weight blocks unpacked once for all eight; NULL where there is none.
+ * Its activation rows are those of pi2_kernels_dot8x4_prep where that is not NULL. */
+pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl);
+/* dst = one vec_dot_type row of n values in the format dot8x4 reads (per-token steps done once). */
+typedef void (*pi2_act_prep_fn)(const void *xq, void *dst, int64_t n);
+/* dot8x4's row format maker and its bytes per 32-value block, or NULL (and 0): plain vec_dot_type rows. */
+pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes);
+/* vec_dot_batch4 on eight tokens (t < 8, all in the batch order); NULL where there is none. */
+pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl);
 /* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels (install
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);

@@ -28,11 +28,38 @@
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
-static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT];
+static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT], dot8x4[2][PI2_T_COUNT];
+/* [allow_ext][type]: vec_dot_batch on eight tokens, likewise. */
+static pi2_vec_dot4_fn batch8[2][PI2_T_COUNT];
+/* [allow_ext][type]: the activation rows dot8x4 reads, made from vec_dot_type rows (NULL: those rows). */
+static pi2_act_prep_fn prep8x4[2][PI2_T_COUNT];
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;   /* also fills the tables */
     return dot4x2[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return dot4x4[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return dot8x4[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return batch8[impl == PI2_K_IMPL_AUTO][type];
+}
+
+pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes) {
+    *block_bytes = 0;
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    const pi2_act_prep_fn f = prep8x4[impl == PI2_K_IMPL_AUTO][type];
+    if (f) *block_bytes = Q8_0_WIDE_BYTES;
+    return f;
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
@@ -58,6 +85,9 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_vnni, q4_1_vec_dot4_vnni, "avx512vnni");
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_vnni, q5_0_vec_dot4_vnni, "avx512vnni");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_vnni;
+        dot4x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x4_vnni;
+        dot8x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot8x4_vnni;
+        prep8x4[allow_ext != 0][PI2_T_Q5_0] = q8_0_wide_vnni;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, NULL, "avx512vnni");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, q8_0_vec_dot4_vnni, "avx512vnni");
     } else {
@@ -68,13 +98,16 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, NULL, "avx2");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");
     }
-    /* K-quants scale int16 pair sums, so VNNI brings nothing: the AVX2 kernels serve both. */
+    /* K-quants scale int16 pair sums, so VNNI brings the one-token kernels nothing: the AVX2 ones serve both. */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_Q6_K, q6_K_vec_dot_avx2, NULL, "avx2");
     t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
-    t[PI2_T_Q4_K].vec_dot_batch4 = q4_K_gemm_dot4_avx2;
-    t[PI2_T_Q6_K].vec_dot_batch4 = q6_K_tiled_dot4_avx2;
+    /* The batch kernels' int sums fuse madd and add into vpdpwssd with VNNI (same exact ints). */
+    t[PI2_T_Q4_K].vec_dot_batch4 = vnni ? q4_K_gemm_dot4_vnni : q4_K_gemm_dot4_avx2;
+    t[PI2_T_Q6_K].vec_dot_batch4 = vnni ? q6_K_tiled_dot4_vnni : q6_K_tiled_dot4_avx2;
+    batch8[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_gemm_dot8_vnni : q4_K_gemm_dot8_avx2;
+    batch8[allow_ext != 0][PI2_T_Q6_K] = vnni ? q6_K_tiled_dot8_vnni : q6_K_tiled_dot8_avx2;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);
@@ -89,6 +122,27 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes) {
+    (void)type; (void)impl;
+    *block_bytes = 0;
     return NULL;
 }
 

@@ -116,17 +116,26 @@ static X86_TARGET void X86_FN(q8_0_vec_dot)(int64_t n, float *s, const void *w, 
     *s = X86_FN(hsum)(acc);
 }
 
-#if !X86_VNNI
-/* Scalar vfmadd: a·b + c with one rounding. */
-static inline X86_TARGET float X86_FN(fma1)(float a, float b, float c) {
-    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
-}
-
 static inline X86_TARGET int32_t X86_FN(hsum_i32)(__m256i v) {
     __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0x4E));
     r = _mm_add_epi32(r, _mm_shuffle_epi32(r, 0xB1));
     return _mm_cvtsi128_si32(r);
+}
+
+/* acc + madd(a, b) in int32 (exact: the K-quant sums never overflow): one vpdpwssd with VNNI. */
+static inline X86_TARGET __m256i X86_FN(madd_add)(__m256i acc, __m256i a, __m256i b) {
+#if X86_VNNI
+    return _mm256_dpwssd_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+#if !X86_VNNI
+/* Scalar vfmadd: a·b + c with one rounding. */
+static inline X86_TARGET float X86_FN(fma1)(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
 /* Q4_K block: isb[k] = Σ sc·Σ code·q8 and msb[k] = Σ mn·bsum pair over sub-blocks 2k, 2k+1

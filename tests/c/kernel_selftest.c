@@ -178,11 +178,15 @@ static void x86_order_batch(const pi2_type_traits *ref, int type, int64_t n, flo
 static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, (size_t)n * sizeof *a); }
 
 /* The four-token and two-row kernels against their one-token twins, bit for bit: four rows of
- * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot_batch4. */
+ * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot4x4 / dot8x4 / batch8 /
+ * vec_dot_batch4. */
 static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
-                             const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42) {
-    uint8_t *x4 = malloc(4 * xrow);
+                             const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42,
+                             pi2_vec_dot4x2_fn d44, pi2_vec_dot4x2_fn d84, pi2_act_prep_fn p84, size_t wrow,
+                             pi2_vec_dot4_fn b8) {
+    uint8_t *x4 = malloc(4 * xrow), *x8 = malloc(8 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
+    for (int k = 0; k < 8; k++) memcpy(x8 + k * xrow, xq, xrow);
     for (int r = 0; r < rows; r++) {
         const uint8_t *row = w + r * row_bytes;
         float one, four[8], want;
@@ -200,13 +204,42 @@ static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *re
             for (int k = 0; k < 8; k++) same &= same_bits(&four[k], &two[k % 2], 1);
             check(same, "dot4x2-vs-dot", ref->name, t->vec_dot_impl, size, 0);
         }
+        if (d44 && r + 3 < rows) {   /* rows r..r+3 x four tokens: out[4t + k] */
+            float one4[4], sixteen[16];
+            for (int k = 0; k < 4; k++) t->vec_dot(n, &one4[k], row + k * row_bytes, xq);
+            d44(n, sixteen, 4, row, row_bytes, x4, xrow);
+            int same = 1;
+            for (int k = 0; k < 16; k++) same &= same_bits(&sixteen[k], &one4[k % 4], 1);
+            check(same, "dot4x4-vs-dot", ref->name, t->vec_dot_impl, size, 0);
+        }
+        if (d84 && r + 3 < rows) {   /* rows r..r+3 x eight tokens (the four activation rows twice) */
+            float one4[4], out32[32];
+            for (int k = 0; k < 4; k++) t->vec_dot(n, &one4[k], row + k * row_bytes, xq);
+            if (p84) {   /* dot8x4 reads its own rows: eight copies of prep's row */
+                uint8_t *w8 = malloc(8 * wrow);
+                for (int k = 0; k < 8; k++) p84(xq, w8 + k * wrow, n);
+                d84(n, out32, 4, row, row_bytes, w8, wrow);
+                free(w8);
+            } else
+                d84(n, out32, 4, row, row_bytes, x8, xrow);
+            int same = 1;
+            for (int k = 0; k < 32; k++) same &= same_bits(&out32[k], &one4[k % 4], 1);
+            check(same, "dot8x4-vs-dot", ref->name, t->vec_dot_impl, size, 0);
+        }
         if (t->vec_dot_batch && t->vec_dot_batch4) {
             t->vec_dot_batch(n, &want, row, xq);
             t->vec_dot_batch4(n, four, 2, row, x4, xrow);
             check(same_bits(&four[0], &want, 1) && same_bits(&four[6], &want, 1), "batch4-vs-batch", ref->name, t->vec_dot_impl, size, 0);
+            if (b8) {
+                float eight[16];
+                b8(n, eight, 2, row, x8, xrow);
+                int same = 1;
+                for (int k = 0; k < 8; k++) same &= same_bits(&eight[2 * k], &want, 1);
+                check(same, "batch8-vs-batch", ref->name, t->vec_dot_impl, size, 0);
+            }
         }
     }
-    free(x4);
+    free(x4); free(x8);
 }
 
 static int64_t cols_for(const pi2_type_traits *ref, int size) {
@@ -258,7 +291,11 @@ static void test_vec_dot(int type, int size) {
             for (int r = 0; r < ROWS; r++) t->vec_dot_batch(n, &out[r], w + r * row_bytes, xq);
             check(same_bits(out, out_bx86, ROWS), "batch-vs-x86-order", ref->name, t->vec_dot_impl, size, nmse(out, out_bx86, ROWS));
         }
-        test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl));
+        int32_t p84_bytes;
+        const pi2_act_prep_fn p84 = pi2_kernels_dot8x4_prep(type, impl, &p84_bytes);
+        test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl),
+                         pi2_kernels_dot4x4(type, impl), pi2_kernels_dot8x4(type, impl),
+                         p84, (size_t)(n / 32) * (size_t)p84_bytes, pi2_kernels_batch8(type, impl));
     }
     free(w); free(xq); free(x); free(wf); free(xf);
 }

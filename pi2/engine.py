@@ -239,6 +239,13 @@ class CModel:
         return cm
 
 
+def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:
+    """pi2_stream_query: slot_bytes, min_slots, and layer's hot_bytes (n_hot neurons), bundle_bytes, layer_bytes."""
+    out = ffi.new("pi2_stream_sizes *")
+    check(lib.pi2_stream_query(cmodel._h, cluster, layer, n_hot, out))
+    return {k: getattr(out, k) for k in ("slot_bytes", "min_slots", "hot_bytes", "bundle_bytes", "layer_bytes")}
+
+
 def _default_threads() -> int:
     import os
     try:
@@ -321,6 +328,30 @@ class CContext:
         return {"ffn_keep": round(int(active.sum()) / total, 6),
                 "ffn_bytes_per_token": int(round(sum(bytes_touched(spec.rule, lb, n, int(a))
                                                      for lb, a in zip(lbs, active)) / n))}
+
+    def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
+                   direct: bool = True) -> None:
+        """Serve the FFN bundles from a neuron cache (csrc/cache.c): n_hot[L] resident neurons per layer, n_slots
+        cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto)."""
+        from pi2.flash_io import _IDS
+        hot = np.ascontiguousarray(np.zeros(self.cfg.n_layer) if n_hot is None else n_hot, np.int32)
+        self._stream_hot = hot
+        self._stream_path = ffi.new("char[]", self.cmodel.path.encode())
+        p = ffi.new("pi2_stream_params *", {"backend": _IDS[io], "queue_depth": queue_depth, "direct": int(direct),
+                                            "cluster": cluster, "n_slots": n_slots})
+        p.path = self._stream_path
+        p.n_hot = ffi.from_buffer("int32_t[]", hot)
+        check(lib.pi2_ctx_set_stream(self._h, p))
+        self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth}
+
+    def cache_stats(self) -> dict:
+        """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""
+        if not getattr(self, "stream", None):
+            return {}
+        st = ffi.new("pi2_cache_stats *")
+        check(lib.pi2_ctx_cache_stats(self._h, st))
+        return {k: getattr(st, k) for k in ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads",
+                                            "io_wait_s", "read_s", "arena_bytes", "hot_bytes")}
 
     def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or

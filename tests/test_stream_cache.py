@@ -1,0 +1,108 @@
+"""test_stream_cache.py — streamed FFN bundles (csrc/cache.c): a context serving its bundles from a resident hot
+prefix and an LRU of cold cluster slots read by the flash I/O backends gives logits bit-identical to the mapped
+run, for several keeps, cache sizes (a tiny cache that mostly misses, a big one that hits), cluster sizes, backends
+and thread counts; its statistics add up; bad parameters and a failing read are refused with a message."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from fixtures import write_model
+from pi2file import write_pi2
+
+from pi2 import sparse
+from pi2.engine import CContext, CModel, stream_sizes
+from pi2.errors import EngineError, UnsupportedError
+from pi2.model.loader import load_model
+
+TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99, 12, 250, 77, 5, 9, 1]
+
+
+def run(ctx) -> np.ndarray:
+    """A prompt batch of 6, 8 single tokens, a batch of 3, then 3 single tokens: logits of every token."""
+    out = [ctx.decode(TOKENS[:6], all_logits=True)]
+    out += [ctx.decode([t], all_logits=True) for t in TOKENS[6:14]]
+    out.append(ctx.decode(TOKENS[14:17], all_logits=True))
+    out += [ctx.decode([t], all_logits=True) for t in TOKENS[17:]]
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stream")
+    q8 = write_model(d / "q8.gguf", wtype="Q8_0", n_ff=320, n_embd=64)      # 5 groups of 64
+    odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)
+    return {"q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
+            "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
+            "gud": write_pi2(q8, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
+
+
+def ctx_for(path, keep, threads, stream=None):
+    m = load_model(path)
+    c = CContext(CModel.from_model(m), 64, threads)
+    c.set_ffn(sparse.choose_rule(m, keep))
+    if stream:
+        c.set_stream(**stream)
+    return c
+
+
+@pytest.mark.parametrize("name", ["q8", "f16"])
+@pytest.mark.parametrize("keep", [0.25, 0.5, 1.0])
+def test_streamed_equals_mapped(files, name, keep):
+    want = run(ctx_for(files[name], keep, 1))
+    m = load_model(files[name])
+    n_ff, n_layer = m.config.n_ff, m.config.n_layer
+    cases = [  # (cluster, slots beyond the minimum, hot neurons per layer, backend, threads)
+        (64, 0, [0] * n_layer, "pread", 1),                       # tiny: one layer's clusters, no hot prefix
+        (16, 0, [40 + 16 * i for i in range(n_layer)], "pread", 2),  # hot prefixes not on a cluster boundary
+        (32, 1000, [64] * n_layer, "aio", 2),                     # big: every cluster stays
+        (8, 3, [n_ff] * n_layer, "mmap", 1),                      # everything hot
+    ]
+    for cluster, extra, hot, io, threads in cases:
+        min_slots = stream_sizes(CModel.from_model(m), cluster)["min_slots"]
+        c = ctx_for(files[name], keep, threads, dict(cluster=cluster, n_slots=min_slots + extra, n_hot=hot, io=io))
+        got = run(c)
+        assert np.array_equal(got, want), (cluster, extra, io, threads)
+        st = c.cache_stats()
+        assert st["tokens"] == 11 and st["layer_loads"] == 2 * n_layer
+        needed = st["hot"] + st["hits"] + st["misses"]
+        assert needed > 0
+        if hot[0] == n_ff:
+            assert st["misses"] == st["hits"] == 0
+        elif extra == 0 and hot[0] == 0:
+            assert st["misses"] > st["hits"]        # one layer's worth of slots: every layer evicts the last
+        elif extra >= 1000:
+            assert st["hits"] > st["misses"]
+        assert st["bytes_read"] >= st["misses"] * 4096 and st["reads"] >= st["misses"]
+
+
+def test_sizes_and_refusals(files, tmp_path):
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    sz = stream_sizes(cm, 64, 0, 100)
+    assert sz["min_slots"] == 5 and sz["slot_bytes"] % 4096 == 0 and sz["bundle_bytes"] % 32 == 0
+    assert sz["hot_bytes"] == (-(-64 * sz["bundle_bytes"] // 4096)) * 4096    # 100 neurons -> one cluster of 64
+    c = CContext(cm, 32, 1)
+    with pytest.raises(EngineError, match="at least 5"):
+        c.set_stream(cluster=64, n_slots=4)
+    with pytest.raises(EngineError, match="cluster size 24"):
+        c.set_stream(cluster=24, n_slots=100)
+    g = load_model(files["gud"])
+    with pytest.raises(UnsupportedError, match="bundle-ud"):
+        CContext(CModel.from_model(g), 32, 1).set_stream(cluster=64, n_slots=100)
+
+
+def test_failed_read_is_an_error(files, tmp_path):
+    """The file shrinks under a streamed context: the read of a cold cluster fails with a message, no wrong answer."""
+    import shutil
+    p = tmp_path / "cut.pi2.gguf"
+    shutil.copy(files["q8"], p)
+    m = load_model(p)
+    c = CContext(CModel.from_model(m), 32, 1)
+    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_stream(cluster=64, n_slots=5, io="pread")
+    os.truncate(p, m.tensor(f"blk.{m.config.n_layer - 1}.ffn_bundle.weight").offset + 4096)
+    with pytest.raises(EngineError, match="bundles"):
+        for t in TOKENS[:4]:
+            c.decode([t])

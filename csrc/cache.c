@@ -379,9 +379,14 @@ int32_t pi2_cache_cluster(const pi2_cache *k) { return k->C; }
 
 pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t il, pi2_layer *view) {
     const layer_t *l = &k->L[il];
-    for (int32_t i = 0; i < k->n_slots; i++) forget(k, i);
     int64_t fs, fe;
     span(k, l, 0, l->n_cl, &fs, &fe);
+    if (l->hot_cl == l->n_cl) {   /* all resident: the hot region is the layer's bundle region */
+        view->up.data = k->arena + l->hot_delta + l->up_off;
+        view->down_rows.data = k->arena + l->hot_delta + l->down_off;
+        return PI2_OK;
+    }
+    for (int32_t i = 0; i < k->n_slots; i++) forget(k, i);
     if ((size_t)(fe - fs) > (size_t)k->n_slots * k->slot_bytes)
         return pi2_set_error(PI2_ERR_INVALID, "layer %d's bundles (%lld bytes) do not fit the cluster slots", (int)il,
                              (long long)(fe - fs));

@@ -314,7 +314,31 @@ class CContext:
         return int(n), active
 
     def bench_stats(self) -> dict:
-        """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats)."""
+        """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
+        streamed context also the neuron cache's figures since the previous call (stream_stats)."""
+        return {**self._ffn_stats(), **self.stream_stats()}
+
+    def stream_stats(self) -> dict:
+        """Streamed contexts: cache_hit_rate (needed clusters found hot or cached), cold_hit_rate, flash bytes per
+        token decoded, io_wait_share (of decode time), read_mbps (bytes read / time reads were outstanding),
+        since the previous call. {} when not streamed."""
+        st = self.cache_stats()
+        if not st:
+            return {}
+        st["decode_s"], st["decoded"] = getattr(self, "_decode_s", 0.0), getattr(self, "_decoded", 0)
+        prev = getattr(self, "_stream_prev", None) or {k: 0 for k in st}
+        self._stream_prev = dict(st)
+        d = {k: st[k] - prev[k] for k in st if k not in ("arena_bytes", "hot_bytes")}
+        need, cold = d["hot"] + d["hits"] + d["misses"], d["hits"] + d["misses"]
+        return {"cache_hit_rate": round((d["hot"] + d["hits"]) / need, 4) if need else 1.0,
+                "cold_hit_rate": round(d["hits"] / cold, 4) if cold else 1.0,
+                "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
+                "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
+                "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
+                "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
+                "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
+
+    def _ffn_stats(self) -> dict:
         from pi2.sparse import bytes_touched, layer_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
@@ -365,7 +389,10 @@ class CContext:
         out = np.empty((n, self.cfg.n_vocab), np.float32) if all_logits else self._logits
         args = (self._h, ffi.from_buffer("int32_t[]", toks), n,
                 ffi.from_buffer("float[]", out, require_writable=True), int(all_logits))
+        t0 = time.perf_counter()
         status, msg = self._interruptible(args, n * self.cmodel.n_bytes >= _LONG_DECODE_BYTES)
+        self._decode_s = getattr(self, "_decode_s", 0.0) + time.perf_counter() - t0
+        self._decoded = getattr(self, "_decoded", 0) + n
         if status == lib.PI2_ERR_ABORTED:
             raise KeyboardInterrupt
         if status < 0:

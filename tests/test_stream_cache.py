@@ -4,6 +4,7 @@ run, for several keeps, cache sizes (a tiny cache that mostly misses, a big one 
 and thread counts; its statistics add up; bad parameters and a failing read are refused with a message."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_streamed_equals_mapped(files, name, keep):
         got = run(c)
         assert np.array_equal(got, want), (cluster, extra, io, threads)
         st = c.cache_stats()
-        assert st["tokens"] == 11 and st["layer_loads"] == 2 * n_layer
+        assert st["tokens"] == 11 and st["layer_loads"] == (0 if hot[0] == n_ff else 2 * n_layer)
         needed = st["hot"] + st["hits"] + st["misses"]
         assert needed > 0
         if hot[0] == n_ff:
@@ -106,3 +107,68 @@ def test_failed_read_is_an_error(files, tmp_path):
     with pytest.raises(EngineError, match="bundles"):
         for t in TOKENS[:4]:
             c.decode([t])
+
+
+# ---- the planner and the CLI flags ----
+
+def test_parse_size():
+    from pi2.errors import UsageError
+    from pi2.plan.budget import parse_size
+    assert parse_size("500M") == 500 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("64k") == 65536
+    assert parse_size("800MiB") == 800 << 20 and parse_size("4096") == 4096
+    for bad in ("", "abc", "5X", "-1M", "0"):
+        with pytest.raises(UsageError):
+            parse_size(bad)
+
+
+def test_plan_split(files):
+    from pi2.errors import UsageError
+    from pi2.plan.budget import make_plan
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    kw = dict(io="pread", cluster=64, runtime=50 << 20)
+    small = make_plan(m, cm, 1 << 40, 64, 1, **kw)
+    with pytest.raises(UsageError, match="below the minimum of"):
+        make_plan(m, cm, small.floor - 4096, 64, 1, **kw)
+    bb = stream_sizes(cm, 64)["bundle_bytes"]
+    tight = make_plan(m, cm, small.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)   # three clusters hot
+    assert tight.n_hot == [128, 64]
+    assert tight.n_slots == tight.min_slots and 0 < sum(tight.n_hot) < m.config.n_ff * m.config.n_layer
+    assert all(h % 64 == 0 for h in tight.n_hot)
+    assert tight.floor + tight.hot_bytes + (tight.n_slots - tight.min_slots) * tight.slot_bytes <= tight.budget
+    assert sum(small.n_hot) == m.config.n_ff * m.config.n_layer       # everything fits: all hot, no extra slots
+    assert small.n_slots == small.min_slots
+    # the split streams bit-identically
+    want = run(ctx_for(files["q8"], 0.5, 1))
+    assert np.array_equal(run(ctx_for(files["q8"], 0.5, 2, tight.stream_args())), want)
+
+
+def test_cli_budget(files):
+    from clirun import cli
+    from pi2.plan.budget import make_plan
+    path = str(files["q8"])
+    base = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64")
+    assert base.code == 0, base.err
+    low = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "-c", "64", "--memory-budget", "1M")
+    assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
+    m = load_model(files["q8"])
+    need = make_plan(m, CModel.from_model(m), 1 << 40, 64, 1).floor
+    budget = f"{(need >> 20) + 40}M"
+    res = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--memory-budget", budget,
+              "--io", "pread", "--verbose")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
+    assert "pi2: cache: hit rate" in res.err
+    bad = cli("run", path, "-p", "hello", "-n", "2", "--memory-budget", budget, "--io", "floppy")
+    assert bad.code != 0 and "--io must be one of" in bad.err
+    plan = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread")
+    assert plan.code == 0 and "hot prefix" in plan.out and "cold cache" in plan.out, plan.err
+    gud = cli("plan", "-m", str(files["gud"]), "--memory-budget", "1G")
+    assert gud.code != 0 and "bundle-ud" in gud.err
+    b = cli("bench", path, "-p", "4", "-n", "4", "-r", "1", "-o", "json", "--memory-budget", budget, "--io", "pread",
+            timeout=120)
+    assert b.code == 0, b.err
+    recs = json.loads(b.out)
+    tg = [r for r in recs if r["n_gen"] == 4][0]
+    assert 0 <= tg["pi2_cache_hit_rate"] <= 1 and tg["pi2_flash_bytes_per_token"] >= 0
+    assert 0 <= tg["pi2_io_wait_share"] <= 1 and "pi2_read_mbps" in tg

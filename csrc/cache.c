@@ -150,6 +150,36 @@ static pi2_status read_range(pi2_cache *k, int64_t s, int64_t e, int64_t need, u
     return PI2_OK;
 }
 
+static void willneed(const pi2_model *m, const pi2_weight *w) {
+    if (!w->data) return;
+    const int64_t s = down_a(w->data - m->map), e = up_a((w->data - m->map) + w->n_out * (int64_t)w->row_bytes);
+    madvise((void *)(m->map + s), (size_t)((e < (int64_t)m->map_size ? e : (int64_t)m->map_size) - s), MADV_WILLNEED);
+}
+
+/* Keep the bundles out of the page cache: no read-ahead anywhere in the mapping (a fault in the fixed region
+ * would read the neighbouring bundles), the bundle ranges dropped from it, the file's cached pages that no
+ * mapping holds dropped (what reading the file's tables left), then the fixed region's matrices read ahead. */
+static void advise(pi2_cache *k) {
+    const pi2_model *m = k->m;
+    madvise((void *)m->map, m->map_size, MADV_RANDOM);
+    for (int32_t il = 0; il < k->n_layer; il++) {
+        int64_t fs, fe;
+        span(k, &k->L[il], 0, k->L[il].n_cl, &fs, &fe);
+        const int64_t ms = up_a(fs), me = down_a(fe);   /* pages wholly inside the region */
+        if (me > ms) madvise((void *)(m->map + ms), (size_t)(me - ms), MADV_DONTNEED);
+    }
+    pi2_io_drop_cache(k->io);
+    willneed(m, &m->output);
+    for (int32_t il = 0; il < k->n_layer; il++) {
+        const pi2_layer *L = &m->layers[il];
+        willneed(m, &L->q);
+        willneed(m, &L->k);
+        willneed(m, &L->v);
+        willneed(m, &L->o);
+        willneed(m, &L->gate);
+    }
+}
+
 pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_cache **out) {
     *out = NULL;
     const pi2_model_params *hp = &m->hp;
@@ -226,7 +256,7 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
         return pi2_set_error(PI2_ERR_INVALID, "%s has %lld bytes, the loaded model %zu: not the same file", p->path,
                              (long long)info.file_size, m->map_size);
     }
-    for (int32_t il = 0; il < hp->n_layer; il++) {   /* hot prefixes; then keep out of the mapping */
+    for (int32_t il = 0; il < hp->n_layer; il++) {   /* hot prefixes */
         layer_t *l = &k->L[il];
         int64_t fs, fe;
         if (l->hot_cl) {
@@ -237,15 +267,10 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
                 return s;
             }
         }
-        span(k, l, 0, n_cl, &fs, &fe);
-        const int64_t ms = up_a(fs), me = down_a(fe);   /* pages wholly inside the region */
-        if (me > ms) {
-            void *base = (void *)(m->map + ms);
-            madvise(base, (size_t)(me - ms), MADV_RANDOM);
-            madvise(base, (size_t)(me - ms), MADV_DONTNEED);
-        }
     }
+    advise(k);
     k->st.arena_bytes = (int64_t)k->arena_bytes;
+
     k->st.hot_bytes = (int64_t)k->hot_bytes;
     k->st.io_wait_s = k->st.read_s = 0;
     k->st.reads = k->st.bytes_read = 0;

@@ -132,6 +132,7 @@ def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_
     if why:
         raise UsageError(why)
     backend, _ = flash_io.resolve(io, model.path)
+    model.tokenizer      # as a run holds it
     p = make_plan(model, CModel.from_model(model), budget, resolve_ctx(model, n_ctx),
                   threads or _default_threads(), io=backend)
     if json_out:

@@ -102,6 +102,7 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
     if why:
         raise UsageError(why)
     backend, _ = flash_io.resolve(cfg.io, model.path)
+    model.tokenizer      # built now, so that the runtime the plan measures includes it
     cm = CModel.from_model(model)
     threads = cfg.n_threads if cfg.n_threads > 0 else _default_threads()
     plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend)

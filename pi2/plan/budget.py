@@ -17,7 +17,8 @@ import numpy as np
 from pi2.errors import UsageError
 
 MiB = 1 << 20
-MARGIN = 16 * MiB        # Python objects and buffers made while generating (logits, token lists, the sampler)
+MARGIN = 32 * MiB        # what the process allocates or reads after planning (Python objects while generating, modules
+                         # imported later, page cache of the fixed region's neighbours); measured 5-8 MiB over a 16 MiB margin
 QUEUE_DEPTH = 32
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MiB, "MB": MiB, "MIB": MiB,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -39,17 +40,34 @@ def fmt(n: int) -> str:
     return f"{n / MiB:.1f} MiB"
 
 
-def runtime_rss() -> int:
-    """Resident bytes of this process now (the interpreter, numpy, the C core, the file's metadata pages): VmRSS."""
+def runtime_rss(model=None) -> int:
+    """What this process holds now as a memory cgroup counts it, estimated: resident bytes (VmRSS: the
+    interpreter, numpy, the C core) + the page cache its imports filled (the size of every loaded module's
+    source and bytecode, read but not mapped) + the model file's metadata (everything before its first tensor)."""
+    import sys
+    rss = 0
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                    rss = int(line.split()[1]) * 1024
     except OSError:
-        pass
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        import resource
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import os
+    seen = set()
+    for mod in list(sys.modules.values()):
+        for attr in ("__file__", "__cached__"):
+            f = getattr(mod, attr, None)
+            if isinstance(f, str) and not f.endswith((".so", ".pyd")) and f not in seen:
+                seen.add(f)
+                try:
+                    rss += os.path.getsize(f)
+                except OSError:
+                    pass
+    if model is not None and model.file.tensors:
+        rss += min(t.offset for t in model.file.tensors.values())
+    return rss
 
 
 def fixed_bytes(model) -> int:
@@ -117,7 +135,7 @@ class Plan:
     def lines(self) -> list:
         hot = np.asarray(self.n_hot)
         return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
-                f"runtime            {fmt(self.runtime)} (RSS with the runtime and the file's metadata loaded)",
+                f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, gate rows)",
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
@@ -166,7 +184,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     cluster = cluster or cluster_for(bb)
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
-    p = Plan(budget=budget, runtime=runtime_rss() if runtime is None else runtime, fixed=fixed_bytes(model), kv=kv, scratch=scratch, margin=MARGIN,
+    p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime, fixed=fixed_bytes(model), kv=kv, scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
              ffn_bytes=sum(s["layer_bytes"] for s in sizes))

@@ -367,6 +367,8 @@ class CContext:
         p.n_hot = ffi.from_buffer("int32_t[]", hot)
         check(lib.pi2_ctx_set_stream(self._h, p))
         self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth}
+        self._stream_prev = None
+        self.stream_stats()      # the figures start after the hot prefixes were read
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

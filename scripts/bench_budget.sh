@@ -4,7 +4,7 @@
 # Prints one line per run: mode, budget, tokens/s, the group's peak and failcnt, and pi2's cache figures.
 # usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO]
 # needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
-# every run so each run starts from flash.
+# every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens.
 set -euo pipefail
 MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}
 PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
@@ -19,7 +19,7 @@ run() {
     mkdir "$cg"
     [ "$limit" != 0 ] && echo "$limit" > "$cg/memory.limit_in_bytes"
     sync; echo 1 > /proc/sys/vm/drop_caches || true
-    out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec python3 -m pi2 bench -m \"\$0\" -p 0 -n $NGEN -r 1 -t $THREADS -o json --no-warmup \"\$@\"" \
+    out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec python3 -m pi2 bench -m \"\$0\" -p 0 -n $NGEN -r 1 -t $THREADS -o json \"\$@\"" \
           "$MODEL" "$@" 2>/tmp/bench_budget.$$.err) || { echo "$label: failed: $(tail -1 /tmp/bench_budget.$$.err)"; }
     local peak fail
     peak=$(cat "$cg/memory.max_usage_in_bytes"); fail=$(cat "$cg/memory.failcnt")

@@ -70,15 +70,21 @@ def runtime_rss(model=None) -> int:
     return rss
 
 
-def fixed_bytes(model) -> int:
-    """Bytes of every tensor the forward pass reads through the mapping in a streamed run: all but the up and
-    down rows of the bundles (a tied output counted once)."""
+def fixed_bytes(model, n_ctx: int) -> int:
+    """Bytes of the tensors the forward pass reads through the mapping in a streamed run: all but the up and down
+    rows of the bundles (a tied output counted once); token embeddings that are not also the output are read a
+    row per token (with no read-ahead, csrc/cache.c), so they count n_ctx rows of whole pages at most."""
     from pi2.engine import _FFN_DOWN_ROWS, tensor_descs
+    descs = tensor_descs(model)
+    out_offset = next(t.offset for role, _l, t in descs if role == 2)
     seen = {}
-    for role, _layer, t in tensor_descs(model):
+    for role, _layer, t in descs:
         if role in (17, _FFN_DOWN_ROWS):       # FFN_UP, FFN_DOWN_ROWS: streamed
             continue
-        seen[t.offset] = max(seen.get(t.offset, 0), t.nbytes)
+        n = t.nbytes
+        if role == 0 and t.offset != out_offset:
+            n = min(n, n_ctx * (-(-(n // t.ne[1]) // 4096) + 1) * 4096)
+        seen[t.offset] = max(seen.get(t.offset, 0), n)
     return sum(seen.values())
 
 
@@ -184,7 +190,8 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     cluster = cluster or cluster_for(bb)
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
-    p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime, fixed=fixed_bytes(model), kv=kv, scratch=scratch, margin=MARGIN,
+    p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime,
+             fixed=fixed_bytes(model, n_ctx), kv=kv, scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
              ffn_bytes=sum(s["layer_bytes"] for s in sizes))

@@ -163,6 +163,7 @@ def test_cli_budget(files):
     assert bad.code != 0 and "--io must be one of" in bad.err
     plan = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread")
     assert plan.code == 0 and "hot prefix" in plan.out and "cold cache" in plan.out, plan.err
+    assert "flash per token" in plan.out and "predicted" in plan.out
     gud = cli("plan", "-m", str(files["gud"]), "--memory-budget", "1G")
     assert gud.code != 0 and "bundle-ud" in gud.err
     b = cli("bench", path, "-p", "4", "-n", "4", "-r", "1", "-o", "json", "--memory-budget", budget, "--io", "pread",
@@ -172,3 +173,22 @@ def test_cli_budget(files):
     tg = [r for r in recs if r["n_gen"] == 4][0]
     assert 0 <= tg["pi2_cache_hit_rate"] <= 1 and tg["pi2_flash_bytes_per_token"] >= 0
     assert 0 <= tg["pi2_io_wait_share"] <= 1 and "pi2_read_mbps" in tg
+
+
+def test_plan_flash_bytes_follow_the_hot_prefix(files):
+    """Expected flash bytes per token: every cold cluster with an active neuron (by ffn_freq) read once; none when
+    all is hot; fewer as the hot prefix grows."""
+    from pi2.plan.budget import make_plan
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    kw = dict(io="pread", cluster=64, runtime=50 << 20)
+    base = make_plan(m, cm, 1 << 40, 64, 1, **kw)
+    assert sum(base.n_hot) == m.config.n_ff * m.config.n_layer and base.flash_bytes == 0
+    bb = stream_sizes(cm, 64)["bundle_bytes"]
+    none = make_plan(m, cm, base.floor + 100, 64, 1, **kw)
+    some = make_plan(m, cm, base.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)
+    assert sum(none.n_hot) == 0 and none.flash_bytes > some.flash_bytes > 0
+    freq = [np.asarray(m.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1)
+            for il in range(m.config.n_layer)]
+    p_need = sum(1 - np.prod(1 - f[c * 64:(c + 1) * 64].astype(np.float64)) for f in freq for c in range(5))
+    assert none.flash_bytes == int(p_need * min(none.slot_bytes, 64 * bb + 4096))

@@ -125,6 +125,9 @@ class Plan:
     queue_depth: int = QUEUE_DEPTH
     n_ff: int = 0
     ffn_bytes: int = 0      # every layer's bundle region
+    flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq)
+    read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
+    profile_note: str = ""
 
     @property
     def floor(self) -> int:
@@ -150,13 +153,34 @@ class Plan:
                 f"({hot.sum() / max(self.n_ff * len(hot), 1):.1%}), per layer {_per_layer(hot)}",
                 f"cold cache         {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)} "
                 f"(cluster {self.cluster} neurons; at least {self.min_slots} slots)",
-                f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT"]
+                f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT",
+                f"flash per token    {fmt(self.flash_bytes)} expected (cold clusters with an active neuron, by "
+                f"ffn_freq; the cold LRU assumed to miss)",
+                self.predicted_line()]
+
+    @property
+    def io_bound_tps(self) -> float | None:
+        """Tokens/s the reads alone allow (None without a device profile; inf when nothing is read)."""
+        if not self.read_mbps:
+            return None
+        return float("inf") if not self.flash_bytes else self.read_mbps * 1e6 / self.flash_bytes
+
+    def predicted_line(self) -> str:
+        tps = self.io_bound_tps
+        if tps is None:
+            return f"predicted          no device profile ({self.profile_note or 'run pi2 profile-io MODEL'})"
+        if tps == float("inf"):
+            return "predicted          no flash reads while decoding: the speed of the mapped run"
+        return (f"predicted          at most {tps:.2f} tokens/s from reads alone ({self.read_mbps:.0f} MB/s at "
+                f"{self.slot_bytes // 1024} KiB, qd {self.queue_depth}: {self.profile_note}); compute adds to it "
+                f"where it does not overlap")
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("budget", "runtime", "fixed", "kv", "scratch", "margin", "cluster",
                                            "slot_bytes", "min_slots", "n_slots", "hot_bytes", "io", "queue_depth",
                                            "ffn_bytes")}
-        d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot])
+        d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
+                 flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
         return d
 
 
@@ -202,13 +226,15 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     left = budget - p.floor - 8192 * L             # room for the hot prefixes (+ their 4 KiB alignment)
     # hot clusters in descending mean activation frequency: within a layer frequencies descend, so each
     # layer's choice is a prefix
-    scores = []
+    scores, need = [], []
     for il in range(L):
         freq = np.asarray(model.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1)[:F]
         n_cl = (F + cluster - 1) // cluster
         pad = np.zeros(n_cl * cluster, np.float32)
-        pad[:F] = freq
-        for c, s in enumerate(pad.reshape(n_cl, cluster).mean(axis=1)):
+        pad[:F] = np.clip(freq, 0.0, 1.0)
+        per = pad.reshape(n_cl, cluster)
+        need.append(1.0 - np.prod(1.0 - per.astype(np.float64), axis=1))   # P(a cluster has an active neuron)
+        for c, s in enumerate(per.mean(axis=1)):
             scores.append((-float(s), il, c))
     scores.sort()
     hot_cl = [0] * L
@@ -220,7 +246,28 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         left -= cost
     p.n_hot = [min(h * cluster, F) for h in hot_cl]
     p.hot_bytes = sum(stream_sizes(cmodel, cluster, il, p.n_hot[il])["hot_bytes"] for il in range(L))
+    read = min(p.slot_bytes, cluster * sizes[0]["bundle_bytes"] + 4096)
+    p.flash_bytes = int(sum(need[il][hot_cl[il]:].sum() for il in range(L)) * read)
+    p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
     n_cold = sum((F + cluster - 1) // cluster - h for h in hot_cl)
     if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as
         p.n_slots = max(p.min_slots, min(p.n_slots + int(left // p.slot_bytes), n_cold))   # there are cold clusters
     return p
+
+
+def _profile_mbps(path, block: int, qd: int) -> tuple:
+    """(MB/s, note) from the cached device profile of path's device (pi2 profile-io), at the measured block size
+    nearest `block` and the measured queue depth nearest `qd`; (None, why) when there is none."""
+    import json
+    from pi2.plan.profile import cache_file
+    try:
+        prof = json.loads(cache_file(path).read_text())
+        points = [p for p in prof["points"] if p.get("mb_s")]
+    except (OSError, ValueError, KeyError, TypeError, UsageError):
+        return None, "run pi2 profile-io MODEL to measure this device"
+    if not points:
+        return None, "the device profile has no measured points"
+    b = min({p["block"] for p in points}, key=lambda x: abs(np.log2(x / block)))
+    q = min({p["qd"] for p in points if p["block"] == b}, key=lambda x: abs(x - qd))
+    mbps = next(p["mb_s"] for p in points if p["block"] == b and p["qd"] == q)
+    return float(mbps), f"device profile, {b // 1024} KiB reads at qd {q}, {prof.get('backend', '?')}"

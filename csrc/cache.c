@@ -41,6 +41,7 @@ struct pi2_cache {
     int64_t *delta;                          /* [max n_cl] the current layer's cluster deltas */
     pi2_io_request *reqs;                    /* [max n_cl] the current layer's misses */
     int32_t n_req, n_sub, n_wait;            /* misses, of which submitted, of which reaped */
+    int32_t *g_pending;                      /* [groups] the current layer's reads each group waits for */
     int32_t cur;                             /* current layer */
     double t_submit;
     pi2_cache_stats st;
@@ -113,7 +114,7 @@ void pi2_cache_free(pi2_cache *k) {
     pi2_io_close(k->io);
     if (k->L)
         for (int32_t il = 0; il < k->n_layer; il++) free(k->L[il].slot_of);
-    void *bufs[] = {k->L, k->s_layer, k->s_cl, k->prev, k->next, k->delta, k->reqs};
+    void *bufs[] = {k->L, k->s_layer, k->s_cl, k->prev, k->next, k->delta, k->reqs, k->g_pending};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(k->arena);
     free(k);
@@ -208,7 +209,8 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
     k->next = malloc((size_t)S * sizeof(int32_t));
     k->delta = malloc((size_t)n_cl * sizeof(int64_t));
     k->reqs = malloc((size_t)n_cl * sizeof(pi2_io_request));
-    if (!k->L || !k->s_layer || !k->s_cl || !k->prev || !k->next || !k->delta || !k->reqs) goto nomem;
+    k->g_pending = calloc((size_t)hp->n_ff / PI2_FFN_GROUP + 1, sizeof(int32_t));
+    if (!k->g_pending || !k->L || !k->s_layer || !k->s_cl || !k->prev || !k->next || !k->delta || !k->reqs) goto nomem;
     size_t off = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         layer_t *l = &k->L[il];
@@ -281,6 +283,8 @@ nomem:
     return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the neuron cache");
 }
 
+static void drain(pi2_cache *k, pi2_status why);
+
 /* ---- the LRU ---- */
 
 static void unlink_slot(pi2_cache *k, int32_t i) {
@@ -305,6 +309,7 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t
     layer_t *l = &k->L[il];
     const int32_t n_groups = (k->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP;
     memset(ready, 1, (size_t)n_groups);
+    memset(k->g_pending, 0, (size_t)n_groups * sizeof(int32_t));
     k->cur = il;
     k->n_req = k->n_sub = k->n_wait = 0;
     if (il == 0) k->st.tokens++;
@@ -330,6 +335,7 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t
                                                    .dest = k->arena + k->slots_off + (size_t)s * k->slot_bytes,
                                                    .user = (uint64_t)cl};
             ready[cl * k->C / PI2_FFN_GROUP] = 0;
+            k->g_pending[cl * k->C / PI2_FFN_GROUP]++;
         }
         int64_t fs, fe;
         span(k, l, cl, cl + 1, &fs, &fe);
@@ -340,6 +346,7 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t
     int32_t acc = 0;
     pi2_status st = pi2_io_submit(k->io, k->reqs, k->n_req, &acc);
     k->n_sub = acc;
+    if (st) drain(k, st);
     return st;
 }
 
@@ -361,41 +368,43 @@ static pi2_status check_done(pi2_cache *k, const pi2_io_completion *c) {
     return PI2_OK;
 }
 
-pi2_status pi2_cache_finish(pi2_cache *k) {
-    if (!k->n_req) return PI2_OK;
-    const double t0 = now();
-    pi2_status first = PI2_OK;
+/* After an error: wait for what is still in flight, forget the clusters of the layer not read. */
+static void drain(pi2_cache *k, pi2_status why) {
+    (void)why;
     pi2_io_completion done[64];
-    while (k->n_wait < k->n_req) {
-        if (k->n_sub < k->n_req && !first) {
+    int32_t got;
+    while (pi2_io_in_flight(k->io) > 0 && !pi2_io_reap(k->io, done, 64, 1, &got)) {}
+    for (int32_t i = 0; i < k->n_req; i++) {
+        const int32_t cl = (int32_t)k->reqs[i].user, s = k->L[k->cur].slot_of[cl];
+        if (s >= 0) forget(k, s);
+    }
+    k->n_req = k->n_sub = k->n_wait = 0;
+}
+
+pi2_status pi2_cache_next(pi2_cache *k, int32_t *groups, int32_t *n_groups) {
+    *n_groups = 0;
+    pi2_io_completion done[64];
+    while (!*n_groups && k->n_wait < k->n_req) {
+        if (k->n_sub < k->n_req) {   /* the queue was full at begin: top it up */
             int32_t acc = 0;
             pi2_status s = pi2_io_submit(k->io, k->reqs + k->n_sub, k->n_req - k->n_sub, &acc);
-            if (s) first = s;
             k->n_sub += acc;
+            if (s) { drain(k, s); return s; }
         }
-        if (k->n_wait == k->n_sub) break;   /* nothing more in flight (a submit failed) */
         int32_t got = 0;
+        const double t0 = now();
         pi2_status s = pi2_io_reap(k->io, done, 64, 1, &got);
-        if (s) { if (!first) first = s; break; }
+        k->st.io_wait_s += now() - t0;
+        if (s) { drain(k, s); return s; }
         for (int32_t i = 0; i < got; i++) {
-            pi2_status e = check_done(k, &done[i]);
-            if (e && !first) first = e;
+            if ((s = check_done(k, &done[i]))) { k->n_wait += got; drain(k, s); return s; }
+            const int32_t g = (int32_t)done[i].user * k->C / PI2_FFN_GROUP;
+            if (--k->g_pending[g] == 0) groups[(*n_groups)++] = g;
         }
         k->n_wait += got;
+        if (k->n_wait == k->n_req) k->st.read_s += now() - k->t_submit;
     }
-    if (first) {   /* drain what is still in flight, forget the clusters not read */
-        int32_t got;
-        while (pi2_io_in_flight(k->io) > 0 && !pi2_io_reap(k->io, done, 64, 1, &got)) {}
-        for (int32_t i = 0; i < k->n_req; i++) {
-            const int32_t cl = (int32_t)k->reqs[i].user, s = k->L[k->cur].slot_of[cl];
-            if (s >= 0) forget(k, s);
-        }
-    }
-    const double t1 = now();
-    k->st.io_wait_s += t1 - t0;
-    k->st.read_s += t1 - k->t_submit;
-    k->n_req = 0;
-    return first;
+    return PI2_OK;
 }
 
 const uint8_t *pi2_cache_arena(const pi2_cache *k) { return k->arena; }

@@ -20,8 +20,9 @@ void pi2_cache_free(pi2_cache *k);
  * once, misses submitted. ready[g] (per group of PI2_FFN_GROUP) = 1 when every needed cluster of
  * group g is present now, 0 when it waits on a read. */
 pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready);
-/* Wait for every read of the layer and check it (PI2_ERR_IO: a failed or short read). */
-pi2_status pi2_cache_finish(pi2_cache *k);
+/* Wait for the layer's next reads and list the groups whose clusters have now all arrived (*n_groups; 0 when
+ * every read has been reaped). PI2_ERR_IO: a failed or short read (the layer's reads are drained first). */
+pi2_status pi2_cache_next(pi2_cache *k, int32_t *groups, int32_t *n_groups);
 /* The arena and, after begin/finish, the offset to add to a file offset inside cluster cl. */
 const uint8_t *pi2_cache_arena(const pi2_cache *k);
 int64_t pi2_cache_delta(const pi2_cache *k, int32_t cl);

@@ -262,12 +262,13 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     const pi2_type_traits *ut = pi2_traits(j->L->up.type, c->p.impl), *dt = pi2_traits(j->L->down_rows.type, c->p.impl);
     j->up_bytes = (size_t)(j->n_embd / ut->block_size) * (size_t)ut->type_size;
     j->down_bytes = (size_t)(j->n_embd / dt->block_size) * (size_t)dt->type_size;
-    if (c->cache) {   /* hits and the hot prefix while the misses are read, then the misses */
+    if (c->cache) {   /* hits and the hot prefix while the misses are read, then groups as their reads land */
         pi2_status s = pi2_cache_begin(c->cache, j->il, idx, n, c->ffn_ready);
-        if (!s) pi2_pool_run(c->pool, group_task_stream, j, task_list(c, n_groups, 1));
-        pi2_status f = pi2_cache_finish(c->cache);
-        if (s || (s = f)) return s;
-        pi2_pool_run(c->pool, group_task_stream, j, task_list(c, n_groups, 0));
+        if (s) return s;
+        pi2_pool_run(c->pool, group_task_stream, j, task_list(c, n_groups, 1));
+        for (int32_t ready; !(s = pi2_cache_next(c->cache, c->ffn_task_group, &ready)) && ready;)
+            pi2_pool_run(c->pool, group_task_stream, j, ready);   /* each group as soon as its reads are in */
+        if (s) return s;
     } else {
         pi2_pool_run(c->pool, group_task, j, n_groups);
     }

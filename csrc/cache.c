@@ -60,7 +60,8 @@ static int64_t up_a(int64_t x) { return (x + A - 1) / A * A; }
 static pi2_status layout(const pi2_model *m, int32_t il, layer_t *out) {
     const pi2_layer *L = &m->layers[il];
     if (!L->down_rows.data)
-        return pi2_set_error(PI2_ERR_UNSUPPORTED, "layer %d has no down rows: only pi2 bundles can be streamed", (int)il);
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "layer %d has no down rows: only pi2 bundles can be streamed",
+                             (int)il);
     const int64_t up = L->up.data - m->map, down = L->down_rows.data - m->map, bb = (int64_t)L->up.row_bytes;
     const int64_t rec0 = up < down ? up : down;
     const int64_t gate = L->gate.data - m->map;
@@ -130,7 +131,7 @@ static pi2_status read_range(pi2_cache *k, int64_t s, int64_t e, int64_t need, u
         int32_t n = 0;
         for (; n < BATCH && off < e; n++, off += LOAD_CHUNK) {
             const int64_t len = e - off < LOAD_CHUNK ? e - off : LOAD_CHUNK;
-            r[n] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len, .dest = dst + (off - s), .user = 0};
+            r[n] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len, .dest = dst + (off - s)};
         }
         pi2_status st = pi2_io_read_all(k->io, r, n, c);
         if (st) return st;

@@ -26,7 +26,8 @@ NpuOpt = typer.Option("auto", "--npu", envvar="PI2_NPU", help="dense prompt batc
 BudgetOpt = typer.Option(None, "--memory-budget", envvar="PI2_MEMORY_BUDGET",
                          help="memory the process may hold, e.g. 500M or 1.5G (pi2 files): FFN bundles are streamed "
                               "from flash into a neuron cache sized to fit (default: everything mapped)")
-IoOpt = typer.Option("auto", "--io", envvar="PI2_IO", help="reads of streamed bundles: auto | uring | aio | pread | mmap")
+IoOpt = typer.Option("auto", "--io", envvar="PI2_IO",
+                     help="reads of streamed bundles: auto | uring | aio | pread | mmap")
 NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
                            help="libneuralnetworks.so to open (default: the system's)", show_default=False)
 

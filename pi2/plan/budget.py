@@ -17,8 +17,9 @@ import numpy as np
 from pi2.errors import UsageError
 
 MiB = 1 << 20
-MARGIN = 32 * MiB        # what the process allocates or reads after planning (Python objects while generating, modules
-                         # imported later, page cache of the fixed region's neighbours); measured 5-8 MiB over a 16 MiB margin
+# what the process allocates or reads after planning (Python objects while generating, modules imported later,
+# page cache around the fixed region): SmolLM2 under a cgroup peaked 5-8 MiB above a 16 MiB margin
+MARGIN = 32 * MiB
 QUEUE_DEPTH = 32
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MiB, "MB": MiB, "MIB": MiB,
           "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}

@@ -218,6 +218,12 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
     int32_t off[PI2_FFN_GROUP];
     for (int32_t i = 0; i < k; i++) {
         const int64_t d = pi2_cache_delta(c->cache, idx[i] / C) + (int64_t)idx[i] * bb;
+        if (i + PREFETCH < k) {            /* as group_task: ask for the rows a few neurons ahead */
+            const int32_t a = idx[i + PREFETCH];
+            const uint8_t *r = arena + pi2_cache_delta(c->cache, a / C) + (int64_t)a * bb;
+            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(r + up0 + o);
+            for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(r + down0 + o);
+        }
         float u;
         j->up_tr->vec_dot(up->n_in, &u, arena + d + up0, c->ffn_xq);
         hg[i] = s[idx[i]] * u;

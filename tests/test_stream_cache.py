@@ -225,6 +225,9 @@ def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
         pytest.skip("on tmpfs the page cache is the file")
     p = tmp_path / "cold.pi2.gguf"
     shutil.copy(files["q8"], p)
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)                                           # clean pages, so that they can be dropped
+    os.close(fd)
     m = load_model(p)
     ranges = []
     for il in range(m.config.n_layer):

@@ -1,8 +1,10 @@
-/* context.c — pi2_ctx_init / free / reset, parameters, abort flag and trace hook.
+/* context.c — pi2_ctx_init / free / reset, parameters, abort flag, trace hook, and switching a context
+ * to streamed FFN bundles (the neuron cache itself is cache.c).
  * Does: size and allocate the KV cache and every scratch buffer once (decode never allocates);
  *       start the thread pool.
  * Does not: compute (forward.c). */
 #include "context.h"
+#include "cache.h"
 #include "internal.h"
 #include "npu.h"
 #include "ops.h"
@@ -88,6 +90,9 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
 void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     pi2_npu_free(c->mm.npu);
+    pi2_cache_free(c->cache);
+    free(c->ffn_ready);
+    free(c->ffn_task_group);
     pi2_pool_free(c->pool);
     void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
                     c->rope, c->scores, c->qf, c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx,
@@ -166,4 +171,33 @@ int64_t pi2_ctx_ffn_stats(const pi2_ctx *c, int64_t *active) {
         for (int32_t il = 0; il < c->m->hp.n_layer; il++) active[il] = c->ffn_active ? c->ffn_active[il] : 0;
     }
     return c->ffn_tokens;
+}
+
+pi2_status pi2_ctx_set_stream(pi2_ctx *c, const pi2_stream_params *params) {
+    if (!c) return pi2_set_error(PI2_ERR_INVALID, "NULL context");
+    if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
+    pi2_cache_free(c->cache);
+    c->cache = NULL;
+    if (!params) return PI2_OK;
+    if (!c->ffn_part) return pi2_set_error(PI2_ERR_UNSUPPORTED, "only files with FFN down rows can be streamed");
+    const size_t G = (size_t)c->m->hp.n_ff / PI2_FFN_GROUP + 1;
+    if (!c->ffn_ready) {
+        c->ffn_ready = calloc(G, 1);
+        c->ffn_task_group = calloc(G, sizeof(int32_t));
+        if (!c->ffn_ready || !c->ffn_task_group) {
+            free(c->ffn_ready);
+            free(c->ffn_task_group);
+            c->ffn_ready = NULL;
+            c->ffn_task_group = NULL;
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a streamed context");
+        }
+    }
+    return pi2_cache_create(c->m, params, &c->cache);
+}
+
+pi2_status pi2_ctx_cache_stats(const pi2_ctx *c, pi2_cache_stats *out) {
+    if (!c || !out) return pi2_set_error(PI2_ERR_INVALID, "NULL context or output");
+    if (!c->cache) return pi2_set_error(PI2_ERR_INVALID, "the context does not stream its FFN bundles");
+    pi2_cache_get_stats(c->cache, out);
+    return PI2_OK;
 }

@@ -42,6 +42,9 @@ struct pi2_ctx {
     uint8_t *ffn_xq;             /* [B][row of up's activation format] */
     int32_t *ffn_group_start;    /* [n_ff/GROUP + 2] one token's active list split by neuron group */
     float *ffn_part;             /* [n_ff/GROUP + 1][n_embd] one token's partial sums per group */
+    struct pi2_cache *cache;     /* the neuron cache when streamed (pi2_ctx_set_stream), else NULL */
+    uint8_t *ffn_ready;          /* [n_ff/GROUP + 1] streamed: group's clusters present before the reads */
+    int32_t *ffn_task_group;     /* [n_ff/GROUP + 1] streamed: the groups one pool run computes */
     int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
     int64_t *ffn_active;         /* [n_layer] */
 };

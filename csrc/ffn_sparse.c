@@ -4,10 +4,14 @@
  *       top-k, ReLU, all); up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
  *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
  *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
+ *       In a streamed context (cache.c) the bundles come from the neuron cache: one token computes the
+ *       groups whose clusters are present while the misses are read, then the rest; a batch reads each
+ *       layer's bundles whole and runs the same code on them.
  * Determinism: every up value is one vec_dot call, every output element one fixed sequence of float
- *       operations, whichever thread runs it. */
+ *       operations, whichever thread runs it, wherever the bytes live. */
 #include "ffn_sparse.h"
 
+#include "cache.h"
 #include "context.h"
 #include "internal.h"
 #include "ops.h"
@@ -194,6 +198,38 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, down->data, down->row_bytes, idx, hg, k);
 }
 
+/* group_task over the neuron cache: rows found through their cluster's delta; axpy_group gets byte offsets
+ * from the arena (row_bytes 1), so one call still covers the whole group in the same order. */
+static void group_task_stream(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const ffn_job *j = arg;
+    const pi2_ctx *c = j->c;
+    const int32_t g = c->ffn_task_group[task];
+    const int32_t k0 = c->ffn_group_start[g], k = c->ffn_group_start[g + 1] - k0;
+    const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
+    const int32_t *idx = c->ffn_idx + k0, C = pi2_cache_cluster(c->cache);
+    const uint8_t *arena = pi2_cache_arena(c->cache), *map = c->m->map;
+    const int64_t up0 = up->data - map, down0 = down->data - map, bb = (int64_t)up->row_bytes;
+    const float *s = c->ffn_score;
+    float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
+    int32_t off[PI2_FFN_GROUP];
+    for (int32_t i = 0; i < k; i++) {
+        const int64_t d = pi2_cache_delta(c->cache, idx[i] / C) + (int64_t)idx[i] * bb;
+        if (i + PREFETCH < k) {            /* as group_task: ask for the rows a few neurons ahead */
+            const int32_t a = idx[i + PREFETCH];
+            const uint8_t *r = arena + pi2_cache_delta(c->cache, a / C) + (int64_t)a * bb;
+            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(r + up0 + o);
+            for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(r + down0 + o);
+        }
+        float u;
+        j->up_tr->vec_dot(up->n_in, &u, arena + d + up0, c->ffn_xq);
+        hg[i] = s[idx[i]] * u;
+        off[i] = (int32_t)(d + down0);
+    }
+    memset(part, 0, (size_t)j->n_embd * sizeof *part);
+    pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, arena, 1, off, hg, k);
+}
+
 /* y = the groups' partial sums added in group order (a slice of the columns per task) */
 static void reduce_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
@@ -210,7 +246,15 @@ static void reduce_task(void *arg, int32_t task, int32_t thread) {
     }
 }
 
-static void one_token_rows(pi2_ctx *c, ffn_job *j) {
+/* Groups with active neurons: those ready now (want 1) or those that waited on reads (want 0). */
+static int32_t task_list(pi2_ctx *c, int32_t n_groups, int want) {
+    int32_t n = 0;
+    for (int32_t g = 0; g < n_groups; g++)
+        if (c->ffn_group_start[g + 1] > c->ffn_group_start[g] && c->ffn_ready[g] == want) c->ffn_task_group[n++] = g;
+    return n;
+}
+
+static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     const int32_t n = c->ffn_n_active[0], n_groups = (int32_t)((j->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
     const int32_t *idx = c->ffn_idx;
     for (int32_t g = 0, k = 0; g <= n_groups; g++) {   /* where each group's active neurons start */
@@ -221,15 +265,32 @@ static void one_token_rows(pi2_ctx *c, ffn_job *j) {
     const pi2_type_traits *ut = pi2_traits(j->L->up.type, c->p.impl), *dt = pi2_traits(j->L->down_rows.type, c->p.impl);
     j->up_bytes = (size_t)(j->n_embd / ut->block_size) * (size_t)ut->type_size;
     j->down_bytes = (size_t)(j->n_embd / dt->block_size) * (size_t)dt->type_size;
-    pi2_pool_run(c->pool, group_task, j, n_groups);
+    if (c->cache) {   /* hits and the hot prefix while the misses are read, then groups as their reads land */
+        pi2_status s = pi2_cache_begin(c->cache, j->il, idx, n, c->ffn_ready);
+        if (s) return s;
+        pi2_pool_run(c->pool, group_task_stream, j, task_list(c, n_groups, 1));
+        for (int32_t ready; !(s = pi2_cache_next(c->cache, c->ffn_task_group, &ready)) && ready;)
+            pi2_pool_run(c->pool, group_task_stream, j, ready);   /* each group as soon as its reads are in */
+        if (s) return s;
+    } else {
+        pi2_pool_run(c->pool, group_task, j, n_groups);
+    }
     const int32_t tasks = pi2_pool_n_threads(c->pool);
     j->slice = (j->n_embd + tasks - 1) / tasks;
     pi2_pool_run(c->pool, reduce_task, j, (int32_t)((j->n_embd + j->slice - 1) / j->slice));
+    return PI2_OK;
 }
 
-void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* one pass over the bundles */
+    pi2_layer view;
+    if (c->cache && !one_rows) {   /* a batch: the layer's bundles read whole, then computed as if mapped */
+        view = *L;
+        pi2_status s = pi2_cache_load_layer(c->cache, il, &view);
+        if (s) return s;
+        L = &view;
+    }
     /* batches compute every up row with the tiled product (the same value per row and token as one row's
      * kernel) rather than fetch each token's rows again */
     const int full_up = !one_rows && (n > 1 || c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
@@ -251,8 +312,7 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     if (one_rows) {
         c->ffn_active[il] += c->ffn_n_active[0];
         if (il == 0) c->ffn_tokens += 1;
-        one_token_rows(c, &j);
-        return;
+        return one_token_rows(c, &j);
     }
     if (!full_up) {   /* a single token (plain files' down) */
         quantize_task(&j, 0, 0);
@@ -267,7 +327,7 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     /* down */
     if (!L->down_rows.data) {
         pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
-        return;
+        return PI2_OK;
     }
     const int64_t bs = pi2_traits(L->down_rows.type, c->p.impl)->block_size, blocks = j.n_embd / bs;
     int64_t want = n == 1 ? 2 * (int64_t)threads : (j.n_embd + DOWN_SLICE - 1) / DOWN_SLICE;
@@ -275,4 +335,5 @@ void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     if (want > blocks) want = blocks;
     j.slice = (blocks + want - 1) / want * bs;
     pi2_pool_run(c->pool, down_rows_task, &j, (int32_t)((j.n_embd + j.slice - 1) / j.slice));
+    return PI2_OK;
 }

@@ -7,7 +7,8 @@
 #include "model.h"
 
 /* c->o[t] = the FFN of c->xn[t] for t < n (before any post-FFN norm), by the context's rule
- * (pi2_ctx_set_ffn); uses the gate, up and ffn_* buffers as scratch. */
-void pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+ * (pi2_ctx_set_ffn); uses the gate, up and ffn_* buffers as scratch. PI2_ERR_IO and friends: a streamed
+ * context's bundles could not be read. */
+pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 
 #endif

@@ -184,7 +184,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         norm_rows(c, n, c->xn, c->x, L->ffn_norm, n, E);
         TRACE("ffn_norm", il, c->xn, n * E);
         if (c->ffn.rule != PI2_FFN_DENSE || L->down_rows.data) {
-            pi2_ffn_sparse(c, L, il, n);   /* only the active neurons, or down stored as rows */
+            pi2_status fs = pi2_ffn_sparse(c, L, il, n);   /* only the active neurons, or down stored as rows */
+            if (fs) {
+                pi2_pool_mark(c->pool, -1);
+                return fs;
+            }
         } else {
             pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
             TRACE("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff);
@@ -240,6 +244,7 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
     if (s || atomic_exchange(&c->abort, 0)) {
         c->n_past = start;
         atomic_store(&c->busy, 0);
+        if (s && s != PI2_ERR_ABORTED) return s;   /* a read failed: its message stays */
         return pi2_set_error(PI2_ERR_ABORTED, "decode aborted");
     }
     atomic_store(&c->busy, 0);

@@ -435,4 +435,57 @@ typedef struct {
  * pipe failed. */
 pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, int32_t *chosen);
 
+/* ---- streamed FFN bundles (cache.c): the neuron cache of a context ----
+ * For files whose down rows and up rows are strided views of one bundle region per layer (pi2 files in
+ * the bundle-ud layout), a context can stop reading the bundles through the mapping: each layer's first
+ * n_hot neurons (whole clusters) are read once into resident memory, the others are served from an LRU
+ * of cluster slots shared by all layers, read with the flash I/O backend (4 KiB-aligned, O_DIRECT when
+ * allowed) straight into the slots. The bundle range of the mapping gets MADV_RANDOM and MADV_DONTNEED
+ * and is not touched again. Decode of one token computes hot and cached clusters while the misses are
+ * read; a batch reads each layer's whole bundle region sequentially into the slots (dropping the cached
+ * clusters). Results are bit-identical to the mapped run. Gate rows and every other tensor stay mapped. */
+typedef struct {
+    const char *path;      /* the model's file (its size must equal the mapping's) */
+    int32_t backend;       /* pi2_io_backend, not PI2_IO_AUTO */
+    int32_t queue_depth;   /* reads in flight, 1..PI2_IO_MAX_QD */
+    int32_t direct;        /* 1: O_DIRECT when the file system allows it */
+    int32_t cluster;       /* neurons per cluster: 8, 16, 32 or 64 (divides PI2_FFN_GROUP) */
+    int32_t n_slots;       /* cold cluster slots, >= pi2_stream_query's min_slots */
+    const int32_t *n_hot;  /* [n_layer] resident prefix per layer, rounded down to whole clusters; NULL: none */
+} pi2_stream_params;
+
+typedef struct {
+    int64_t slot_bytes;    /* bytes of one cold slot */
+    int64_t min_slots;     /* fewest slots a context needs (the largest layer's clusters) */
+    int64_t hot_bytes;     /* bytes of `layer`'s resident prefix of n_hot neurons */
+    int64_t bundle_bytes;  /* bytes from one neuron's record to the next in `layer` */
+    int64_t layer_bytes;   /* bytes of `layer`'s bundle region */
+} pi2_stream_sizes;
+
+/* Sizes of a streamed context's cache. PI2_ERR_INVALID: bad cluster or layer; PI2_ERR_UNSUPPORTED: the
+ * model's FFN is not in streamable bundles. */
+pi2_status pi2_stream_query(const pi2_model *model, int32_t cluster, int32_t layer, int32_t n_hot,
+                            pi2_stream_sizes *out);
+/* Stream the context's FFN bundles as `params` says (NULL: back to reading through the mapping), and
+ * zero the statistics. Reads the hot prefixes now. Errors: PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID
+ * (bad params, too few slots, an arena of 2 GiB or more, a decode running), PI2_ERR_UNSUPPORTED. */
+pi2_status pi2_ctx_set_stream(pi2_ctx *ctx, const pi2_stream_params *params);
+
+typedef struct {
+    int64_t tokens;        /* single tokens computed by clusters since pi2_ctx_set_stream */
+    int64_t hot;           /* needed clusters found in the hot prefix (per token and layer) */
+    int64_t hits;          /* needed cold clusters found in a slot */
+    int64_t misses;        /* needed cold clusters read */
+    int64_t reads;         /* read requests (misses + the large reads of batches) */
+    int64_t bytes_read;    /* bytes those requests asked for */
+    int64_t layer_loads;   /* whole layers read for batches */
+    double io_wait_s;      /* time the decoding thread waited for reads (not hidden by computing) */
+    double read_s;         /* time from submitting a layer's reads to the last completion */
+    int64_t arena_bytes;   /* resident hot prefixes + slots */
+    int64_t hot_bytes;     /* of which hot prefixes */
+} pi2_cache_stats;
+
+/* The statistics of a streamed context. PI2_ERR_INVALID: NULL arguments or the context is not streamed. */
+pi2_status pi2_ctx_cache_stats(const pi2_ctx *ctx, pi2_cache_stats *out);
+
 #endif

@@ -23,6 +23,11 @@ KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neu
 DenseOpt = typer.Option(False, "--dense", help="compute every FFN neuron (no sparsity)")
 NpuOpt = typer.Option("auto", "--npu", envvar="PI2_NPU", help="dense prompt batches on NNAPI: auto (only with a "
                       "GPU/accelerator device) | nnapi (any NNAPI device) | off")
+BudgetOpt = typer.Option(None, "--memory-budget", envvar="PI2_MEMORY_BUDGET",
+                         help="memory the process may hold, e.g. 500M or 1.5G (pi2 files): FFN bundles are streamed "
+                              "from flash into a neuron cache sized to fit (default: everything mapped)")
+IoOpt = typer.Option("auto", "--io", envvar="PI2_IO",
+                     help="reads of streamed bundles: auto | uring | aio | pread | mmap")
 NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
                            help="libneuralnetworks.so to open (default: the system's)", show_default=False)
 NoPredOpt = typer.Option(False, "--no-predictor", help="ignore a pi2 file's own predictor (read every gate row)")
@@ -35,6 +40,16 @@ def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
     if path is None:
         raise UsageError("no model given", hint="pi2 run MODEL.gguf -p 'text'")
     return path
+
+
+def _budget(text: Optional[str]) -> Optional[int]:
+    from pi2.plan.budget import parse_size
+    return None if text is None else parse_size(text)
+
+
+def parse_io(text: str) -> str:
+    from pi2.flash_io import parse_io as parse
+    return parse(text)
 
 
 def _read_prompt(prompt: Optional[str], file: Optional[Path], escape: bool) -> Optional[str]:
@@ -76,7 +91,9 @@ def run(
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
-    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks and why NNAPI was not used"),
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
+    verbose: bool = typer.Option(False, "--verbose", help="show tracebacks, why NNAPI was not used, and the "
+                                                           "neuron cache's figures"),
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
     from pi2 import commands
@@ -90,7 +107,7 @@ def run(
         sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                repeat_last_n=repeat_last_n, seed=seed),
         json_out=json_out, engine=engine, keep=keep, dense=dense, npu=npu, nnapi_lib=nnapi_lib, verbose=verbose,
-        predictor=not no_predictor)
+        predictor=not no_predictor, memory_budget=_budget(memory_budget), io=parse_io(io))
     if conversation:
         commands.chat(opts)
     else:
@@ -134,11 +151,12 @@ def perplexity(
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     from pi2 import commands
     commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine,
-                        keep, dense, not no_predictor)
+                        keep, dense, not no_predictor, memory_budget=_budget(memory_budget), io=parse_io(io))
 
 
 @app.command()
@@ -158,12 +176,13 @@ def bench(
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     from pi2 import bench as b
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
                            output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
-                           npu=npu, nnapi_lib=nnapi_lib)
+                           npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io))
     b.run(params)
 
 
@@ -217,6 +236,19 @@ def profile_io(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = Mod
         raise UsageError(f"--seconds must be in (0, 60], not {seconds}")
     profile.show(_model_path(model, model_opt), refresh=refresh, io=parse_io(io), as_json=json_out,
                  cache_dir=cache_dir, seconds=seconds)
+
+
+@app.command()
+def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+         memory_budget: str = typer.Option(..., "--memory-budget", help="memory the process may hold, e.g. 500M"),
+         ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size the plan holds a KV cache for"),
+         threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
+         io: str = IoOpt,
+         json_out: bool = typer.Option(False, "--json", help="print the plan as JSON")):
+    """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, I/O."""
+    from pi2 import commands
+    commands.plan(_model_path(model, model_opt), _budget(memory_budget), ctx_size, max(threads, 0),
+                  parse_io(io), json_out)
 
 
 def _click_exceptions():

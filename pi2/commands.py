@@ -30,8 +30,10 @@ class RunOptions:
     dense: bool = False
     npu: str = "auto"               # --npu auto | nnapi | off
     nnapi_lib: Optional[str] = None
-    verbose: bool = False           # --verbose: also print why NNAPI was not used
+    verbose: bool = False           # --verbose: also print why NNAPI was not used, and the neuron cache's figures
     predictor: bool = True          # False: --no-predictor
+    memory_budget: Optional[int] = None   # --memory-budget, bytes
+    io: str = "auto"                # --io
 
 
 def _check(opts: RunOptions) -> None:
@@ -50,7 +52,8 @@ def _open(opts: RunOptions):
     timings = Timings()
     model = open_model(opts.model)
     ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
-                                      opts.npu, opts.nnapi_lib, predictor=opts.predictor))
+                                      opts.npu, opts.nnapi_lib, opts.memory_budget, opts.io,
+                                      predictor=opts.predictor))
     sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
     return model, ctx, sampler, timings
 
@@ -102,6 +105,42 @@ def run(opts: RunOptions) -> None:
         from pi2.npu import notes
         for line in notes(ctx):
             print(f"pi2: npu: {line}", file=sys.stderr)
+        cache_report(ctx)
+
+
+def cache_report(ctx) -> None:
+    """--verbose: the neuron cache's plan and figures of a streamed run, and the peak RSS, on stderr."""
+    plan = getattr(ctx, "plan", None)
+    if plan is None:
+        return
+    from pi2.bench import peak_rss
+    st = ctx.stream_stats()
+    print(f"pi2: cache: budget {plan.budget / 2**20:.0f} MiB, hot {st['hot_bytes'] / 2**20:.1f} MiB, "
+          f"cold {plan.n_slots} x {plan.slot_bytes // 1024} KiB slots, cluster {plan.cluster}, io {plan.io}",
+          file=sys.stderr)
+    print(f"pi2: cache: hit rate {st['cache_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), "
+          f"flash {st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, "
+          f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
+
+
+def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_out: bool) -> None:
+    """pi2 plan: the split of a memory budget for a pi2 file (pi2/plan/budget.py), on stdout."""
+    from pi2 import flash_io
+    from pi2.engine import CModel, _default_threads
+    from pi2.plan.budget import make_plan, streamable
+    from pi2.runtime import open_model, resolve_ctx
+    model = open_model(model_path)
+    why = streamable(model)
+    if why:
+        raise UsageError(why)
+    backend, _ = flash_io.resolve(io, model.path)
+    model.tokenizer      # as a run holds it
+    p = make_plan(model, CModel.from_model(model), budget, resolve_ctx(model, n_ctx),
+                  threads or _default_threads(), io=backend)
+    if json_out:
+        print(json.dumps(p.as_dict()))
+    else:
+        print("\n".join(p.lines()))
 
 
 def chat(opts: RunOptions) -> None:
@@ -180,7 +219,8 @@ def info(model_path: Path, list_tensors: bool = False) -> None:
 
 
 def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str,
-               keep: Optional[float] = None, dense: bool = False, predictor: bool = True) -> None:
+               keep: Optional[float] = None, dense: bool = False, predictor: bool = True,
+               memory_budget: Optional[int] = None, io: str = "auto") -> None:
     """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
     import time
     from pi2.perplexity import format_final, perplexity as ppl
@@ -191,7 +231,8 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
     model = open_model(model_path)
     tok = model.tokenizer
-    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense, predictor=predictor))
+    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense, predictor=predictor,
+                                        memory_budget=memory_budget, io=io))
     n_ctx = ctx.n_ctx       # -c 0 means the model's training context, as in llama-perplexity
     t0 = time.perf_counter()
     tokens = tok.encode(text, add_special=None, parse_special=False)

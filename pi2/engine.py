@@ -239,6 +239,13 @@ class CModel:
         return cm
 
 
+def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:
+    """pi2_stream_query: slot_bytes, min_slots, and layer's hot_bytes (n_hot neurons), bundle_bytes, layer_bytes."""
+    out = ffi.new("pi2_stream_sizes *")
+    check(lib.pi2_stream_query(cmodel._h, cluster, layer, n_hot, out))
+    return {k: getattr(out, k) for k in ("slot_bytes", "min_slots", "hot_bytes", "bundle_bytes", "layer_bytes")}
+
+
 def _default_threads() -> int:
     import os
     try:
@@ -307,7 +314,31 @@ class CContext:
         return int(n), active
 
     def bench_stats(self) -> dict:
-        """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats)."""
+        """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
+        streamed context also the neuron cache's figures since the previous call (stream_stats)."""
+        return {**self._ffn_stats(), **self.stream_stats()}
+
+    def stream_stats(self) -> dict:
+        """Streamed contexts: cache_hit_rate (needed clusters found hot or cached), cold_hit_rate, flash bytes per
+        token decoded, io_wait_share (of decode time), read_mbps (bytes read / time reads were outstanding),
+        since the previous call. {} when not streamed."""
+        st = self.cache_stats()
+        if not st:
+            return {}
+        st["decode_s"], st["decoded"] = getattr(self, "_decode_s", 0.0), getattr(self, "_decoded", 0)
+        prev = getattr(self, "_stream_prev", None) or {k: 0 for k in st}
+        self._stream_prev = dict(st)
+        d = {k: st[k] - prev[k] for k in st if k not in ("arena_bytes", "hot_bytes")}
+        need, cold = d["hot"] + d["hits"] + d["misses"], d["hits"] + d["misses"]
+        return {"cache_hit_rate": round((d["hot"] + d["hits"]) / need, 4) if need else 1.0,
+                "cold_hit_rate": round(d["hits"] / cold, 4) if cold else 1.0,
+                "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
+                "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
+                "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
+                "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
+                "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
+
+    def _ffn_stats(self) -> dict:
         from pi2.sparse import bytes_touched, layer_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
@@ -322,6 +353,32 @@ class CContext:
                 "ffn_bytes_per_token": int(round(sum(bytes_touched(spec.rule, lb, n, int(a))
                                                      for lb, a in zip(lbs, active)) / n))}
 
+    def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
+                   direct: bool = True) -> None:
+        """Serve the FFN bundles from a neuron cache (csrc/cache.c): n_hot[L] resident neurons per layer, n_slots
+        cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto)."""
+        from pi2.flash_io import _IDS
+        hot = np.ascontiguousarray(np.zeros(self.cfg.n_layer) if n_hot is None else n_hot, np.int32)
+        self._stream_hot = hot
+        self._stream_path = ffi.new("char[]", self.cmodel.path.encode())
+        p = ffi.new("pi2_stream_params *", {"backend": _IDS[io], "queue_depth": queue_depth, "direct": int(direct),
+                                            "cluster": cluster, "n_slots": n_slots})
+        p.path = self._stream_path
+        p.n_hot = ffi.from_buffer("int32_t[]", hot)
+        check(lib.pi2_ctx_set_stream(self._h, p))
+        self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth}
+        self._stream_prev = None
+        self.stream_stats()      # the figures start after the hot prefixes were read
+
+    def cache_stats(self) -> dict:
+        """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""
+        if not getattr(self, "stream", None):
+            return {}
+        st = ffi.new("pi2_cache_stats *")
+        check(lib.pi2_ctx_cache_stats(self._h, st))
+        return {k: getattr(st, k) for k in ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads",
+                                            "io_wait_s", "read_s", "arena_bytes", "hot_bytes")}
+
     def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or
         of every token (n_tok, n_vocab) when all_logits."""
@@ -334,7 +391,10 @@ class CContext:
         out = np.empty((n, self.cfg.n_vocab), np.float32) if all_logits else self._logits
         args = (self._h, ffi.from_buffer("int32_t[]", toks), n,
                 ffi.from_buffer("float[]", out, require_writable=True), int(all_logits))
+        t0 = time.perf_counter()
         status, msg = self._interruptible(args, n * self.cmodel.n_bytes >= _LONG_DECODE_BYTES)
+        self._decode_s = getattr(self, "_decode_s", 0.0) + time.perf_counter() - t0
+        self._decoded = getattr(self, "_decoded", 0) + n
         if status == lib.PI2_ERR_ABORTED:
             raise KeyboardInterrupt
         if status < 0:

@@ -25,6 +25,8 @@ class RunConfig:
     dense: bool = False           # --dense: every FFN neuron
     npu: str = "auto"             # --npu auto | nnapi | off (pi2/npu.py)
     nnapi_lib: str | None = None  # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
+    memory_budget: int | None = None  # --memory-budget in bytes: stream the FFN bundles (pi2/plan/budget.py)
+    io: str = "auto"              # --io: the backend of streamed reads
     predictor: bool = True        # --no-predictor: a pi2 file's pi2-made predictor is not used
 
 
@@ -74,6 +76,10 @@ def open_context(model: Model, cfg: RunConfig):
     gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
+    if cfg.memory_budget is not None:
+        if gap or cfg.engine == "reference":
+            raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
+        return _streamed_context(model, cfg, n_ctx)
     if cfg.engine == "c" or (cfg.engine == "auto" and not gap):
         from pi2.engine import CContext, CModel
         from pi2.sparse import choose_rule
@@ -87,6 +93,27 @@ def open_context(model: Model, cfg: RunConfig):
     from pi2.reference import ReferenceContext
     ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
     npu.no_c_engine(ctx, cfg.npu)
+    return ctx
+
+
+def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
+    """A C context whose FFN bundles come from the neuron cache the budget leaves room for (no NNAPI copies)."""
+    from pi2 import flash_io
+    from pi2.engine import CContext, CModel, _default_threads
+    from pi2.plan.budget import make_plan, streamable
+    from pi2.sparse import choose_rule
+    why = streamable(model)
+    if why:
+        raise UsageError(why)
+    backend, _ = flash_io.resolve(cfg.io, model.path)
+    model.tokenizer      # built now, so that the runtime the plan measures includes it
+    cm = CModel.from_model(model)
+    threads = cfg.n_threads if cfg.n_threads > 0 else _default_threads()
+    plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend)
+    ctx = CContext(cm, n_ctx, threads)
+    ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=False))
+    ctx.set_stream(**plan.stream_args())
+    ctx.plan = plan
     return ctx
 
 

@@ -1,0 +1,274 @@
+"""budget.py — the first planner: how a pi2 file runs inside `--memory-budget SIZE`.
+
+Owns: parsing sizes (500M, 1.5G), the measured floor (the process's RSS with the runtime loaded + the
+fixed region the forward pass maps + KV cache + scratch + a margin + the fewest cold slots the neuron cache
+needs), and the split of the rest: the hot prefix of each layer (clusters taken in descending activation
+frequency, `blk.L.ffn_freq`, so hot is always a prefix) and the cold cluster slots; the cluster size, queue
+depth and I/O backend. Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py
+measures the device).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pi2.errors import UsageError
+
+MiB = 1 << 20
+# what the process allocates or reads after planning (Python objects while generating, modules imported later,
+# page cache around the fixed region): SmolLM2 under a cgroup peaked 5-8 MiB above a 16 MiB margin
+MARGIN = 32 * MiB
+QUEUE_DEPTH = 32
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MiB, "MB": MiB, "MIB": MiB,
+          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '500M', '1.5G', '800MiB', '65536' (K, M, G are powers of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _UNITS:
+        raise UsageError(f"invalid memory size {text!r}", hint="write it like 500M or 1.5G")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise UsageError(f"invalid memory size {text!r}: it must be positive")
+    return n
+
+
+def fmt(n: int) -> str:
+    return f"{n / MiB:.1f} MiB"
+
+
+def runtime_rss(model=None) -> int:
+    """What this process holds now as a memory cgroup counts it, estimated: resident bytes (VmRSS: the
+    interpreter, numpy, the C core) + the page cache its imports filled (the size of every loaded module's
+    source and bytecode, read but not mapped) + the model file's metadata (everything before its first tensor)."""
+    import sys
+    rss = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+    except OSError:
+        import resource
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    import os
+    seen = set()
+    for mod in list(sys.modules.values()):
+        for attr in ("__file__", "__cached__"):
+            f = getattr(mod, attr, None)
+            if isinstance(f, str) and not f.endswith((".so", ".pyd")) and f not in seen:
+                seen.add(f)
+                try:
+                    rss += os.path.getsize(f)
+                except OSError:
+                    pass
+    if model is not None and model.file.tensors:
+        rss += min(t.offset for t in model.file.tensors.values())
+    return rss
+
+
+def fixed_bytes(model, n_ctx: int) -> int:
+    """Bytes of the tensors the forward pass reads through the mapping in a streamed run: all but the up and down
+    rows of the bundles (a tied output counted once); token embeddings that are not also the output are read a
+    row per token (with no read-ahead, csrc/cache.c), so they count n_ctx rows of whole pages at most."""
+    from pi2.engine import _FFN_DOWN_ROWS, tensor_descs
+    descs = tensor_descs(model)
+    out_offset = next(t.offset for role, _l, t in descs if role == 2)
+    seen = {}
+    for role, _layer, t in descs:
+        if role in (17, _FFN_DOWN_ROWS):       # FFN_UP, FFN_DOWN_ROWS: streamed
+            continue
+        n = t.nbytes
+        if role == 0 and t.offset != out_offset:
+            n = min(n, n_ctx * (-(-(n // t.ne[1]) // 4096) + 1) * 4096)
+        seen[t.offset] = max(seen.get(t.offset, 0), n)
+    return sum(seen.values())
+
+
+def context_bytes(cfg, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
+    """(KV cache bytes, scratch bytes) of a C context (csrc/context.c's buffers, floats)."""
+    kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
+    kv = cfg.n_layer * n_ctx * (kd + vd) * 4
+    b = min(n_batch, n_ctx)
+    qd = cfg.n_head * max(cfg.head_dim, cfg.head_dim_v)
+    per_tok = 5 * cfg.n_embd + 2 * qd + kd + vd + 6 * cfg.n_ff
+    scratch = 4 * (b * per_tok + max(n_threads, 1) * n_ctx + (cfg.n_ff // 64 + 1) * cfg.n_embd)
+    return kv, scratch
+
+
+def cluster_for(bundle_bytes: int) -> int:
+    """Neurons per cluster: the smallest of 8, 16, 32, 64 whose reads are at least 32 KiB."""
+    for c in (8, 16, 32, 64):
+        if c * bundle_bytes >= 32 * 1024:
+            return c
+    return 64
+
+
+@dataclass
+class Plan:
+    budget: int
+    runtime: int            # RSS of the process with the runtime and the file's metadata loaded
+    fixed: int              # mapped tensors the forward pass reads (attention, norms, embeddings, output, gate rows)
+    kv: int
+    scratch: int
+    margin: int
+    cluster: int
+    slot_bytes: int
+    min_slots: int
+    n_slots: int
+    n_hot: list = field(default_factory=list)
+    hot_bytes: int = 0
+    io: str = "auto"
+    queue_depth: int = QUEUE_DEPTH
+    n_ff: int = 0
+    ffn_bytes: int = 0      # every layer's bundle region
+    flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq)
+    read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
+    profile_note: str = ""
+
+    @property
+    def floor(self) -> int:
+        return self.runtime + self.fixed + self.kv + self.scratch + self.margin + self.min_slots * self.slot_bytes
+
+    @property
+    def cold_bytes(self) -> int:
+        return self.n_slots * self.slot_bytes
+
+    def stream_args(self) -> dict:
+        return {"cluster": self.cluster, "n_slots": self.n_slots, "n_hot": self.n_hot, "io": self.io,
+                "queue_depth": self.queue_depth}
+
+    def lines(self) -> list:
+        hot = np.asarray(self.n_hot)
+        return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
+                f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
+                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, gate rows)",
+                f"KV cache           {fmt(self.kv)}",
+                f"scratch + margin   {fmt(self.scratch + self.margin)}",
+                f"FFN bundles        {fmt(self.ffn_bytes)} on flash",
+                f"hot prefix         {fmt(self.hot_bytes)}: {int(hot.sum())} of {self.n_ff * len(hot)} neurons "
+                f"({hot.sum() / max(self.n_ff * len(hot), 1):.1%}), per layer {_per_layer(hot)}",
+                f"cold cache         {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)} "
+                f"(cluster {self.cluster} neurons; at least {self.min_slots} slots)",
+                f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT",
+                f"flash per token    {fmt(self.flash_bytes)} expected (cold clusters with an active neuron, by "
+                f"ffn_freq; the cold LRU assumed to miss)",
+                self.predicted_line()]
+
+    @property
+    def io_bound_tps(self) -> float | None:
+        """Tokens/s the reads alone allow (None without a device profile; inf when nothing is read)."""
+        if not self.read_mbps:
+            return None
+        return float("inf") if not self.flash_bytes else self.read_mbps * 1e6 / self.flash_bytes
+
+    def predicted_line(self) -> str:
+        tps = self.io_bound_tps
+        if tps is None:
+            return f"predicted          no device profile ({self.profile_note or 'run pi2 profile-io MODEL'})"
+        if tps == float("inf"):
+            return "predicted          no flash reads while decoding: the speed of the mapped run"
+        return (f"predicted          at most {tps:.2f} tokens/s from reads alone ({self.read_mbps:.0f} MB/s at "
+                f"{self.slot_bytes // 1024} KiB, qd {self.queue_depth}: {self.profile_note}); compute adds to it "
+                f"where it does not overlap")
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("budget", "runtime", "fixed", "kv", "scratch", "margin", "cluster",
+                                           "slot_bytes", "min_slots", "n_slots", "hot_bytes", "io", "queue_depth",
+                                           "ffn_bytes")}
+        d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
+                 flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
+        return d
+
+
+def _per_layer(hot) -> str:
+    if len(set(hot.tolist())) == 1:
+        return f"{int(hot[0])} each"
+    return f"{int(hot.min())}..{int(hot.max())}"
+
+
+def streamable(model) -> str:
+    """Why `model` cannot run under a budget ("" when it can)."""
+    cfg = model.config
+    if not cfg.pi2:
+        return "--memory-budget needs a pi2 file (made by pi2 convert)"
+    if cfg.ffn_layout != "bundle-ud":
+        return f"--memory-budget needs the bundle-ud layout; this file is {cfg.ffn_layout}"
+    return ""
+
+
+def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
+              cluster: int | None = None, runtime: int | None = None) -> Plan:
+    """The split of `budget` for `model` (a loader.Model) loaded as `cmodel`; UsageError below the floor.
+    runtime: the process's own bytes (default: measured now, runtime_rss)."""
+    from pi2.engine import stream_sizes
+    why = streamable(model)
+    if why:
+        raise UsageError(why)
+    cfg = model.config
+    L, F = cfg.n_layer, cfg.n_ff
+    bb = stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]
+    cluster = cluster or cluster_for(bb)
+    sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
+    kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
+    p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime,
+             fixed=fixed_bytes(model, n_ctx), kv=kv, scratch=scratch, margin=MARGIN,
+             cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
+             n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
+             ffn_bytes=sum(s["layer_bytes"] for s in sizes))
+    if budget < p.floor:
+        raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(p.floor)} for this model "
+                         f"at a context of {n_ctx}", hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
+                         + (" or a smaller -c" if kv > p.floor // 4 else ""))
+    left = budget - p.floor - 8192 * L             # room for the hot prefixes (+ their 4 KiB alignment)
+    # hot clusters in descending mean activation frequency: within a layer frequencies descend, so each
+    # layer's choice is a prefix
+    scores, need = [], []
+    for il in range(L):
+        freq = np.asarray(model.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1)[:F]
+        n_cl = (F + cluster - 1) // cluster
+        pad = np.zeros(n_cl * cluster, np.float32)
+        pad[:F] = np.clip(freq, 0.0, 1.0)
+        per = pad.reshape(n_cl, cluster)
+        need.append(1.0 - np.prod(1.0 - per.astype(np.float64), axis=1))   # P(a cluster has an active neuron)
+        for c, s in enumerate(per.mean(axis=1)):
+            scores.append((-float(s), il, c))
+    scores.sort()
+    hot_cl = [0] * L
+    for _s, il, c in scores:
+        cost = min(cluster, F - c * cluster) * sizes[il]["bundle_bytes"]
+        if c != hot_cl[il] or cost > left:         # keep prefixes; stop a layer at its first cluster not taken
+            continue
+        hot_cl[il] += 1
+        left -= cost
+    p.n_hot = [min(h * cluster, F) for h in hot_cl]
+    p.hot_bytes = sum(stream_sizes(cmodel, cluster, il, p.n_hot[il])["hot_bytes"] for il in range(L))
+    read = min(p.slot_bytes, cluster * sizes[0]["bundle_bytes"] + 4096)
+    p.flash_bytes = int(sum(need[il][hot_cl[il]:].sum() for il in range(L)) * read)
+    p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
+    n_cold = sum((F + cluster - 1) // cluster - h for h in hot_cl)
+    if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as
+        p.n_slots = max(p.min_slots, min(p.n_slots + int(left // p.slot_bytes), n_cold))   # there are cold clusters
+    return p
+
+
+def _profile_mbps(path, block: int, qd: int) -> tuple:
+    """(MB/s, note) from the cached device profile of path's device (pi2 profile-io), at the measured block size
+    nearest `block` and the measured queue depth nearest `qd`; (None, why) when there is none."""
+    import json
+    from pi2.plan.profile import cache_file
+    try:
+        prof = json.loads(cache_file(path).read_text())
+        points = [p for p in prof["points"] if p.get("mb_s")]
+    except (OSError, ValueError, KeyError, TypeError, UsageError):
+        return None, "run pi2 profile-io MODEL to measure this device"
+    if not points:
+        return None, "the device profile has no measured points"
+    b = min({p["block"] for p in points}, key=lambda x: abs(np.log2(x / block)))
+    q = min({p["qd"] for p in points if p["block"] == b}, key=lambda x: abs(x - qd))
+    mbps = next(p["mb_s"] for p in points if p["block"] == b and p["qd"] == q)
+    return float(mbps), f"device profile, {b // 1024} KiB reads at qd {q}, {prof.get('backend', '?')}"

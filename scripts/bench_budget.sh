@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# bench_budget.sh — decode speed of a pi2 file streamed under --memory-budget, each run inside a memory
+# cgroup (v1) of the same size, against the same file fully mapped (in a cgroup of each size, and unlimited).
+# Prints one line per run: mode, budget, tokens/s, the group's peak and failcnt, and pi2's cache figures.
+# usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO]
+# needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
+# every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens.
+set -euo pipefail
+MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}
+PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
+[ -d "$PARENT" ] || { echo "bench_budget.sh: no cgroup v1 memory controller at $PARENT" >&2; exit 1; }
+
+bytes() { python3 -c "from pi2.plan.budget import parse_size; print(parse_size('$1'))"; }
+
+# run LIMIT_BYTES LABEL BUDGET_FLAGS...: one pi2 bench in a fresh cgroup of LIMIT_BYTES (0: no limit)
+run() {
+    local limit=$1 label=$2; shift 2
+    local cg=$PARENT/pi2budget.$$ out
+    mkdir "$cg"
+    [ "$limit" != 0 ] && echo "$limit" > "$cg/memory.limit_in_bytes"
+    sync; echo 1 > /proc/sys/vm/drop_caches || true
+    out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec python3 -m pi2 bench -m \"\$0\" -p 0 -n $NGEN -r 1 -t $THREADS -o json \"\$@\"" \
+          "$MODEL" "$@" 2>/tmp/bench_budget.$$.err) || { echo "$label: failed: $(tail -1 /tmp/bench_budget.$$.err)"; }
+    local peak fail
+    peak=$(cat "$cg/memory.max_usage_in_bytes"); fail=$(cat "$cg/memory.failcnt")
+    rmdir "$cg"
+    [ -n "${out:-}" ] && python3 - "$label" "$peak" "$fail" "$out" <<'PY'
+import json, sys
+label, peak, fail, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])[0]
+extra = ""
+if "pi2_cache_hit_rate" in out:
+    extra = (f" hit {out['pi2_cache_hit_rate']:.1%} flash {out['pi2_flash_bytes_per_token'] / 2**20:.1f} MiB/tok"
+             f" read {out['pi2_read_mbps']:.0f} MB/s io-wait {out['pi2_io_wait_share']:.0%}"
+             f" hot {out['pi2_hot_bytes'] / 2**20:.0f} MiB")
+print(f"{label:28s} {out['avg_ts']:7.2f} tok/s  cgroup peak {peak / 2**20:7.1f} MiB failcnt {fail}"
+      f"  rss {out['pi2_peak_rss'] / 2**20:.0f} MiB{extra}")
+PY
+    rm -f /tmp/bench_budget.$$.err
+}
+
+run 0 "mapped, no limit"
+for b in $BUDGETS; do
+    lim=$(bytes "$b")
+    run "$lim" "streamed --memory-budget $b" --memory-budget "$b" --io "$IO"
+    run "$lim" "mapped in a $b cgroup"
+done

@@ -1,0 +1,248 @@
+"""test_stream_cache.py — streamed FFN bundles (csrc/cache.c): a context serving its bundles from a resident hot
+prefix and an LRU of cold cluster slots read by the flash I/O backends gives logits bit-identical to the mapped
+run, for several keeps, cache sizes (a tiny cache that mostly misses, a big one that hits), cluster sizes, backends
+and thread counts; its statistics add up; bad parameters and a failing read are refused with a message."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from fixtures import write_model
+from pi2file import write_pi2
+
+from pi2 import sparse
+from pi2.engine import CContext, CModel, stream_sizes
+from pi2.errors import EngineError, UnsupportedError
+from pi2.model.loader import load_model
+
+TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99, 12, 250, 77, 5, 9, 1]
+
+
+def run(ctx) -> np.ndarray:
+    """A prompt batch of 6, 8 single tokens, a batch of 3, then 3 single tokens: logits of every token."""
+    out = [ctx.decode(TOKENS[:6], all_logits=True)]
+    out += [ctx.decode([t], all_logits=True) for t in TOKENS[6:14]]
+    out.append(ctx.decode(TOKENS[14:17], all_logits=True))
+    out += [ctx.decode([t], all_logits=True) for t in TOKENS[17:]]
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stream")
+    q8 = write_model(d / "q8.gguf", wtype="Q8_0", n_ff=320, n_embd=64)      # 5 groups of 64
+    odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)
+    return {"q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
+            "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
+            "gud": write_pi2(q8, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
+
+
+def ctx_for(path, keep, threads, stream=None):
+    m = load_model(path)
+    c = CContext(CModel.from_model(m), 64, threads)
+    c.set_ffn(sparse.choose_rule(m, keep))
+    if stream:
+        c.set_stream(**stream)
+    return c
+
+
+@pytest.mark.parametrize("name", ["q8", "f16"])
+@pytest.mark.parametrize("keep", [0.25, 0.5, 1.0])
+def test_streamed_equals_mapped(files, name, keep):
+    want = run(ctx_for(files[name], keep, 1))
+    m = load_model(files[name])
+    n_ff, n_layer = m.config.n_ff, m.config.n_layer
+    cases = [  # (cluster, slots beyond the minimum, hot neurons per layer, backend, threads)
+        (64, 0, [0] * n_layer, "pread", 1),                       # tiny: one layer's clusters, no hot prefix
+        (16, 0, [40 + 16 * i for i in range(n_layer)], "pread", 2),  # hot prefixes not on a cluster boundary
+        (32, 1000, [64] * n_layer, "aio", 2),                     # big: every cluster stays
+        (8, 3, [n_ff] * n_layer, "mmap", 1),                      # everything hot
+    ]
+    for cluster, extra, hot, io, threads in cases:
+        min_slots = stream_sizes(CModel.from_model(m), cluster)["min_slots"]
+        c = ctx_for(files[name], keep, threads, dict(cluster=cluster, n_slots=min_slots + extra, n_hot=hot, io=io))
+        got = run(c)
+        assert np.array_equal(got, want), (cluster, extra, io, threads)
+        st = c.cache_stats()
+        assert st["tokens"] == 11 and st["layer_loads"] == (0 if hot[0] == n_ff else 2 * n_layer)
+        needed = st["hot"] + st["hits"] + st["misses"]
+        assert needed > 0
+        if hot[0] == n_ff:
+            assert st["misses"] == st["hits"] == 0
+        elif extra == 0 and hot[0] == 0:
+            assert st["misses"] > st["hits"]        # one layer's worth of slots: every layer evicts the last
+        elif extra >= 1000:
+            assert st["hits"] > st["misses"]
+        assert st["bytes_read"] >= st["misses"] * 4096 and st["reads"] >= st["misses"]
+
+
+def test_sizes_and_refusals(files, tmp_path):
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    sz = stream_sizes(cm, 64, 0, 100)
+    assert sz["min_slots"] == 5 and sz["slot_bytes"] % 4096 == 0 and sz["bundle_bytes"] % 32 == 0
+    assert sz["hot_bytes"] == (-(-64 * sz["bundle_bytes"] // 4096)) * 4096    # 100 neurons -> one cluster of 64
+    c = CContext(cm, 32, 1)
+    with pytest.raises(EngineError, match="at least 5"):
+        c.set_stream(cluster=64, n_slots=4)
+    with pytest.raises(EngineError, match="cluster size 24"):
+        c.set_stream(cluster=24, n_slots=100)
+    g = load_model(files["gud"])
+    with pytest.raises(UnsupportedError, match="bundle-ud"):
+        CContext(CModel.from_model(g), 32, 1).set_stream(cluster=64, n_slots=100)
+
+
+def test_failed_read_is_an_error(files, tmp_path):
+    """The file shrinks under a streamed context: the read of a cold cluster fails with a message, no wrong answer."""
+    import shutil
+    p = tmp_path / "cut.pi2.gguf"
+    shutil.copy(files["q8"], p)
+    m = load_model(p)
+    c = CContext(CModel.from_model(m), 32, 1)
+    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_stream(cluster=64, n_slots=5, io="pread")
+    os.truncate(p, m.tensor(f"blk.{m.config.n_layer - 1}.ffn_bundle.weight").offset + 4096)
+    with pytest.raises(EngineError, match="bundles"):
+        for t in TOKENS[:4]:
+            c.decode([t])
+
+
+# ---- the planner and the CLI flags ----
+
+def test_parse_size():
+    from pi2.errors import UsageError
+    from pi2.plan.budget import parse_size
+    assert parse_size("500M") == 500 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("64k") == 65536
+    assert parse_size("800MiB") == 800 << 20 and parse_size("4096") == 4096
+    for bad in ("", "abc", "5X", "-1M", "0"):
+        with pytest.raises(UsageError):
+            parse_size(bad)
+
+
+def test_plan_split(files):
+    from pi2.errors import UsageError
+    from pi2.plan.budget import make_plan
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    kw = dict(io="pread", cluster=64, runtime=50 << 20)
+    small = make_plan(m, cm, 1 << 40, 64, 1, **kw)
+    with pytest.raises(UsageError, match="below the minimum of"):
+        make_plan(m, cm, small.floor - 4096, 64, 1, **kw)
+    bb = stream_sizes(cm, 64)["bundle_bytes"]
+    tight = make_plan(m, cm, small.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)   # three clusters hot
+    assert tight.n_hot == [128, 64]
+    assert tight.n_slots == tight.min_slots and 0 < sum(tight.n_hot) < m.config.n_ff * m.config.n_layer
+    assert all(h % 64 == 0 for h in tight.n_hot)
+    assert tight.floor + tight.hot_bytes + (tight.n_slots - tight.min_slots) * tight.slot_bytes <= tight.budget
+    assert sum(small.n_hot) == m.config.n_ff * m.config.n_layer       # everything fits: all hot, no extra slots
+    assert small.n_slots == small.min_slots
+    # the split streams bit-identically
+    want = run(ctx_for(files["q8"], 0.5, 1))
+    assert np.array_equal(run(ctx_for(files["q8"], 0.5, 2, tight.stream_args())), want)
+
+
+def test_cli_budget(files):
+    from clirun import cli
+    from pi2.plan.budget import make_plan
+    path = str(files["q8"])
+    base = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64")
+    assert base.code == 0, base.err
+    low = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "-c", "64", "--memory-budget", "1M")
+    assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
+    m = load_model(files["q8"])
+    need = make_plan(m, CModel.from_model(m), 1 << 40, 64, 1).floor
+    budget = f"{(need >> 20) + 40}M"
+    res = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--memory-budget", budget,
+              "--io", "pread", "--verbose")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
+    assert "pi2: cache: hit rate" in res.err
+    bad = cli("run", path, "-p", "hello", "-n", "2", "--memory-budget", budget, "--io", "floppy")
+    assert bad.code != 0 and "--io must be one of" in bad.err
+    plan = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread")
+    assert plan.code == 0 and "hot prefix" in plan.out and "cold cache" in plan.out, plan.err
+    assert "flash per token" in plan.out and "predicted" in plan.out
+    gud = cli("plan", "-m", str(files["gud"]), "--memory-budget", "1G")
+    assert gud.code != 0 and "bundle-ud" in gud.err
+    b = cli("bench", path, "-p", "4", "-n", "4", "-r", "1", "-o", "json", "--memory-budget", budget, "--io", "pread",
+            timeout=120)
+    assert b.code == 0, b.err
+    recs = json.loads(b.out)
+    tg = [r for r in recs if r["n_gen"] == 4][0]
+    assert 0 <= tg["pi2_cache_hit_rate"] <= 1 and tg["pi2_flash_bytes_per_token"] >= 0
+    assert 0 <= tg["pi2_io_wait_share"] <= 1 and "pi2_read_mbps" in tg
+
+
+def test_plan_flash_bytes_follow_the_hot_prefix(files):
+    """Expected flash bytes per token: every cold cluster with an active neuron (by ffn_freq) read once; none when
+    all is hot; fewer as the hot prefix grows."""
+    from pi2.plan.budget import make_plan
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    kw = dict(io="pread", cluster=64, runtime=50 << 20)
+    base = make_plan(m, cm, 1 << 40, 64, 1, **kw)
+    assert sum(base.n_hot) == m.config.n_ff * m.config.n_layer and base.flash_bytes == 0
+    bb = stream_sizes(cm, 64)["bundle_bytes"]
+    none = make_plan(m, cm, base.floor + 100, 64, 1, **kw)
+    some = make_plan(m, cm, base.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)
+    assert sum(none.n_hot) == 0 and none.flash_bytes > some.flash_bytes > 0
+    freq = [np.asarray(m.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1)
+            for il in range(m.config.n_layer)]
+    p_need = sum(1 - np.prod(1 - f[c * 64:(c + 1) * 64].astype(np.float64)) for f in freq for c in range(5))
+    assert none.flash_bytes == int(p_need * min(none.slot_bytes, 64 * bb + 4096))
+
+
+def _resident_pages(path, start: int, end: int) -> int:
+    """Pages of path's [start, end) (4 KiB-aligned) in the page cache, by mincore(2) on a fresh mapping."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = end - start
+        addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+        vec = ctypes.create_string_buffer(n // 4096)
+        assert libc.mincore(addr, n, vec) == 0, ctypes.get_errno()
+        libc.munmap(addr, n)
+        return sum(b & 1 for b in vec.raw)
+    finally:
+        os.close(fd)
+
+
+def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
+    """A streamed context reads its bundles with O_DIRECT and never through the mapping: after decoding, the pages
+    wholly inside the bundle regions are not in the page cache (the mapped run puts them there)."""
+    import shutil
+    import subprocess
+    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() in (
+            "tmpfs", "ramfs"):
+        pytest.skip("on tmpfs the page cache is the file")
+    p = tmp_path / "cold.pi2.gguf"
+    shutil.copy(files["q8"], p)
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)                                           # clean pages, so that they can be dropped
+    os.close(fd)
+    m = load_model(p)
+    ranges = []
+    for il in range(m.config.n_layer):
+        t = m.tensor(f"blk.{il}.ffn_bundle.weight")
+        ranges.append((-(-t.offset // 4096) * 4096, (t.offset + t.nbytes) // 4096 * 4096))
+    assert all(e > s for s, e in ranges)
+    c = CContext(CModel.from_model(m), 32, 1)
+    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_stream(cluster=64, n_slots=5, io="pread")      # drops the file's unmapped pages (the copy's)
+    for t in TOKENS[:4]:
+        c.decode([t])
+    c.decode(TOKENS[4:8])                                  # a batch: whole layers read, still not mapped
+    assert c.cache_stats()["misses"] > 0
+    assert sum(_resident_pages(p, s, e) for s, e in ranges) == 0
+    d = CContext(CModel.from_model(load_model(p)), 32, 1)  # the mapped run reads them through the mapping
+    d.set_ffn(sparse.choose_rule(m, 1.0))
+    d.decode(TOKENS[:4])
+    assert sum(_resident_pages(p, s, e) for s, e in ranges) > 0

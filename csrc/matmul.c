@@ -18,6 +18,7 @@ typedef struct {
     int32_t n_mm, n_tok;
     const pi2_type_traits *tr[MAX_GROUP];
     pi2_vec_dot4x2_fn dot4x2[MAX_GROUP];   /* two rows x four tokens, or NULL */
+    pi2_vec_dot_rows4_fn rows4[MAX_GROUP]; /* four rows x one token (used when n_tok == 1), or NULL */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -66,6 +67,13 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
     const int64_t r0 = (int64_t)(task - j->first_task[i]) * j->rows_per_task;
     const int64_t r1 = r0 + j->rows_per_task < w->n_out ? r0 + j->rows_per_task : w->n_out;
     float *out = j->mm[i].out;
+    if (j->n_tok == 1 && j->rows4[i]) {   /* one token: four rows at a time, vec_dot's order per row */
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4)
+            j->rows4[i](w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, w->row_bytes, j->xq[i]);
+        for (; r < r1; r++) tr->vec_dot(w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, j->xq[i]);
+        return;
+    }
     for (int32_t t0 = 0; t0 < j->n_tok; t0 += TILE_TOK) {
         const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
         for (int64_t r = r0; r < r1; r++) {
@@ -110,6 +118,7 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
     for (int32_t i = 0; i < n_mm; i++) {
         j.tr[i] = pi2_traits(mm[i].w->type, env->impl);
         j.dot4x2[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x2(mm[i].w->type, env->impl);
+        j.rows4[i] = pi2_kernels_dot_rows4(mm[i].w->type, env->impl);
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;

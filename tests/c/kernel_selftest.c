@@ -177,10 +177,12 @@ static void x86_order_batch(const pi2_type_traits *ref, int type, int64_t n, flo
 
 static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, (size_t)n * sizeof *a); }
 
-/* The four-token and two-row kernels against their one-token twins, bit for bit: four rows of
- * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot_batch4. */
+/* The four-token, two-row and four-row kernels against their one-token twins, bit for bit: four rows of
+ * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot_batch4,
+ * and four weight rows with one token through the four-row kernel. */
 static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
-                             const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42) {
+                             const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42,
+                             pi2_vec_dot_rows4_fn rows4) {
     uint8_t *x4 = malloc(4 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
     for (int r = 0; r < rows; r++) {
@@ -199,6 +201,12 @@ static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *re
             int same = 1;
             for (int k = 0; k < 8; k++) same &= same_bits(&four[k], &two[k % 2], 1);
             check(same, "dot4x2-vs-dot", ref->name, t->vec_dot_impl, size, 0);
+        }
+        if (rows4 && r == 0 && rows >= 4) {   /* rows 0..3 x one token, each == its vec_dot */
+            float got[4], want4[4];
+            for (int k = 0; k < 4; k++) t->vec_dot(n, &want4[k], w + k * row_bytes, xq);
+            rows4(n, got, w, row_bytes, xq);
+            check(same_bits(got, want4, 4), "rows4-vs-dot", ref->name, t->vec_dot_impl, size, nmse(got, want4, 4));
         }
         if (t->vec_dot_batch && t->vec_dot_batch4) {
             t->vec_dot_batch(n, &want, row, xq);
@@ -258,7 +266,8 @@ static void test_vec_dot(int type, int size) {
             for (int r = 0; r < ROWS; r++) t->vec_dot_batch(n, &out[r], w + r * row_bytes, xq);
             check(same_bits(out, out_bx86, ROWS), "batch-vs-x86-order", ref->name, t->vec_dot_impl, size, nmse(out, out_bx86, ROWS));
         }
-        test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl));
+        test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl),
+                         pi2_kernels_dot_rows4(type, impl));
     }
     free(w); free(xq); free(x); free(wf); free(xf);
 }
@@ -308,6 +317,9 @@ static void test_type(int type, pi2_pool *pool) {
         test_vec_dot(type, SIZES[s]);
         test_matmul(type, pool, SIZES[s], 9, SIZES[s]);          /* rows at every size; 9 tokens: batch groups + rest */
         if (SIZES[s] <= 33) test_matmul(type, pool, 7, SIZES[s], SIZES[s]);   /* tokens 1..33 */
+        const uint64_t keep = rng;   /* the cross-CPU hashes fix the random stream of the tests above */
+        test_matmul(type, pool, SIZES[s], 1, SIZES[s]);          /* rows at every size, one token: four-row kernels */
+        rng = keep;
     }
 }
 

@@ -67,8 +67,6 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_vnni, q4_1_vec_dot4_vnni, "avx512vnni");
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_vnni, q5_0_vec_dot4_vnni, "avx512vnni");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_vnni;
-        dot_rows4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot_rows4_vnni;
-        dot_rows4[allow_ext != 0][PI2_T_Q8_0] = q8_0_vec_dot_rows4_vnni;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, NULL, "avx512vnni");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, q8_0_vec_dot4_vnni, "avx512vnni");
     } else {

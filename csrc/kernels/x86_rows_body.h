@@ -1,11 +1,10 @@
 /* x86_rows_body.h — the AVX-512 (BW) single-token K-quant kernels, included once by x86.c under the
- * VNNI target: Q4_K, Q5_0 and Q8_0 on four weight rows at once and Q6_K on one row, 64 values per
- * instruction.
+ * VNNI target: Q4_K on four weight rows at once and Q6_K on one row, 64 values per instruction.
  * Does: the exact integer sums of ref_k.h computed 512 bits wide, then per output row the same float
  *       steps as the AVX2 kernels (convert, d_y·d_x, one FMA chain per row) in vector lanes.
  * Does not: stand alone (needs X86_TARGET / X86_FN of the VNNI pass, immintrin.h, traits.h), serve
  *       batches (the batch orders stay in x86_body.h / x86_tile_body.h).
- * Twins: q4_K_vec_dot and q6_K_vec_dot in ref_k.h, q5_0_vec_dot and q8_0_vec_dot in ref.c. */
+ * Twins: q4_K_vec_dot and q6_K_vec_dot in ref_k.h. */
 
 /* Fully unrolled: the per-row registers of these loops must not live in memory. */
 #ifndef PI2_UNROLL
@@ -142,86 +141,3 @@ static X86_TARGET void X86_FN(q6_K_vec_dot512)(int64_t n, float *s, const void *
     *s = _mm_cvtss_f32(r);
 }
 
-/* The 8-lane float sum of x86_body.h's hsum: ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). */
-static inline X86_TARGET float X86_FN(hsum8)(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-/* d_x·d_y of block i of four rows (fp16 d at byte 0 of the block), as 4 floats. */
-static inline X86_TARGET __m128 X86_FN(d4)(const uint8_t *row, size_t w_stride, size_t off, float dy) {
-    uint16_t h[4];
-    PI2_UNROLL
-    for (int k = 0; k < 4; k++) memcpy(&h[k], row + k * w_stride + off, 2);
-    const __m128i v = _mm_set_epi16(0, 0, 0, 0, (short)h[3], (short)h[2], (short)h[1], (short)h[0]);
-    return _mm_mul_ps(_mm_cvtph_ps(v), _mm_set1_ps(dy));
-}
-
-/* twin: q5_0_vec_dot in ref.c, on four rows (as q4_K_vec_dot_rows4): each row's 8 float lanes take
- * acc = fma(d_x·d_y, (float)lane, acc) per block, lane m = Σ (code − 16)·q8 over values 4m..4m+3 (computed
- * as Σ code·q8 − 16·Σ q8, exact), then hsum. Two rows per 512-bit register: 128-bit lanes hold (row r,
- * values 0-15), (row r+1, 0-15), (r, 16-31), (r+1, 16-31). */
-static X86_TARGET void X86_FN(q5_0_vec_dot_rows4)(int64_t n, float *s, const void *w, size_t w_stride, const void *xq) {
-    const blk_q8_0 *y = xq;
-    const uint8_t *row = w;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10), ones = _mm512_set1_epi8(1);
-    const __m512i dsel = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t i = 0; i < n / 32; i++) {
-        const size_t off = (size_t)i * sizeof(blk_q5_0);
-        X86_FN(prefetch_group)(row, w_stride, i, sizeof(blk_q5_0));
-        const __m128i y0 = _mm_loadu_si128((const __m128i *)y[i].qs), y1 = _mm_loadu_si128((const __m128i *)(y[i].qs + 16));
-        const __m512i yv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(y0, y0)), _mm256_set_m128i(y1, y1), 1);
-        const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, yv), 4));
-        const __m512 d = _mm512_castps128_ps512(X86_FN(d4)(row, w_stride, off, X86_FN(h2f)(y[i].d)));
-        PI2_UNROLL
-        for (int p = 0; p < 2; p++) {
-            const blk_q5_0 *a = (const blk_q5_0 *)(row + 2 * p * w_stride + off), *b = (const blk_q5_0 *)(row + (2 * p + 1) * w_stride + off);
-            const __m256i qs = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)b->qs), _mm_loadu_si128((const __m128i *)a->qs));
-            const __m512i nib = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(qs), _mm256_srli_epi16(qs, 4), 1), m4);
-            uint32_t ha, hb;
-            memcpy(&ha, a->qh, 4); memcpy(&hb, b->qh, 4);
-            const __mmask64 hm = (uint64_t)(ha & 0xFFFF) | (uint64_t)(hb & 0xFFFF) << 16 | (uint64_t)(ha >> 16) << 32 | (uint64_t)(hb >> 16) << 48;
-            const __m512i code = _mm512_mask_add_epi8(nib, hm, nib, b16);
-            const __m512 dp = _mm512_permutexvar_ps(_mm512_add_epi32(dsel, _mm512_set1_epi32(2 * p)), d);
-            acc[p] = _mm512_fmadd_ps(dp, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, code, yv)), acc[p]);
-        }
-    }
-    for (int p = 0; p < 2; p++) {
-        const __m512 a = acc[p];
-        /* row 2p: 128-bit lanes 0, 2; row 2p+1: lanes 1, 3 */
-        s[2 * p] = X86_FN(hsum8)(_mm512_castps512_ps256(_mm512_shuffle_f32x4(a, a, 0x08)));
-        s[2 * p + 1] = X86_FN(hsum8)(_mm512_castps512_ps256(_mm512_shuffle_f32x4(a, a, 0x0D)));
-    }
-}
-
-/* twin: q8_0_vec_dot in ref.c, on four rows: as q5_0_vec_dot_rows4 with lane m = Σ q·q8 over values
- * 4m..4m+3 (computed as Σ (q + 128)·q8 − 128·Σ q8, exact); 256-bit halves hold rows r, r+1. */
-static X86_TARGET void X86_FN(q8_0_vec_dot_rows4)(int64_t n, float *s, const void *w, size_t w_stride, const void *xq) {
-    const blk_q8_0 *y = xq;
-    const uint8_t *row = w;
-    const __m512i sign = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
-    const __m512i dsel = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t i = 0; i < n / 32; i++) {
-        const size_t off = (size_t)i * sizeof(blk_q8_0);
-        X86_FN(prefetch_group)(row, w_stride, i, sizeof(blk_q8_0));
-        const __m512i yv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[i].qs));
-        const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, yv), 7));
-        const __m512 d = _mm512_castps128_ps512(X86_FN(d4)(row, w_stride, off, X86_FN(h2f)(y[i].d)));
-        PI2_UNROLL
-        for (int p = 0; p < 2; p++) {
-            const blk_q8_0 *a = (const blk_q8_0 *)(row + 2 * p * w_stride + off), *b = (const blk_q8_0 *)(row + (2 * p + 1) * w_stride + off);
-            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a->qs)),
-                                                 _mm256_loadu_si256((const __m256i *)b->qs), 1);
-            const __m512 dp = _mm512_permutexvar_ps(_mm512_add_epi32(dsel, _mm512_set1_epi32(2 * p)), d);
-            acc[p] = _mm512_fmadd_ps(dp, _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, _mm512_xor_si512(q, sign), yv)), acc[p]);
-        }
-    }
-    for (int p = 0; p < 2; p++) {
-        s[2 * p] = X86_FN(hsum8)(_mm512_castps512_ps256(acc[p]));
-        s[2 * p + 1] = X86_FN(hsum8)(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(acc[p]), 1)));
-    }
-}

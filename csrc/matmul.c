@@ -26,6 +26,7 @@ typedef struct {
     const uint8_t *xw[MAX_GROUP];     /* dot8x4's activation rows for mm[i] (prep's format), or xq[i] */
     size_t xw_row[MAX_GROUP];
     pi2_act_prep_fn prep[MAX_GROUP];  /* fills xw from xq, in mm[i]'s first user of that type; or NULL */
+    pi2_vec_dot_rows4_fn rows4[MAX_GROUP]; /* four rows x one token (used when n_tok == 1), or NULL */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -87,6 +88,13 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
     const int64_t r0 = (int64_t)(task - j->first_task[i]) * j->rows_per_task;
     const int64_t r1 = r0 + j->rows_per_task < w->n_out ? r0 + j->rows_per_task : w->n_out;
     float *out = j->mm[i].out;
+    if (j->n_tok == 1 && j->rows4[i]) {   /* one token: four rows at a time, vec_dot's order per row */
+        int64_t r = r0;
+        for (; r + 4 <= r1; r += 4)
+            j->rows4[i](w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, w->row_bytes, j->xq[i]);
+        for (; r < r1; r++) tr->vec_dot(w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, j->xq[i]);
+        return;
+    }
     for (int32_t t0 = 0; t0 < j->n_tok; t0 += TILE_TOK) {
         const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
         for (int64_t r = r0; r < r1; r++) {
@@ -143,6 +151,7 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
         j.dot4x4[i] = j.tr[i]->vec_dot_batch ? NULL : pi2_kernels_dot4x4(mm[i].w->type, env->impl);
         j.dot8x4[i] = j.dot4x4[i] && n_tok >= 8 ? pi2_kernels_dot8x4(mm[i].w->type, env->impl) : NULL;
         j.batch8[i] = j.tr[i]->vec_dot_batch4 ? pi2_kernels_batch8(mm[i].w->type, env->impl) : NULL;
+        j.rows4[i] = pi2_kernels_dot_rows4(mm[i].w->type, env->impl);
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;

@@ -53,6 +53,9 @@ typedef void (*pi2_vec_dot4_fn)(int64_t n, float *out, size_t out_stride, const 
  * each output in vec_dot's float order, each activation block loaded once for both rows. */
 typedef void (*pi2_vec_dot4x2_fn)(int64_t n, float *out, size_t out_stride, const void *w,
                                   size_t w_stride, const void *x_q, size_t x_stride);
+/* vec_dot on four weight rows (w + k·w_stride bytes, k < 4) and one activation row: s[k] = row k · x_q,
+ * each in vec_dot's float order, each activation block loaded once for the four rows. */
+typedef void (*pi2_vec_dot_rows4_fn)(int64_t n, float *s, const void *w, size_t w_stride, const void *x_q);
 /* The grouped row sum of the sparse FFN (axpy.c): y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) for
  * j < n, v_i the values of the row at rows + idx[i]·row_bytes (to_float's), one product and one sum per
  * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary. */
@@ -117,6 +120,9 @@ typedef void (*pi2_act_prep_fn)(const void *xq, void *dst, int64_t n);
 pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes);
 /* vec_dot_batch4 on eight tokens (t < 8, all in the batch order); NULL where there is none. */
 pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl);
+/* The four-row one-token kernel of `type` in table `impl` (x86.c), NULL where there is none; kept like
+ * pi2_kernels_dot4x2. */
+pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl);
 /* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels (install
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);

@@ -1,5 +1,5 @@
 /* x86.c — AVX2+FMA+F16C vec_dot kernels, plus an AVX-512 VNNI (vpdpbusd) variant of the
- * 32-value block types, chosen at run time with __builtin_cpu_supports.
+ * 32-value block types and AVX-512BW one-token K-quant kernels, chosen at run time with __builtin_cpu_supports.
  * Does: compile x86_body.h and x86_tile_body.h twice (once per target) with function target attributes, so no
  *       global -march flag is needed; install the variants the CPU supports into a table.
  * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
@@ -25,6 +25,7 @@
 #define X86_VNNI 1
 #include "x86_body.h"
 #include "x86_tile_body.h"
+#include "x86_rows_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
@@ -60,6 +61,14 @@ pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *blo
     const pi2_act_prep_fn f = prep8x4[impl == PI2_K_IMPL_AUTO][type];
     if (f) *block_bytes = Q8_0_WIDE_BYTES;
     return f;
+}
+
+/* [allow_ext][type]: the four-row one-token kernels, filled like dot4x2. */
+static pi2_vec_dot_rows4_fn dot_rows4[2][PI2_T_COUNT];
+
+pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return dot_rows4[impl == PI2_K_IMPL_AUTO][type];
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
@@ -98,9 +107,11 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, NULL, "avx2");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");
     }
-    /* K-quants scale int16 pair sums, so VNNI brings the one-token kernels nothing: the AVX2 ones serve both. */
+    /* K-quants scale int16 pair sums: VNNI's vpdpwssd fuses the batch kernels' madd + add, and AVX-512BW
+     * halves the instructions of the one-token kernels (x86_rows_body.h). */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
-    set_dot(t, PI2_T_Q6_K, q6_K_vec_dot_avx2, NULL, "avx2");
+    set_dot(t, PI2_T_Q6_K, vnni ? q6_K_vec_dot512_vnni : q6_K_vec_dot_avx2, NULL, vnni ? "avx512vnni" : "avx2");
+    dot_rows4[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_vec_dot_rows4_vnni : NULL;
     t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
     /* The batch kernels' int sums fuse madd and add into vpdpwssd with VNNI (same exact ints). */
@@ -121,6 +132,11 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
     (void)type; (void)impl;
     return NULL;
 }

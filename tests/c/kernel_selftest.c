@@ -177,13 +177,13 @@ static void x86_order_batch(const pi2_type_traits *ref, int type, int64_t n, flo
 
 static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp(a, b, (size_t)n * sizeof *a); }
 
-/* The four-token and two-row kernels against their one-token twins, bit for bit: four rows of
+/* The four-token, two-row and four-row kernels against their one-token twins, bit for bit: four rows of
  * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot4x4 / dot8x4 / batch8 /
- * vec_dot_batch4. */
+ * vec_dot_batch4, and four weight rows with one token through the four-row kernel. */
 static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
                              const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42,
                              pi2_vec_dot4x2_fn d44, pi2_vec_dot4x2_fn d84, pi2_act_prep_fn p84, size_t wrow,
-                             pi2_vec_dot4_fn b8) {
+                             pi2_vec_dot4_fn b8, pi2_vec_dot_rows4_fn rows4) {
     uint8_t *x4 = malloc(4 * xrow), *x8 = malloc(8 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
     for (int k = 0; k < 8; k++) memcpy(x8 + k * xrow, xq, xrow);
@@ -225,6 +225,12 @@ static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *re
             int same = 1;
             for (int k = 0; k < 32; k++) same &= same_bits(&out32[k], &one4[k % 4], 1);
             check(same, "dot8x4-vs-dot", ref->name, t->vec_dot_impl, size, 0);
+        }
+        if (rows4 && r == 0 && rows >= 4) {   /* rows 0..3 x one token, each == its vec_dot */
+            float got[4], want4[4];
+            for (int k = 0; k < 4; k++) t->vec_dot(n, &want4[k], w + k * row_bytes, xq);
+            rows4(n, got, w, row_bytes, xq);
+            check(same_bits(got, want4, 4), "rows4-vs-dot", ref->name, t->vec_dot_impl, size, nmse(got, want4, 4));
         }
         if (t->vec_dot_batch && t->vec_dot_batch4) {
             t->vec_dot_batch(n, &want, row, xq);
@@ -295,7 +301,8 @@ static void test_vec_dot(int type, int size) {
         const pi2_act_prep_fn p84 = pi2_kernels_dot8x4_prep(type, impl, &p84_bytes);
         test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl),
                          pi2_kernels_dot4x4(type, impl), pi2_kernels_dot8x4(type, impl),
-                         p84, (size_t)(n / 32) * (size_t)p84_bytes, pi2_kernels_batch8(type, impl));
+                         p84, (size_t)(n / 32) * (size_t)p84_bytes, pi2_kernels_batch8(type, impl),
+                         pi2_kernels_dot_rows4(type, impl));
     }
     free(w); free(xq); free(x); free(wf); free(xf);
 }
@@ -345,6 +352,9 @@ static void test_type(int type, pi2_pool *pool) {
         test_vec_dot(type, SIZES[s]);
         test_matmul(type, pool, SIZES[s], 9, SIZES[s]);          /* rows at every size; 9 tokens: batch groups + rest */
         if (SIZES[s] <= 33) test_matmul(type, pool, 7, SIZES[s], SIZES[s]);   /* tokens 1..33 */
+        const uint64_t keep = rng;   /* the cross-CPU hashes fix the random stream of the tests above */
+        test_matmul(type, pool, SIZES[s], 1, SIZES[s]);          /* rows at every size, one token: four-row kernels */
+        rng = keep;
     }
 }
 

@@ -29,6 +29,7 @@ typedef struct {
     int32_t il, n_tok;
     int64_t n_ff, n_embd;
     const pi2_type_traits *up_tr;
+    pi2_vec_dot_rows4_fn up_rows4;     /* four up rows x one token in vec_dot's order, or NULL */
     size_t xq_row;
     int64_t slice;               /* down rows: output values per task */
     size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
@@ -183,16 +184,24 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     const int32_t *idx = c->ffn_idx + k0;
     const float *s = c->ffn_score;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
-    for (int32_t i = 0; i < k; i++) {   /* up row, then h, as up_rows and combine_task compute them */
+    for (int32_t i = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
         if (i + PREFETCH < k) {            /* scattered rows defeat the hardware prefetcher: ask ahead */
             const uint8_t *u = up->data + (size_t)idx[i + PREFETCH] * up->row_bytes;
             const uint8_t *d = down->data + (size_t)idx[i + PREFETCH] * down->row_bytes;
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);
             for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(d + o);
         }
+        const uint8_t *row = up->data + (size_t)idx[i] * up->row_bytes;
+        if (j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3) {   /* four neighbours: the four-row kernel */
+            float u4[4];
+            j->up_rows4(up->n_in, u4, row, up->row_bytes, c->ffn_xq);
+            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * u4[r];
+            continue;
+        }
         float u;
-        j->up_tr->vec_dot(up->n_in, &u, up->data + (size_t)idx[i] * up->row_bytes, c->ffn_xq);
+        j->up_tr->vec_dot(up->n_in, &u, row, c->ffn_xq);
         hg[i] = s[idx[i]] * u;
+        i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
     pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, down->data, down->row_bytes, idx, hg, k);
@@ -213,7 +222,7 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
     const float *s = c->ffn_score;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     int32_t off[PI2_FFN_GROUP];
-    for (int32_t i = 0; i < k; i++) {
+    for (int32_t i = 0; i < k;) {
         const int64_t d = pi2_cache_delta(c->cache, idx[i] / C) + (int64_t)idx[i] * bb;
         if (i + PREFETCH < k) {            /* as group_task: ask for the rows a few neurons ahead */
             const int32_t a = idx[i + PREFETCH];
@@ -221,10 +230,20 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(r + up0 + o);
             for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(r + down0 + o);
         }
+        if (j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / C == idx[i + 3] / C) {
+            float u4[4];   /* four neighbours in one cluster: consecutive records of its slot */
+            j->up_rows4(up->n_in, u4, arena + d + up0, (size_t)bb, c->ffn_xq);
+            for (int r = 0; r < 4; r++, i++) {
+                hg[i] = s[idx[i]] * u4[r];
+                off[i] = (int32_t)(d + (int64_t)r * bb + down0);
+            }
+            continue;
+        }
         float u;
         j->up_tr->vec_dot(up->n_in, &u, arena + d + up0, c->ffn_xq);
         hg[i] = s[idx[i]] * u;
         off[i] = (int32_t)(d + down0);
+        i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
     pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, arena, 1, off, hg, k);
@@ -296,7 +315,7 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     const int full_up = !one_rows && (n > 1 || c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
     const int32_t threads = pi2_pool_n_threads(c->pool);
     ffn_job j = {.c = c, .L = L, .il = il, .n_tok = n, .n_ff = hp->n_ff, .n_embd = hp->n_embd,
-                 .up_tr = pi2_traits(L->up.type, c->p.impl)};
+                 .up_tr = pi2_traits(L->up.type, c->p.impl), .up_rows4 = pi2_kernels_dot_rows4(L->up.type, c->p.impl)};
     const pi2_type_traits *a = pi2_traits(j.up_tr->vec_dot_type, c->p.impl);
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
 

@@ -2,11 +2,14 @@
 # bench_budget.sh — decode speed of a pi2 file streamed under --memory-budget, each run inside a memory
 # cgroup (v1) of the same size, against the same file fully mapped (in a cgroup of each size, and unlimited).
 # Prints one line per run: mode, budget, tokens/s, the group's peak and failcnt, and pi2's cache figures.
-# usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO]
+# With SOURCE (the GGUF the pi2 file was converted from) llama.cpp's llama-bench runs on it in a cgroup of each
+# size too ($LLAMA_BENCH, default ~/.cache/pi2/lcpp/build/bin/llama-bench, as scripts/bench_vs_llamacpp.sh builds).
+# usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO] [SOURCE.gguf]
 # needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
 # every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens.
 set -euo pipefail
-MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}
+MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}; SOURCE=${6:-}
+LLAMA_BENCH=${LLAMA_BENCH:-$HOME/.cache/pi2/lcpp/build/bin/llama-bench}
 PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 [ -d "$PARENT" ] || { echo "bench_budget.sh: no cgroup v1 memory controller at $PARENT" >&2; exit 1; }
 
@@ -38,9 +41,29 @@ PY
     rm -f /tmp/bench_budget.$$.err
 }
 
+# run_llama LIMIT_BYTES LABEL: llama-bench on SOURCE in a fresh cgroup of LIMIT_BYTES
+run_llama() {
+    local limit=$1 label=$2 cg=$PARENT/pi2budget.$$ out peak fail
+    mkdir "$cg"
+    echo "$limit" > "$cg/memory.limit_in_bytes"
+    sync; echo 1 > /proc/sys/vm/drop_caches || true
+    out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec \"\$0\" -m \"\$1\" -p 0 -n $NGEN -r 1 -t $THREADS -o jsonl" \
+          "$LLAMA_BENCH" "$SOURCE" 2>/dev/null | tail -1) || true
+    peak=$(cat "$cg/memory.max_usage_in_bytes"); fail=$(cat "$cg/memory.failcnt")
+    rmdir "$cg"
+    if [ -n "$out" ]; then
+        printf '%-28s %7.2f tok/s  cgroup peak %7.1f MiB failcnt %s\n' "$label" \
+            "$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['avg_ts'])" "$out")" \
+            "$(python3 -c "print($peak / 2**20)")" "$fail"
+    else
+        echo "$label: failed"
+    fi
+}
+
 run 0 "mapped, no limit"
 for b in $BUDGETS; do
     lim=$(bytes "$b")
     run "$lim" "streamed --memory-budget $b" --memory-budget "$b" --io "$IO"
     run "$lim" "mapped in a $b cgroup"
+    if [ -n "$SOURCE" ]; then run_llama "$lim" "llama.cpp in a $b cgroup"; fi
 done

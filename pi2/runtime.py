@@ -76,7 +76,10 @@ def open_context(model: Model, cfg: RunConfig):
     gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
-    if cfg.memory_budget is not None:
+    if cfg.memory_budget is not None and not model.config.pi2:
+        print("pi2: note: a plain GGUF runs from its mapping and --memory-budget is not enforced; "
+              "`pi2 convert` makes a pi2 file whose FFN streams within the budget", file=sys.stderr)
+    elif cfg.memory_budget is not None:
         if gap or cfg.engine == "reference":
             raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
         return _streamed_context(model, cfg, n_ctx)

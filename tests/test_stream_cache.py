@@ -34,7 +34,7 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("stream")
     q8 = write_model(d / "q8.gguf", wtype="Q8_0", n_ff=320, n_embd=64)      # 5 groups of 64
     odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)
-    return {"q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
+    return {"plain": q8, "q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
             "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
             "gud": write_pi2(q8, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
 
@@ -164,6 +164,8 @@ def test_cli_budget(files):
     plan = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread")
     assert plan.code == 0 and "hot prefix" in plan.out and "cold cache" in plan.out, plan.err
     assert "flash per token" in plan.out and "predicted" in plan.out
+    plain = cli("run", str(files["plain"]), "-p", "hello", "-n", "2", "-c", "64", "--memory-budget", "1M")
+    assert plain.code == 0 and "not enforced" in plain.err and "pi2 convert" in plain.err, plain.err
     gud = cli("plan", "-m", str(files["gud"]), "--memory-budget", "1G")
     assert gud.code != 0 and "bundle-ud" in gud.err
     b = cli("bench", path, "-p", "4", "-n", "4", "-r", "1", "-o", "json", "--memory-budget", budget, "--io", "pread",

@@ -7,8 +7,9 @@
  *       In a streamed context (cache.c) the bundles come from the neuron cache: one token computes the
  *       groups whose clusters are present while the misses are read, then the rest; a batch reads each
  *       layer's bundles whole and runs the same code on them.
- * Determinism: every up value is one vec_dot call, every output element one fixed sequence of float
- *       operations, whichever thread runs it, wherever the bytes live. */
+ * Determinism: every up value is computed in vec_dot's order (vec_dot, the four-row kernel, or the tiled
+ *       product for batches, which keep it), every output element one fixed sequence of float operations,
+ *       whichever thread runs it, wherever the bytes live. */
 #include "ffn_sparse.h"
 
 #include "cache.h"

@@ -1,6 +1,7 @@
 /* pi2.h — the one public header of pi2's C core; the only header Python binds (cffi API mode).
- * Owns: status codes, the ABI version, error reporting, the kernel entry points, and the model,
- *       context and decode entry points of the dense forward pass.
+ * Owns: status codes, the ABI version, error reporting, the kernel entry points, the model, context
+ *       and decode entry points, the sparse FFN, the NNAPI delegate, flash I/O and the neuron cache.
+ * Long on purpose: the design keeps one public header, in sections, so Python binds one cdef.
  * Lines starting with '#' are stripped before ffi.cdef, so keep declarations free of macros. */
 #ifndef PI2_H
 #define PI2_H

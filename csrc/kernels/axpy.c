@@ -83,8 +83,8 @@ AVX2 static void axpy_q8_0_avx2(int64_t n, float *y, const void *rows, size_t rb
     }
 }
 
-/* the 32 5-bit values of a Q5_1 block as 4 x 8 floats (value order of q5_1_to_float) */
-AVX2 static inline void q5_1_values(const blk_q5_1 *b, __m256 out[4]) {
+/* the 32 5-bit values of a Q5_1 block as bytes, value order of q5_1_to_float */
+AVX2 static inline __m256i q5_1_bytes(const blk_q5_1 *b) {
     uint32_t qh;
     memcpy(&qh, b->qh, 4);
     const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F);
@@ -95,7 +95,12 @@ AVX2 static inline void q5_1_values(const blk_q5_1 *b, __m256 out[4]) {
     const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
     const __m256i mask = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, mask), _mm256_set1_epi64x(-1));
-    const __m256i q = _mm256_or_si256(_mm256_set_m128i(hi, lo), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    return _mm256_or_si256(_mm256_set_m128i(hi, lo), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+
+/* the same values as 4 x 8 floats */
+AVX2 static inline void q5_1_values(const blk_q5_1 *b, __m256 out[4]) {
+    const __m256i q = q5_1_bytes(b);
     const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
     out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0));
     out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8)));
@@ -181,20 +186,6 @@ AVX512 static void axpy_q8_0_avx512(int64_t n, float *y, const void *rows, size_
         }
         for (int r = 0; r < 2 * nb; r++) _mm512_storeu_ps(y + j0 + 16 * r, _mm512_add_ps(_mm512_loadu_ps(y + j0 + 16 * r), p[r]));
     }
-}
-
-/* the 32 5-bit values of a Q5_1 block as bytes, value order of q5_1_to_float */
-AVX2 static inline __m256i q5_1_bytes(const blk_q5_1 *b) {
-    uint32_t qh;
-    memcpy(&qh, b->qh, 4);
-    const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    const __m256i mask = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, mask), _mm256_set1_epi64x(-1));
-    return _mm256_or_si256(_mm256_set_m128i(hi, lo), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
 }
 
 AVX512 static void axpy_q5_1_avx512(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx,

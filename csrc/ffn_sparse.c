@@ -151,6 +151,12 @@ static void combine_task(void *arg, int32_t t, int32_t thread) {
 
 /* ---- down as rows: y = Σ over groups of (Σ over the group's active neurons of h_i·row_i) ---- */
 
+/* int8 rows (I8) keep a float scale per row outside the row: their kernel takes p_i = h_i·scale_i */
+static inline void row_scales(const pi2_layer *L, float *hg, const int32_t *idx, int32_t k) {
+    if (L->down_scale)
+        for (int32_t i = 0; i < k; i++) hg[i] *= L->down_scale[idx[i]];
+}
+
 static void down_rows_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const ffn_job *j = arg;
@@ -168,6 +174,7 @@ static void down_rows_task(void *arg, int32_t task, int32_t thread) {
         for (int32_t k = 0; k < n;) {   /* one group of neurons at a time */
             const int32_t group = idx[k] / PI2_FFN_GROUP, k0 = k;
             for (; k < n && idx[k] / PI2_FFN_GROUP == group; k++) hg[k - k0] = h[idx[k]];
+            row_scales(j->L, hg, idx + k0, k - k0);
             tr->axpy_group(j1 - j0, y, rows, w->row_bytes, idx + k0, hg, k - k0);
         }
     }
@@ -205,6 +212,7 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
         i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
+    row_scales(j->L, hg, idx, k);
     pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, down->data, down->row_bytes, idx, hg, k);
 }
 
@@ -247,6 +255,7 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
         i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
+    row_scales(j->L, hg, idx, k);
     pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, arena, 1, off, hg, k);
 }
 
@@ -349,7 +358,9 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
         pi2_matmul(&c->mm, c->gate, n, &(pi2_mm){&L->down, c->o}, 1);
         return PI2_OK;
     }
-    const int64_t bs = pi2_traits(L->down_rows.type, c->p.impl)->block_size, blocks = j.n_embd / bs;
+    int64_t bs = pi2_traits(L->down_rows.type, c->p.impl)->block_size;
+    if (bs < 64) bs = 64;   /* column slices in whole SIMD chunks (int8 rows have one-value "blocks") */
+    const int64_t blocks = (j.n_embd + bs - 1) / bs;
     int64_t want = n == 1 ? 2 * (int64_t)threads : (j.n_embd + DOWN_SLICE - 1) / DOWN_SLICE;
     if (want < threads) want = threads;
     if (want > blocks) want = blocks;

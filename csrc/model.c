@@ -20,7 +20,8 @@
 static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
     "token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k", "attn_v",
     "attn_output", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm",
-    "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows"};
+    "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows",
+    "ffn_down_scale"};
 
 static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
 
@@ -45,6 +46,7 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
     case PI2_TENSOR_FFN_GATE: case PI2_TENSOR_FFN_UP: *ne0 = E; *ne1 = p->n_ff; return 1;
     case PI2_TENSOR_FFN_DOWN: *ne0 = p->n_ff; *ne1 = E; return 1;
     case PI2_TENSOR_FFN_DOWN_ROWS: *ne0 = E; *ne1 = p->n_ff; return 1;
+    case PI2_TENSOR_FFN_DOWN_SCALE: *ne0 = p->n_ff; return 1;
     }
     return 0;
 }
@@ -52,7 +54,7 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
 static int is_vector(int32_t role) {
     return role == PI2_TENSOR_OUTPUT_NORM || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_ATTN_NORM ||
            (role >= PI2_TENSOR_ATTN_Q_BIAS && role <= PI2_TENSOR_POST_ATTN_NORM) ||
-           role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM;
+           role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM || role == PI2_TENSOR_FFN_DOWN_SCALE;
 }
 
 static pi2_status check_params(const pi2_model_params *p) {
@@ -90,10 +92,11 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
                              name, (int)d->layer, (long long)d->ne[0], (long long)d->ne[1], (long long)d->ne[2],
                              (long long)d->ne[3], (long long)ne0, (long long)ne1);
     const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
-    if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !t->vec_dot))
+    const int rows_only = d->role == PI2_TENSOR_FFN_DOWN_ROWS && d->type == PI2_T_I8;   /* summed, never dotted */
+    if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !(rows_only ? t->axpy_group : t->vec_dot)))
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has ggml type %d, which pi2 cannot compute with",
                              name, (int)d->layer, (int)d->type);
-    const pi2_type_traits *a = pi2_traits(t->vec_dot_type, PI2_IMPL_REF);
+    const pi2_type_traits *a = rows_only ? t : pi2_traits(t->vec_dot_type, PI2_IMPL_REF);
     if (ne0 % t->block_size || ne0 % a->block_size)
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s rows of %lld values are not whole %s blocks",
                              name, (long long)ne0, ne0 % t->block_size ? t->name : a->name);
@@ -147,6 +150,7 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     case PI2_TENSOR_FFN_DOWN: L->down = weight_view(m, d); break;
     case PI2_TENSOR_POST_FFW_NORM: L->post_ffw_norm = f; break;
     case PI2_TENSOR_FFN_DOWN_ROWS: L->down_rows = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_DOWN_SCALE: L->down_scale = f; break;
     }
 }
 
@@ -197,6 +201,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         for (int32_t role = 0; role < PI2_TENSOR_COUNT; role++) {
             int64_t ne0, ne1;
             if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_FFN_DOWN_ROWS ||
+                role == PI2_TENSOR_FFN_DOWN_SCALE ||
                 !expected(params, role, &ne0, &ne1)) continue;
             const uint8_t *row = &seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT];
             if (role == PI2_TENSOR_FFN_DOWN && row[PI2_TENSOR_FFN_DOWN] && row[PI2_TENSOR_FFN_DOWN_ROWS]) {
@@ -210,6 +215,11 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         }
     for (int32_t il = 0; il < params->n_layer; il++) {
         pi2_layer *L = &m->layers[il];
+        if ((L->down_rows.data && L->down_rows.type == PI2_T_I8) != (L->down_scale != NULL)) {
+            s = pi2_set_error(PI2_ERR_FORMAT, L->down_scale ? "layer %d has ffn_down_scale without int8 ffn_down_rows"
+                                                            : "layer %d's int8 ffn_down_rows need ffn_down_scale", (int)il);
+            goto fail;
+        }
         L->swa = params->sliding_window > 0 && params->swa_period > 0 && il % params->swa_period != params->swa_period - 1;
         L->rope_local = L->swa && params->rope_base_local > 0;
     }

@@ -17,6 +17,7 @@ typedef struct {
     const float *ffn_norm;                    /* [n_embd] */
     pi2_weight gate, up, down;                /* down.data NULL when the layer has down_rows */
     pi2_weight down_rows;                     /* [n_ff] rows of n_embd (ffn_down transposed) or data NULL */
+    const float *down_scale;                  /* [n_ff] scales of I8 down_rows, else NULL */
     const float *post_ffw_norm;               /* [n_embd] or NULL */
     int32_t swa;                              /* 1: sliding-window layer */
     int32_t rope_local;                       /* 1: RoPE with rope_base_local, else rope_base */

@@ -110,7 +110,8 @@ typedef enum {
     PI2_TENSOR_POST_FFW_NORM = 19, /* [n_embd] F32, when post_norms */
     PI2_TENSOR_FFN_DOWN_ROWS = 20, /* [n_ff][n_embd]: row i = neuron i's output (ffn_down transposed; pi2
                                       bundles, PowerInfer's ffn_down_t); a layer has this or FFN_DOWN */
-    PI2_TENSOR_COUNT = 21
+    PI2_TENSOR_FFN_DOWN_SCALE = 21,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
+    PI2_TENSOR_COUNT = 22
 } pi2_tensor_role;
 
 typedef struct {

@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 try:
     from pi2._pi2 import ffi, lib
@@ -160,6 +160,7 @@ def model_params(cfg) -> dict:
 
 
 _FFN_DOWN_ROWS = 20
+_FFN_DOWN_SCALE = 21
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,8 @@ def tensor_descs(model) -> list:
         for name, (role, flag) in _LAYER_ROLES.items():
             if cfg.pi2 and name == "ffn_down.weight":
                 out.append((_FFN_DOWN_ROWS, il, views["ffn_down_rows"]))
+                if f"blk.{il}.ffn_down_scale.weight" in model.file.tensors:    # int8 rows' scales
+                    out.append((_FFN_DOWN_SCALE, il, model.tensor(f"blk.{il}.ffn_down_scale.weight")))
             elif name in views:
                 out.append((role, il, views[name]))
             elif flag is None or getattr(cfg, flag):

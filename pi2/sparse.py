@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pi2 import ggml_order as go
+from pi2.down_i8 import I8Rows, axpy_rows_i8
 from pi2.errors import ModelFormatError, UsageError
-from pi2.model.gguf_file import GGML_TYPES
+from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.quants import QuantLinear, dequantize
 
+I8 = TYPE_IDS["I8"]             # int8 down rows with per-row scales (pi2/down_i8.py)
 SCORES = ("act", "act_up")      # pi2.ffn.score: |act(gate)| or |act(gate)·up|
 
 
@@ -154,7 +156,16 @@ def ffn_weights(model, il: int) -> dict:
         L["ffn_gate"] = lin(b + "ffn_gate.weight")
     nu, nd = row_bytes(lay["up_type"], e), row_bytes(lay["down_type"], e)
     L["ffn_up"] = _rows(rec[:, lay["up_offset"]:lay["up_offset"] + nu], lay["up_type"], e)
-    L["down_rows"] = _rows(rec[:, lay["down_offset"]:lay["down_offset"] + nd], lay["down_type"], e)
+    drows = rec[:, lay["down_offset"]:lay["down_offset"] + nd]
+    if lay["down_type"] == I8:
+        if b + "ffn_down_scale.weight" not in f.tensors:
+            raise ModelFormatError(f"{model.path}: layer {il}'s int8 down rows need {b}ffn_down_scale.weight")
+        sc = model.raw(b + "ffn_down_scale.weight").view(np.float32).reshape(-1)
+        if sc.size != cfg.n_ff or not np.isfinite(sc).all():
+            raise ModelFormatError(f"{model.path}: {b}ffn_down_scale must hold {cfg.n_ff} finite floats")
+        L["down_rows"] = I8Rows(drows, sc)
+    else:
+        L["down_rows"] = _rows(drows, lay["down_type"], e)
     L["bundle_bytes"] = rec.shape[1]
     return L
 
@@ -201,8 +212,8 @@ def _bundle_type(f, width: int, down_bytes: int, e: int, gud: bool) -> int:
     raise KeyError("pi2.ffn.up_types")
 
 
-def _nbytes(q: QuantLinear) -> int:
-    return int(q.raw.nbytes)
+def _nbytes(q) -> int:
+    return int(q.nbytes) if isinstance(q, I8Rows) else int(q.raw.nbytes)
 
 
 RULES = ("dense", "predictor", "relu", "threshold", "predicted", "topk")
@@ -292,7 +303,7 @@ def layer_bytes(model, il: int) -> tuple:
     if model.config.pi2:
         lay, e = bundle_layout(model, il), model.config.n_embd
         gate = row_bytes(lay["gate_type"], e) * n_ff if lay["gate_type"] is not None else size("ffn_gate.weight")
-        ud = (row_bytes(lay["up_type"], e) + row_bytes(lay["down_type"], e)) * n_ff
+        ud = (row_bytes(lay["up_type"], e) + row_bytes(lay["down_type"], e)) * n_ff + size("ffn_down_scale.weight")
     else:
         gate = size("ffn_gate.weight")
         ud = size("ffn_up.weight") + size("ffn_down.weight") + size("ffn_down_t.weight")
@@ -421,6 +432,8 @@ class SparseFFN:
         self.n_active += n_act
         if "ffn_down" in L:
             return L["ffn_down"](h)
+        if isinstance(L["down_rows"], I8Rows):
+            return axpy_rows_i8(h, L["down_rows"], GROUP)
         return axpy_rows(h, L["down_rows"])
 
     def _mask_from(self, il: int, g, h):

@@ -102,7 +102,15 @@ def write_pi2(src, dst, *, down_type: str = "F32", layout: str = "bundle-ud", to
         parts = []
         if layout == "bundle-gud":
             parts.append(_row_bytes(g_t.data, n_ff)[perm])
-        parts += [_row_bytes(u_t.data, n_ff)[perm], _quant_rows(down.T[perm], dtype)]
+        if dtype == QT.I8:     # int8 rows, scale = amax/127 per row in ffn_down_scale
+            rows = np.ascontiguousarray(down.T[perm], np.float32)
+            amax = np.abs(rows).max(axis=1)
+            scale = (amax / np.float32(127)).astype(np.float32)
+            q = np.clip(np.rint(rows / np.where(scale > 0, scale, 1)[:, None]), -127, 127).astype(np.int8)
+            w.add_tensor(b + "ffn_down_scale.weight", scale)
+            parts += [_row_bytes(u_t.data, n_ff)[perm], q.view(np.uint8)]
+        else:
+            parts += [_row_bytes(u_t.data, n_ff)[perm], _quant_rows(down.T[perm], dtype)]
         rec = np.concatenate(parts, axis=1)
         pad = -rec.shape[1] % 32
         rec = np.pad(rec, ((0, 0), (0, pad)))

@@ -36,6 +36,7 @@ def files(tmp_path_factory):
     odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)
     return {"plain": q8, "q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
             "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
+            "i8": write_pi2(odd, d / "i8.pi2.gguf", down_type="I8", default_keep=0.5),
             "gud": write_pi2(q8, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
 
 
@@ -48,7 +49,7 @@ def ctx_for(path, keep, threads, stream=None):
     return c
 
 
-@pytest.mark.parametrize("name", ["q8", "f16"])
+@pytest.mark.parametrize("name", ["q8", "f16", "i8"])
 @pytest.mark.parametrize("keep", [0.25, 0.5, 1.0])
 def test_streamed_equals_mapped(files, name, keep):
     want = run(ctx_for(files[name], keep, 1))

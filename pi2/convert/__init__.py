@@ -136,7 +136,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
         perm = layout.permutation(prof.freq[il])
         gate, up, dn = f.tensors[p + "ffn_gate.weight"], f.tensors[p + "ffn_up.weight"], f.tensors[down_name(il)]
         rtype = layout.down_row_type(dn.type, n_embd, ffn_type, transposed=not down_t)
-        drows, _, derr = layout.down_rows(f.raw(dn.name), dn.type, n_embd, n_ff, perm, rtype, not down_t)
+        drows, dscale, derr = layout.down_rows(f.raw(dn.name), dn.type, n_embd, n_ff, perm, rtype, not down_t)
         down_types.append(rtype)
         down_err.append(derr)
         gate_rows = np.ascontiguousarray(f.raw(gate.name)[perm])
@@ -148,6 +148,8 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
                 (p + "ffn_freq.weight", prof.freq[il][perm].astype(np.float32), None),
                 (p + "ffn_thresh.weight", prof.thresh[il].astype(np.float32), None),
                 (p + "ffn_err.weight", prof.err[il].astype(np.float32), None)]
+        if dscale is not None:
+            new.append((p + "ffn_down_scale.weight", dscale, None))
         if pred is not None:
             new += _predictor_tensors(p, built[il], perm)
         replaced[gate.name] = new

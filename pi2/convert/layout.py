@@ -11,8 +11,9 @@ from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.quants import dequantize, quantize_weight
 
 LAYOUTS = ("bundle-ud", "bundle-gud")
-FFN_TYPES = ("auto", "q8_0", "q5_1", "f32", "f16")
+FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "f32", "f16")
 BUNDLE_ALIGN = 32
+I8 = TYPE_IDS["I8"]      # --ffn-type i8: int8 rows, one float scale per row in blk.L.ffn_down_scale
 # source type of ffn_down -> row type of the transposed rows (elementwise types transpose exactly). Quantized
 # sources become Q8_0: its requantization error (~0.6 % relative) costs SmolLM2 +0.2 % perplexity, where Q5_1
 # from a Q4_1 source (4 % error) cost +3.3 % (pydoc topics, -c 512, 8 chunks). `--ffn-type q5_1` trades that for
@@ -29,6 +30,8 @@ def permutation(freq: np.ndarray) -> np.ndarray:
 
 def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed: bool = True) -> int:
     """ggml type of the down rows. A source already stored as rows (PWRI ffn_down_t) keeps its type."""
+    if ffn_type == "i8":
+        return I8
     if ffn_type == "f32":
         return TYPE_IDS["F32"]
     if ffn_type == "f16":
@@ -47,6 +50,16 @@ def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed
     return TYPE_IDS[row]
 
 
+def encode_i8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows (rows, n) -> (int8 (rows, n) in [-127, 127], float32 scale per row) with value = scale·q:
+    scale = amax/127, q = round-half-even(x·127/amax) (all-zero rows: scale 0, q 0)."""
+    x = np.ascontiguousarray(x, np.float32)
+    amax = np.abs(x).max(axis=1)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    q = np.clip(np.rint(x * inv[:, None]), -127, 127).astype(np.int8)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
 def row_bytes(qtype: int, n: int) -> int:
     _, block, size = GGML_TYPES[qtype]
     return n // block * size
@@ -63,19 +76,24 @@ def encode_rows(x: np.ndarray, qtype: int) -> np.ndarray:
 
 
 def down_rows(src_raw: np.ndarray, src_type: int, n_embd: int, n_ff: int, perm: np.ndarray,
-              row_type: int, transposed: bool = True) -> tuple[np.ndarray, np.ndarray, float]:
-    """Down as rows in the new neuron order: (bytes (n_ff, row_bytes), float32 values as stored (n_ff, n_embd),
-    relative L2 error of the stored values against the source's)."""
+              row_type: int, transposed: bool = True) -> tuple[np.ndarray, np.ndarray | None, float]:
+    """Down as rows in the new neuron order: (bytes (n_ff, row_bytes), the per-row float32 scales of I8 rows
+    (None for other types), relative L2 error of the stored values against the source's)."""
     if not transposed:                                  # already rows (PWRI ffn_down_t)
         src = dequantize(src_raw, src_type, n_embd)[perm]
         if row_type == src_type:
-            return np.ascontiguousarray(src_raw[perm]), src, 0.0
+            return np.ascontiguousarray(src_raw[perm]), None, 0.0
     else:
         src = np.ascontiguousarray(dequantize(src_raw, src_type, n_ff).T[perm])   # (n_ff, n_embd)
-    raw = encode_rows(src, row_type)
-    got = dequantize(raw, row_type, n_embd)
+    scale = None
+    if row_type == I8:
+        q, scale = encode_i8(src)
+        raw, got = q.view(np.uint8), q.astype(np.float32) * scale[:, None]
+    else:
+        raw = encode_rows(src, row_type)
+        got = dequantize(raw, row_type, n_embd)
     err = float(np.linalg.norm(got - src) / (np.linalg.norm(src) or 1.0))
-    return raw, got, err
+    return raw, scale, err
 
 
 def bundle(parts: list, n_ff: int) -> np.ndarray:

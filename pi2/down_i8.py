@@ -1,0 +1,59 @@
+"""down_i8.py — int8 down rows (`pi2 convert --ffn-type i8`) and their integer group sum, the reference the
+C kernels (csrc/kernels/axpy_i8.c) equal bit for bit.
+
+A layer's rows are int8 q (n_ff, n_embd), |q| <= 127, with one float32 scale r per row (tensor
+blk.L.ffn_down_scale); row i's values are r_i·q_i. The FFN output over a group's active neurons (the
+groups of csrc/pi2.h, GROUP neurons each) is computed in integers:
+    p_i = h_i·r_i (float32);  m = max |p_i|;  groups with m = 0 add nothing;
+    iS = 127/m, S = m/127 (float32);  z_i = round-half-even(p_i·iS)  (|z_i| <= 127);
+    acc_j = Σ_i z_i·q_ij (exact);  part_j = S·(float)acc_j (one float32 product)
+and y = the groups' parts added from +0 in ascending group order, as for the float row types. The only
+approximation is z, an 8-bit quantization of the group's p (llama.cpp quantizes the down input to 8 bits
+per 32 or 256 values the same way); it lets the kernels sum 4 rows per int8 dot-product instruction.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class I8Rows:
+    """One layer's int8 down rows and their scales, with QuantLinear's n_in/n_out/raw for byte counts."""
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray):
+        self.q = np.ascontiguousarray(q).view(np.int8)
+        self.scale = np.ascontiguousarray(scale, np.float32).reshape(-1)
+        self.n_out, self.n_in = self.q.shape
+        if self.scale.size != self.n_out:
+            raise ValueError(f"{self.scale.size} scales for {self.n_out} rows")
+        self.raw = self.q          # bytes the rows occupy (the scales are counted by nbytes)
+        self.nbytes = int(self.q.nbytes + self.scale.nbytes)
+
+    def values(self) -> np.ndarray:
+        """float32 (n_out, n_in) = r_i·q_i (for statistics; the FFN never multiplies by these)."""
+        return self.q.astype(np.float32) * self.scale[:, None]
+
+
+def group_part(p: np.ndarray, q: np.ndarray) -> np.ndarray | None:
+    """One group's part (n_in,) from its float32 p (k,) and int8 rows q (k, n_in); None when m = 0."""
+    m = np.float32(np.abs(p).max()) if p.size else np.float32(0)
+    if not m > 0:
+        return None
+    inv, s = np.float32(127) / m, m / np.float32(127)
+    z = np.rint(p * inv).astype(np.int64)
+    acc = z @ q.astype(np.int64)
+    return s * acc.astype(np.float32)
+
+
+def axpy_rows_i8(h: np.ndarray, rows: I8Rows, group: int) -> np.ndarray:
+    """y (T, n_in) = Σ over groups of group_part, for h (T, n_out) with inactive neurons at 0."""
+    y = np.zeros((h.shape[0], rows.n_in), np.float32)
+    for t in range(h.shape[0]):
+        nz = np.flatnonzero(h[t])
+        acc = np.zeros(rows.n_in, np.float32)
+        for g in np.unique(nz // group):
+            sel = nz[nz // group == g]
+            part = group_part(h[t, sel] * rows.scale[sel], rows.q[sel])
+            if part is not None:
+                acc = acc + part
+        y[t] = acc
+    return y

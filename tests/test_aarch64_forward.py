@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")
 pytestmark = pytest.mark.skipif(not (CC and QEMU), reason="aarch64 cross tools missing: apt-get install -y "
                                 "gcc-aarch64-linux-gnu qemu-user-static")
-SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c",
+SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
            "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c",
            "cache.c", "npu.c", "nnapi.c", "nnapi_graph.c", "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c",
            "io/mmap.c", "io/bench.c", "io/probe.c"]

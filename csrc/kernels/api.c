@@ -53,6 +53,9 @@ pi2_status pi2_quantize_act(int32_t vdt, const float *x, int64_t n, void *out) {
     const pi2_type_traits *t;
     pi2_status st = lookup(vdt, PI2_IMPL_REF, &t);
     if (st) return st;
+    if (!t->quantize_act)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "%s has no activation format (its rows are only summed by axpy_group)",
+                             t->name);
     if (t->vec_dot_type != vdt)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "%s is not an activation format (use %s)", t->name,
                              pi2_traits(t->vec_dot_type, PI2_IMPL_REF)->name);
@@ -68,7 +71,8 @@ pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_r
     pi2_status st = lookup(type, impl, &t);
     if (st || (st = check_shape(t, row_bytes, n_rows, n_cols))) return st;
     if (!t->vec_dot)
-        return pi2_set_error(PI2_ERR_UNSUPPORTED, "%s is an activation format, not a weight type", t->name);
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, t->quantize_act ? "%s is an activation format, not a weight type"
+                             : "%s rows have no vec_dot (only the sparse FFN's grouped row sum)", t->name);
     if ((!w || !x_q || !out) && n_rows) return pi2_set_error(PI2_ERR_INVALID, "NULL buffer");
     for (int64_t r = 0; r < n_rows; r++)
         t->vec_dot(n_cols, &out[r], (const uint8_t *)w + (size_t)r * row_bytes, x_q);

@@ -1,7 +1,7 @@
 /* traits.c — the dispatch tables: filled once from CPU features, then read-only.
  * Does: hold the reference, baseline-SIMD and auto tables, fill them on first use
  *       (pthread_once), answer pi2_traits(type, impl).
- * Does not: contain kernels (ref.c, x86.c, neon.c) or read the environment; tests select the
+ * Does not: contain kernels (ref.c, x86.c, neon.c, axpy.c, axpy_i8.c) or read the environment; tests select the
  *       reference by passing impl = PI2_K_IMPL_REF, never through a global switch. */
 #include "traits.h"
 
@@ -14,16 +14,19 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void init_once(void) {
     pi2_kernels_fill_ref(tables[PI2_K_IMPL_REF]);
     pi2_kernels_fill_axpy_ref(tables[PI2_K_IMPL_REF]);
+    pi2_kernels_fill_axpy_i8(tables[PI2_K_IMPL_REF]);
     memcpy(tables[PI2_K_IMPL_BASE], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     memcpy(tables[PI2_K_IMPL_AUTO], tables[PI2_K_IMPL_REF], sizeof tables[0]);
-    const uint32_t base_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0);
-    pi2_kernels_install_neon(tables[PI2_K_IMPL_BASE], 0);
+    const uint32_t base_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0)
+                            | pi2_kernels_install_neon(tables[PI2_K_IMPL_BASE], 0);
     auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], 1)
              | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], 1);
     if (base_isa & PI2_K_AVX2) {   /* the AVX2 grouped row sums need what the AVX2 vec_dots need */
         pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE], 0);
         pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO], 1);
     }
+    pi2_kernels_install_axpy_i8(tables[PI2_K_IMPL_BASE], base_isa);
+    pi2_kernels_install_axpy_i8(tables[PI2_K_IMPL_AUTO], auto_isa);
 }
 
 const pi2_type_traits *pi2_traits(int32_t type, int32_t impl) {

@@ -14,7 +14,7 @@
 enum {
     PI2_T_F32 = 0, PI2_T_F16 = 1, PI2_T_Q4_0 = 2, PI2_T_Q4_1 = 3, PI2_T_Q5_0 = 6, PI2_T_Q5_1 = 7,
     PI2_T_Q8_0 = 8, PI2_T_Q8_1 = 9, PI2_T_Q4_K = 12, PI2_T_Q5_K = 13, PI2_T_Q6_K = 14,
-    PI2_T_Q8_K = 15, PI2_T_BF16 = 30, PI2_T_COUNT = 31
+    PI2_T_Q8_K = 15, PI2_T_I8 = 24, PI2_T_BF16 = 30, PI2_T_COUNT = 31
 };
 
 #define QK4_0 32
@@ -58,7 +58,8 @@ typedef void (*pi2_vec_dot4x2_fn)(int64_t n, float *out, size_t out_stride, cons
 typedef void (*pi2_vec_dot_rows4_fn)(int64_t n, float *s, const void *w, size_t w_stride, const void *x_q);
 /* The grouped row sum of the sparse FFN (axpy.c): y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) for
  * j < n, v_i the values of the row at rows + idx[i]·row_bytes (to_float's), one product and one sum per
- * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary. */
+ * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary.
+ * I8 rows sum differently: an int8 weight per row and exact integer sums, k ≤ 64 (axpy_i8.c). */
 typedef void (*pi2_axpy_group_fn)(int64_t n, float *y, const void *rows, size_t row_bytes, const int32_t *idx,
                                   const float *h, int32_t k);
 /* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
@@ -69,8 +70,8 @@ typedef struct {
     int32_t block_size, type_size; /* values and bytes per block; 0 = type unknown */
     int32_t vec_dot_type;          /* activation format rows of this type are multiplied with */
     pi2_to_float_fn to_float;
-    pi2_vec_dot_fn vec_dot;        /* NULL for activation-only types (Q8_1, Q8_K) */
-    pi2_quantize_fn quantize_act;  /* float row -> vec_dot_type blocks */
+    pi2_vec_dot_fn vec_dot;        /* NULL for activation-only types (Q8_1, Q8_K) and I8 */
+    pi2_quantize_fn quantize_act;  /* float row -> vec_dot_type blocks (NULL for I8) */
     const char *vec_dot_impl;      /* "ref", "avx2", "avx512vnni", "neon", "dotprod" */
     pi2_vec_dot_fn vec_dot_batch;  /* the float order of ggml's batch kernel (NULL: vec_dot's) */
     int32_t batch_group, batch_min;/* which tokens of a batch use it: pi2_uses_batch_dot */
@@ -127,6 +128,10 @@ pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl);
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);
 void pi2_kernels_install_axpy_x86(pi2_type_traits *tab, int allow_ext);
+/* I8 rows (axpy_i8.c): fill puts the type's reference row in `tab`; install puts the fast grouped row sum
+ * that `isa` (PI2_K_* bits the table's other kernels use) allows. */
+void pi2_kernels_fill_axpy_i8(pi2_type_traits *tab);
+void pi2_kernels_install_axpy_i8(pi2_type_traits *tab, uint32_t isa);
 /* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
 void pi2_kernels_fill_ref(pi2_type_traits *tab);
 

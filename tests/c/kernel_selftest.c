@@ -393,6 +393,78 @@ static void test_axpy(int type, int size) {
     free(w); free(y0); free(want); free(got); free(v); free(p);
 }
 
+/* ---------------- I8 rows: the integer grouped row sum (axpy_i8.c) against a direct model ---------------- */
+
+/* The scheme written out: m = max|p_i|, z_i = nearbyint(p_i·(127/m)), y[j] = y[j] + (m/127)·(float)Σ z_i·q_i[j]. */
+static void axpy_i8_model(int64_t n, float *y, const int8_t *rows, size_t rb, const int32_t *idx, const float *p,
+                          int32_t k) {
+    float m = 0.0f;
+    for (int32_t i = 0; i < k; i++) m = fabsf(p[i]) > m ? fabsf(p[i]) : m;
+    if (k == 0 || !(m > 0.0f)) return;
+    const float iS = 127.0f / m, S = m / 127.0f;
+    for (int64_t j = 0; j < n; j++) {
+        int32_t acc = 0;
+        for (int32_t i = 0; i < k; i++) acc += (int32_t)nearbyintf(p[i] * iS) * rows[(size_t)idx[i] * rb + (size_t)j];
+        y[j] = y[j] + S * (float)acc;
+    }
+}
+
+/* Every table's I8 axpy_group equals the model bit for bit: k in {1, 3, 7, 64} (and 0), n values starting
+ * at column 37 of rows with 5 bytes of padding (odd offsets: unaligned loads), p with negatives and a 0,
+ * rows holding ±127; half-way ties (p = 127 · …, so p·127/m is exact); all p = 0 and k = 0 leave y as it
+ * was. Also: the scheme is within quantization error of Σ p_i·q_i[j] (NMSE ≤ 1e-3), and to_float. */
+static void test_axpy_i8(int size) {
+    const pi2_type_traits *ref = pi2_traits(PI2_T_I8, PI2_K_IMPL_REF);
+    const int64_t n = size, off = 37;
+    const int32_t n_rows = 80, ks[] = {1, 3, 7, 64, 7, 7, 0};
+    const size_t rb = (size_t)(off + n + 5);
+    int8_t *w = malloc(rb * n_rows);
+    for (size_t i = 0; i < rb * n_rows; i++) w[i] = (int8_t)((int32_t)(next_u32() % 255) - 127);
+    w[off] = 127, w[rb + off] = -127;
+    float *y0 = rand_floats(n, 1.0f), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+    double *dsum = malloc(sizeof(double) * n);
+    float p[64];
+    int32_t idx[64];
+    for (int c = 0; c < (int)(sizeof ks / sizeof ks[0]); c++) {
+        const int32_t k = ks[c];
+        for (int32_t i = 0; i < k; i++) {
+            idx[i] = c == 0 ? 1 : (int32_t)(i * n_rows / k + (int32_t)(next_u32() % (uint32_t)(n_rows / k)));
+            p[i] = next_f() * (c == 2 ? 1e-3f : 3.0f);
+        }
+        if (k >= 3) p[1] = 0.0f;
+        if (c == 4) {   /* ties: m = 127, so z = nearbyint(p) exactly, halves to even */
+            static const float tie[7] = {-127.0f, 2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 126.5f};
+            memcpy(p, tie, sizeof tie);
+        }
+        if (c == 5) for (int32_t i = 0; i < k; i++) p[i] = 0.0f;   /* y unchanged */
+        memcpy(want, y0, sizeof(float) * n);
+        axpy_i8_model(n, want, w + off, rb, idx, p, k);
+        for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
+            memcpy(got, y0, sizeof(float) * n);
+            pi2_traits(PI2_T_I8, impl)->axpy_group(n, got, w + off, rb, idx, p, k);
+            check(same_bits(got, want, n), "axpy_group-i8", "I8", impl == 0 ? "auto" : impl == 1 ? "ref" : "base",
+                  size * 100 + k, nmse(got, want, n));
+        }
+        if (c == 5 || c == 6) {
+            check(same_bits(want, y0, n), "axpy_group-i8-unchanged", "I8", "model", size * 100 + k, 0);
+            continue;
+        }
+        double num = 0, den = 0;
+        for (int64_t j = 0; j < n; j++) {
+            dsum[j] = 0;
+            for (int32_t i = 0; i < k; i++) dsum[j] += (double)p[i] * w[(size_t)idx[i] * rb + (size_t)(off + j)];
+            num += (want[j] - y0[j] - dsum[j]) * (want[j] - y0[j] - dsum[j]);
+            den += dsum[j] * dsum[j];
+        }
+        check(num <= 1e-3 * den, "axpy_group-i8-vs-float", "I8", "model", size * 100 + k, den > 0 ? num / den : num);
+    }
+    ref->to_float(w + off, got, n);
+    int ok = 1;
+    for (int64_t j = 0; j < n; j++) ok &= got[j] == (float)w[off + j];
+    check(ok, "to_float", "I8", "ref", size, 0);
+    free(w); free(y0); free(want); free(got); free(dsum);
+}
+
 /* ---------------- ops (ops.h) against double-precision math ---------------- */
 
 static float *rand_floats(int64_t n, float scale) {
@@ -537,6 +609,9 @@ static void test_api(void) {
     check(pi2_matvec(PI2_T_Q8_K, q, 292, 1, 256, q, out, PI2_IMPL_AUTO) == PI2_ERR_UNSUPPORTED, "api-act-type", "Q8_K", "-", 0, 0);
     check(pi2_quantize_act(PI2_T_Q4_0, x, 64, q) == PI2_ERR_UNSUPPORTED, "api-not-act", "Q4_0", "-", 0, 0);
     check(pi2_quantize_act(PI2_T_Q8_0, x, 64, q) == PI2_OK, "api-ok", "Q8_0", "-", 0, 0);
+    check(pi2_matvec(PI2_T_I8, q, 32, 1, 32, q, out, PI2_IMPL_AUTO) == PI2_ERR_UNSUPPORTED, "api-no-vec-dot", "I8", "-", 0, 0);
+    check(pi2_quantize_act(PI2_T_I8, x, 64, q) == PI2_ERR_UNSUPPORTED, "api-no-act", "I8", "-", 0, 0);
+    check(pi2_dequantize_rows(PI2_T_I8, q, 32, x, 2, 32, PI2_IMPL_AUTO) == PI2_OK, "api-dequant", "I8", "-", 0, 0);
 }
 
 int main(void) {
@@ -563,6 +638,7 @@ int main(void) {
     test_api();
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)   /* after the hashes: they fix the random stream */
         for (int s = 0; s < N_SIZES; s++) test_axpy(types[i], SIZES[s]);
+    for (int s = 0; s < N_SIZES; s++) test_axpy_i8(SIZES[s]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

@@ -93,7 +93,7 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
                              (long long)d->ne[3], (long long)ne0, (long long)ne1);
     const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
     const int rows_only = d->role == PI2_TENSOR_FFN_DOWN_ROWS && d->type == PI2_T_I8;   /* summed, never dotted */
-    if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !(rows_only ? t->axpy_group : t->vec_dot)))
+    if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !(rows_only ? t->axpy_group != NULL : t->vec_dot != NULL)))
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has ggml type %d, which pi2 cannot compute with",
                              name, (int)d->layer, (int)d->type);
     const pi2_type_traits *a = rows_only ? t : pi2_traits(t->vec_dot_type, PI2_IMPL_REF);

@@ -5,8 +5,8 @@
  *   y[j] = y[j] + S·(float) Σ_i z_i·q_i[j]   (an exact int32 sum; one float product, one float sum)
  * for j < n (any n ≥ 1), q_i the int8 row at rows + idx[i]·row_bytes (values in [-127, 127], never -128),
  * p_i = h_i·scale_i with the row's scale already applied by the caller, k ≤ 64 (PI2_FFN_GROUP).
- * Does: the I8 row of the reference table (to_float, the scalar kernel) and the same sum with AVX2 and
- *       AVX-512 VNNI (vpdpbusd); pi2_kernels_install_axpy_i8 puts those a table's
+ * Does: the I8 row of the reference table (to_float, the scalar kernel) and the same sum with AVX2,
+ *       AVX-512 VNNI (vpdpbusd), NEON and NEON SDOT; pi2_kernels_install_axpy_i8 puts those a table's
  *       ISA allows in it. Every kernel takes z and S from i8_prepare and sums exact integers, so all give
  *       the scalar kernel's bits.
  * Does not: multiply rows with activations (I8 has no vec_dot nor activation format) or keep scales. */
@@ -188,6 +188,82 @@ VNNI static void axpy_i8_vnni(int64_t n, float *y, const void *rows, size_t rb, 
 void pi2_kernels_install_axpy_i8(pi2_type_traits *tab, uint32_t isa) {
     if (isa & PI2_K_AVX2) tab[PI2_T_I8].axpy_group = axpy_i8_avx2;
     if (isa & PI2_K_AVX512VNNI) tab[PI2_T_I8].axpy_group = axpy_i8_vnni;
+}
+
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+
+/* ---- NEON: 16 columns per step; two rows' products in int16 (≤ 2·127·127), widened into int32 ---- */
+static void axpy_i8_neon(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx, const float *p,
+                         int32_t k) {
+    i8_group g;
+    if (!i8_prepare(&g, rows, rb, idx, p, k)) return;
+    const float32x4_t S = vdupq_n_f32(g.S);
+    int64_t j0 = 0;
+    for (; j0 + 16 <= n; j0 += 16) {
+        int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        for (int32_t i = 0; i < g.kp; i += 2) {
+            const int8x16_t q0 = vld1q_s8(g.r[i] + j0), q1 = vld1q_s8(g.r[i + 1] + j0);
+            const int8x16_t z0 = vdupq_n_s8(g.z[i]), z1 = vdupq_n_s8(g.z[i + 1]);
+            const int16x8_t lo = vmlal_s8(vmull_s8(vget_low_s8(q0), vget_low_s8(z0)), vget_low_s8(q1), vget_low_s8(z1));
+            const int16x8_t hi = vmlal_high_s8(vmull_high_s8(q0, z0), q1, z1);
+            acc[0] = vaddw_s16(acc[0], vget_low_s16(lo));
+            acc[1] = vaddw_high_s16(acc[1], lo);
+            acc[2] = vaddw_s16(acc[2], vget_low_s16(hi));
+            acc[3] = vaddw_high_s16(acc[3], hi);
+        }
+        for (int m = 0; m < 4; m++)
+            vst1q_f32(y + j0 + 4 * m, vaddq_f32(vld1q_f32(y + j0 + 4 * m), vmulq_f32(S, vcvtq_f32_s32(acc[m]))));
+    }
+    i8_cols(&g, j0, n, y);
+}
+
+/* ---- NEON SDOT: 16 columns per step; zips put (q0[j], q1[j], q2[j], q3[j]) in each dword, in column
+ * order, and vdotq_s32 multiplies them by the quad (z0, z1, z2, z3) ---- */
+#if defined(__clang__)
+#define DOTPROD __attribute__((target("dotprod")))
+#else
+#define DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#endif
+
+/* acc + SDOT(a, b); older clang hides vdotq_s32 unless the whole file is built with +dotprod (as neon_body.h) */
+DOTPROD static inline int32x4_t sdot(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__clang__) && __clang_major__ < 18 && !defined(__ARM_FEATURE_DOTPROD)
+    __asm__(".arch_extension dotprod\n\tsdot %0.4s, %1.16b, %2.16b" : "+w"(acc) : "w"(a), "w"(b));
+    return acc;
+#else
+    return vdotq_s32(acc, a, b);
+#endif
+}
+
+DOTPROD static void axpy_i8_dotprod(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx,
+                                    const float *p, int32_t k) {
+    i8_group g;
+    if (!i8_prepare(&g, rows, rb, idx, p, k)) return;
+    const float32x4_t S = vdupq_n_f32(g.S);
+    int64_t j0 = 0;
+    for (; j0 + 16 <= n; j0 += 16) {
+        int32x4_t acc[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+        for (int32_t i = 0; i < g.kp; i += 4) {
+            const int8x16_t a = vld1q_s8(g.r[i] + j0), b = vld1q_s8(g.r[i + 1] + j0);
+            const int8x16_t c = vld1q_s8(g.r[i + 2] + j0), d = vld1q_s8(g.r[i + 3] + j0);
+            const int16x8_t ab0 = vreinterpretq_s16_s8(vzip1q_s8(a, b)), ab1 = vreinterpretq_s16_s8(vzip2q_s8(a, b));
+            const int16x8_t cd0 = vreinterpretq_s16_s8(vzip1q_s8(c, d)), cd1 = vreinterpretq_s16_s8(vzip2q_s8(c, d));
+            const int8x16_t zv = vreinterpretq_s8_s32(vdupq_n_s32(g.zq[i / 4]));
+            acc[0] = sdot(acc[0], vreinterpretq_s8_s16(vzip1q_s16(ab0, cd0)), zv);
+            acc[1] = sdot(acc[1], vreinterpretq_s8_s16(vzip2q_s16(ab0, cd0)), zv);
+            acc[2] = sdot(acc[2], vreinterpretq_s8_s16(vzip1q_s16(ab1, cd1)), zv);
+            acc[3] = sdot(acc[3], vreinterpretq_s8_s16(vzip2q_s16(ab1, cd1)), zv);
+        }
+        for (int m = 0; m < 4; m++)
+            vst1q_f32(y + j0 + 4 * m, vaddq_f32(vld1q_f32(y + j0 + 4 * m), vmulq_f32(S, vcvtq_f32_s32(acc[m]))));
+    }
+    i8_cols(&g, j0, n, y);
+}
+
+void pi2_kernels_install_axpy_i8(pi2_type_traits *tab, uint32_t isa) {
+    if (isa & PI2_K_NEON) tab[PI2_T_I8].axpy_group = axpy_i8_neon;
+    if (isa & PI2_K_DOTPROD) tab[PI2_T_I8].axpy_group = axpy_i8_dotprod;
 }
 
 #else

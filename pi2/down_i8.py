@@ -4,7 +4,7 @@ C kernels (csrc/kernels/axpy_i8.c) equal bit for bit.
 A layer's rows are int8 q (n_ff, n_embd), |q| <= 127, with one float32 scale r per row (tensor
 blk.L.ffn_down_scale); row i's values are r_i·q_i. The FFN output over a group's active neurons (the
 groups of csrc/pi2.h, GROUP neurons each) is computed in integers:
-    p_i = h_i·r_i (float32);  m = max |p_i|;  groups with m = 0 add nothing;
+    p_i = h_i·r_i (float32);  m = max |p_i|;  groups with m outside [1e-30, FLT_MAX] add nothing;
     iS = 127/m, S = m/127 (float32);  z_i = round-half-even(p_i·iS)  (|z_i| <= 127);
     acc_j = Σ_i z_i·q_ij (exact);  part_j = S·(float)acc_j (one float32 product)
 and y = the groups' parts added from +0 in ascending group order, as for the float row types. The only
@@ -36,7 +36,7 @@ class I8Rows:
 def group_part(p: np.ndarray, q: np.ndarray) -> np.ndarray | None:
     """One group's part (n_in,) from its float32 p (k,) and int8 rows q (k, n_in); None when m = 0."""
     m = np.float32(np.abs(p).max()) if p.size else np.float32(0)
-    if not m > 0:
+    if not (np.float32(1e-30) <= m <= np.finfo(np.float32).max):     # zero, tiny (127/m overflows) or not finite
         return None
     inv, s = np.float32(127) / m, m / np.float32(127)
     z = np.rint(p * inv).astype(np.int64)

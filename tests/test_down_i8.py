@@ -28,7 +28,7 @@ def scalar_part(p, q):
     m = np.float32(0)
     for v in p:
         m = max(m, np.float32(abs(v)))
-    if not m > 0:
+    if not (np.float32(1e-30) <= m <= np.finfo(np.float32).max):
         return None
     inv, s = np.float32(127) / m, m / np.float32(127)
     z = [int(np.rint(np.float32(v) * inv)) for v in p]

@@ -1,6 +1,7 @@
 /* axpy_i8.c — ggml type I8 (plain int8 rows, 24): to_float, and the grouped row sum of int8 down rows
  * (traits field axpy_group) as an integer scheme, not the float term-by-term sum of axpy.c:
- *   m = max_i |p_i|; nothing changes if k = 0 or !(m > 0); iS = 127/m, S = m/127 (float divisions);
+ *   m = max_i |p_i|; nothing changes if k = 0 or m is not in [1e-30, FLT_MAX] (a zero, denormal-tiny or
+ *   non-finite group, whose 127/m would overflow); iS = 127/m, S = m/127 (float divisions);
  *   z_i = (int32) nearbyint(p_i·iS)   (float product, half to even; |z_i| ≤ 127)
  *   y[j] = y[j] + S·(float) Σ_i z_i·q_i[j]   (an exact int32 sum; one float product, one float sum)
  * for j < n (any n ≥ 1), q_i the int8 row at rows + idx[i]·row_bytes (values in [-127, 127], never -128),
@@ -12,6 +13,7 @@
  * Does not: multiply rows with activations (I8 has no vec_dot nor activation format) or keep scales. */
 #include "traits.h"
 
+#include <float.h>
 #include <math.h>
 
 #define I8_MAX_K 64
@@ -35,7 +37,7 @@ static int i8_prepare(i8_group *g, const void *rows, size_t rb, const int32_t *i
         const float a = fabsf(p[i]);
         if (a > m) m = a;
     }
-    if (k <= 0 || !(m > 0.0f)) return 0;
+    if (k <= 0 || !(m >= 1e-30f && m <= FLT_MAX)) return 0;
     const float iS = 127.0f / m;
     g->S = m / 127.0f;
     int32_t z[I8_MAX_K], n = 0;

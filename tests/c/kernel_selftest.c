@@ -27,6 +27,7 @@
 #include "../../csrc/ops.h"
 #include "../../csrc/threadpool.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -400,7 +401,7 @@ static void axpy_i8_model(int64_t n, float *y, const int8_t *rows, size_t rb, co
                           int32_t k) {
     float m = 0.0f;
     for (int32_t i = 0; i < k; i++) m = fabsf(p[i]) > m ? fabsf(p[i]) : m;
-    if (k == 0 || !(m > 0.0f)) return;
+    if (k == 0 || !(m >= 1e-30f && m <= FLT_MAX)) return;
     const float iS = 127.0f / m, S = m / 127.0f;
     for (int64_t j = 0; j < n; j++) {
         int32_t acc = 0;

@@ -22,7 +22,7 @@ struct pi2_npu_ffn {
     float *y;                 /* [n_embd] the pending run's output */
     int32_t *hot_idx;         /* [n_ff] the hot neurons taken off the active list */
     int32_t n_taken, layer;   /* layer: of the pending run, -1 when none */
-    size_t bytes;
+    size_t own;               /* bytes of y and hot_idx */
     int64_t runs, fallbacks;
 };
 
@@ -70,6 +70,7 @@ pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
     }
     f->d = d;
     f->layer = -1;
+    f->own = (size_t)hp->n_embd * sizeof *f->y + (size_t)hp->n_ff * sizeof *f->hot_idx;
     memcpy(f->n_hot, n_hot, (size_t)hp->n_layer * sizeof *n_hot);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         if (!n_hot[il]) continue;
@@ -77,13 +78,18 @@ pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
         const pi2_nnapi_matrix gate = matrix(&L->gate), up = matrix(&L->up), down = matrix(&L->down_rows);
         pi2_status s = pi2_nnapi_ffn_create(d, hp->ffn_act, &gate, &up, &down, 1, n_hot[il], &f->g[il]);
         if (s) { pi2_npu_ffn_free(f); return s; }
-        f->bytes += pi2_nnapi_graph_bytes(f->g[il]);
     }
     c->npu_ffn = f;
     return PI2_OK;
 }
 
-size_t pi2_ctx_npu_ffn_bytes(const pi2_ctx *c) { return c && c->npu_ffn ? c->npu_ffn->bytes : 0; }
+size_t pi2_ctx_npu_ffn_bytes(const pi2_ctx *c) {
+    const struct pi2_npu_ffn *f = c ? c->npu_ffn : NULL;
+    if (!f) return 0;
+    size_t n = f->own;
+    for (int32_t il = 0; il < f->n_layer; il++) n += pi2_nnapi_graph_bytes(f->g[il]);
+    return n;
+}
 
 int64_t pi2_ctx_npu_ffn_runs(const pi2_ctx *c, int64_t *fallbacks) {
     const struct pi2_npu_ffn *f = c ? c->npu_ffn : NULL;

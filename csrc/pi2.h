@@ -324,7 +324,8 @@ int64_t pi2_ctx_nnapi_runs(const pi2_ctx *ctx, int64_t *fallbacks);
  * (for a failed run, that token again from its active list). PI2_ERR_INVALID: a count outside 0..n_ff, or
  * a layer without down rows; PI2_ERR_UNSUPPORTED (GELU, no device selected) or PI2_ERR_NOMEM: nothing attached. */
 pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *ctx, pi2_nnapi *d, const int32_t *n_hot);
-/* Bytes of the attached hot-prefix copies and staging (0 when none). */
+/* Bytes the attached hot prefix holds now: copies, staging (made at a graph's first run), output and
+ * index scratch (0 when none); pi2/plan/npu_plan.py's copy_bytes once every graph has run. */
 size_t pi2_ctx_npu_ffn_bytes(const pi2_ctx *ctx);
 /* Layer-tokens whose hot prefix the delegate computed / the CPU computed after a failure, since attaching. */
 int64_t pi2_ctx_npu_ffn_runs(const pi2_ctx *ctx, int64_t *fallbacks);

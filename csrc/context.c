@@ -7,6 +7,7 @@
 #include "cache.h"
 #include "internal.h"
 #include "npu.h"
+#include "npu_ffn.h"
 #include "ops.h"
 
 #include <stdlib.h>
@@ -90,6 +91,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
 void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
     pi2_npu_free(c->mm.npu);
+    pi2_npu_ffn_free(c->npu_ffn);
     pi2_cache_free(c->cache);
     free(c->ffn_ready);
     free(c->ffn_task_group);

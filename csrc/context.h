@@ -47,6 +47,7 @@ struct pi2_ctx {
     int32_t *ffn_task_group;     /* [n_ff/GROUP + 1] streamed: the groups one pool run computes */
     int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
     int64_t *ffn_active;         /* [n_layer] */
+    struct pi2_npu_ffn *npu_ffn; /* a single token's hot prefix on NNAPI (npu_ffn.c), or NULL: CPU only */
 };
 
 #endif

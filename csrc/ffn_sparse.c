@@ -15,6 +15,7 @@
 #include "cache.h"
 #include "context.h"
 #include "internal.h"
+#include "npu_ffn.h"
 #include "ops.h"
 
 #include <math.h>
@@ -328,6 +329,7 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
                  .up_tr = pi2_traits(L->up.type, c->p.impl), .up_rows4 = pi2_kernels_dot_rows4(L->up.type, c->p.impl)};
     const pi2_type_traits *a = pi2_traits(j.up_tr->vec_dot_type, c->p.impl);
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
+    const int npu = one_rows && pi2_npu_ffn_start(c, il);   /* the hot prefix on NNAPI meanwhile (npu_ffn.c) */
 
     /* gate rows of every neuron (and every up row when the rule needs them) */
     if (full_up)
@@ -341,7 +343,10 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     if (one_rows) {
         c->ffn_active[il] += c->ffn_n_active[0];
         if (il == 0) c->ffn_tokens += 1;
-        return one_token_rows(c, &j);
+        if (!npu) return one_token_rows(c, &j);
+        pi2_npu_ffn_take_hot(c);
+        const pi2_status s = one_token_rows(c, &j);
+        return pi2_npu_ffn_finish(c, s) ? one_token_rows(c, &j) : s;
     }
     if (!full_up) {   /* a single token (plain files' down) */
         quantize_task(&j, 0, 0);

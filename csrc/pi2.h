@@ -229,7 +229,8 @@ int64_t pi2_ctx_ffn_stats(const pi2_ctx *ctx, int64_t *active);
 typedef void (*pi2_trace_fn)(const char *name, int32_t layer, const float *data, int64_t n, void *user);
 void pi2_set_trace(pi2_ctx *ctx, pi2_trace_fn fn, void *user);
 
-/* ---- NNAPI delegate (nnapi.c: the library and its graphs; npu.c: a context's prompt batches) ----
+/* ---- NNAPI delegate (nnapi.c: the library and its graphs; npu.c: a context's prompt batches;
+ * npu_ffn.c: a context's single-token hot prefix) ----
  * Android's Neural Networks API, opened with dlopen at run time (never linked, so one build runs
  * everywhere). Graphs of FULLY_CONNECTED operations over F16 (or F32) copies of the weights, made once
  * when a graph is created; one compilation per batch size, cached; runs started asynchronously so the
@@ -314,6 +315,21 @@ pi2_status pi2_ctx_set_nnapi(pi2_ctx *ctx, pi2_nnapi *d, int32_t min_batch);
 size_t pi2_ctx_nnapi_bytes(const pi2_ctx *ctx);
 /* Matrix products the delegate computed / handed back to the CPU after a failure, since attaching. */
 int64_t pi2_ctx_nnapi_runs(const pi2_ctx *ctx, int64_t *fallbacks);
+
+/* Hand the hot prefix of single-token decode to d (npu_ffn.c): for each layer with n_hot[il] > 0
+ * ([n_layer] counts), a hot-FFN graph over neurons 0..n_hot[il]-1 of ffn_gate, ffn_up and the down rows
+ * (F16 copies made now). A token's sparse FFN then starts the graph before its gate rows, computes the
+ * rule's active neurons from n_hot[il] on with the CPU meanwhile, and adds the graph's output: the hot
+ * neurons are all computed, densely, in the graph's F16 arithmetic. NULL d detaches; d must outlive the
+ * context or a later detach. A layer whose graph fails to compile or run is computed by the CPU alone
+ * (for a failed run, that token again from its active list). PI2_ERR_INVALID: a count outside 0..n_ff, or
+ * a layer without down rows; PI2_ERR_UNSUPPORTED (GELU, no device selected) or PI2_ERR_NOMEM: nothing attached. */
+pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *ctx, pi2_nnapi *d, const int32_t *n_hot);
+/* Bytes the attached hot prefix holds now: copies, staging (made at a graph's first run), output and
+ * index scratch (0 when none); pi2/plan/npu_plan.py's copy_bytes once every graph has run. */
+size_t pi2_ctx_npu_ffn_bytes(const pi2_ctx *ctx);
+/* Layer-tokens whose hot prefix the delegate computed / the CPU computed after a failure, since attaching. */
+int64_t pi2_ctx_npu_ffn_runs(const pi2_ctx *ctx, int64_t *fallbacks);
 
 /* ---- flash I/O (csrc/io/): aligned reads of one file, and the probe that picks a backend ----
  * Backends: io_uring (raw system calls), Linux native AIO, a pread thread pool, mmap (MADV_RANDOM,

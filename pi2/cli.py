@@ -21,8 +21,9 @@ ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as th
 KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neurons computed per token "
                        "(default: the pi2 file's, else 1.0 = dense)", show_default=False)
 DenseOpt = typer.Option(False, "--dense", help="compute every FFN neuron (no sparsity)")
-NpuOpt = typer.Option("auto", "--npu", envvar="PI2_NPU", help="dense prompt batches on NNAPI: auto (only with a "
-                      "GPU/accelerator device) | nnapi (any NNAPI device) | off")
+NpuOpt = typer.Option("auto", "--npu", envvar="PI2_NPU", help="NNAPI for dense prompt batches (plain files) or "
+                      "decode's hot prefix (pi2 files): auto (only with a GPU/accelerator device and, for pi2 files, "
+                      "a predicted gain) | nnapi (any NNAPI device) | off")
 BudgetOpt = typer.Option(None, "--memory-budget", envvar="PI2_MEMORY_BUDGET",
                          help="memory the process may hold, e.g. 500M or 1.5G (pi2 files): FFN bundles are streamed "
                               "from flash into a neuron cache sized to fit (default: everything mapped)")
@@ -30,6 +31,9 @@ IoOpt = typer.Option("auto", "--io", envvar="PI2_IO",
                      help="reads of streamed bundles: auto | uring | aio | pread | mmap")
 NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
                            help="libneuralnetworks.so to open (default: the system's)", show_default=False)
+NpuGbpsOpt = typer.Option(None, "--npu-gbps", envvar="PI2_NPU_GBPS",
+                          help="the NPU's throughput in GB/s of F16 weights for the hot-prefix decision "
+                               "(default: measured on the NNAPI device)", show_default=False)
 NoPredOpt = typer.Option(False, "--no-predictor", help="ignore a pi2 file's own predictor (read every gate row)")
 
 
@@ -45,6 +49,11 @@ def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
 def _budget(text: Optional[str]) -> Optional[int]:
     from pi2.plan.budget import parse_size
     return None if text is None else parse_size(text)
+
+
+def _gbps(v: Optional[float]) -> Optional[float]:
+    from pi2.npu import check_gbps
+    return check_gbps(v)
 
 
 def parse_io(text: str) -> str:
@@ -90,7 +99,7 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
-    npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
+    npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks, why NNAPI was not used, and the "
                                                            "neuron cache's figures"),
@@ -107,7 +116,8 @@ def run(
         sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                repeat_last_n=repeat_last_n, seed=seed),
         json_out=json_out, engine=engine, keep=keep, dense=dense, npu=npu, nnapi_lib=nnapi_lib, verbose=verbose,
-        predictor=not no_predictor, memory_budget=_budget(memory_budget), io=parse_io(io))
+        predictor=not no_predictor, memory_budget=_budget(memory_budget), io=parse_io(io),
+        npu_gbps=_gbps(npu_gbps))
     if conversation:
         commands.chat(opts)
     else:
@@ -175,14 +185,15 @@ def bench(
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the warm-up run"),
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
-    npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
+    npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     from pi2 import bench as b
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
                            output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
-                           npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io))
+                           npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io),
+                           npu_gbps=npu_gbps)
     b.run(params)
 
 
@@ -243,12 +254,14 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          memory_budget: str = typer.Option(..., "--memory-budget", help="memory the process may hold, e.g. 500M"),
          ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size the plan holds a KV cache for"),
          threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
-         io: str = IoOpt,
+         io: str = IoOpt, npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
+         npu_gbps: Optional[float] = NpuGbpsOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON")):
-    """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, I/O."""
+    """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, I/O, and
+    whether the NPU computes the hot prefix (with the memory its copies take and the predicted gain)."""
     from pi2 import commands
     commands.plan(_model_path(model, model_opt), _budget(memory_budget), ctx_size, max(threads, 0),
-                  parse_io(io), json_out)
+                  parse_io(io), json_out, npu, nnapi_lib, _gbps(npu_gbps))
 
 
 def _click_exceptions():

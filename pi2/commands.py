@@ -30,6 +30,7 @@ class RunOptions:
     dense: bool = False
     npu: str = "auto"               # --npu auto | nnapi | off
     nnapi_lib: Optional[str] = None
+    npu_gbps: Optional[float] = None     # --npu-gbps: the NPU's throughput to plan with (None = measured)
     verbose: bool = False           # --verbose: also print why NNAPI was not used, and the neuron cache's figures
     predictor: bool = True          # False: --no-predictor
     memory_budget: Optional[int] = None   # --memory-budget, bytes
@@ -53,7 +54,7 @@ def _open(opts: RunOptions):
     model = open_model(opts.model)
     ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
                                       opts.npu, opts.nnapi_lib, opts.memory_budget, opts.io,
-                                      predictor=opts.predictor))
+                                      predictor=opts.predictor, npu_gbps=opts.npu_gbps))
     sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
     return model, ctx, sampler, timings
 
@@ -123,24 +124,34 @@ def cache_report(ctx) -> None:
           f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
 
 
-def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_out: bool) -> None:
-    """pi2 plan: the split of a memory budget for a pi2 file (pi2/plan/budget.py), on stdout."""
+def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_out: bool, npu: str = "auto",
+         nnapi_lib: Optional[str] = None, npu_gbps: Optional[float] = None) -> None:
+    """pi2 plan: the split of a memory budget for a pi2 file (pi2/plan/budget.py) and whether the NPU computes
+    the hot prefix (pi2/plan/npu_plan.py, the decision `pi2 run` takes), on stdout."""
     from pi2 import flash_io
     from pi2.engine import CModel, _default_threads
+    from pi2.npu import check_gbps, check_mode, open_delegate
     from pi2.plan.budget import make_plan, streamable
+    from pi2.plan.npu_plan import decide
     from pi2.runtime import open_model, resolve_ctx
+    check_mode(npu)
+    check_gbps(npu_gbps)
     model = open_model(model_path)
     why = streamable(model)
     if why:
         raise UsageError(why)
     backend, _ = flash_io.resolve(io, model.path)
     model.tokenizer      # as a run holds it
-    p = make_plan(model, CModel.from_model(model), budget, resolve_ctx(model, n_ctx),
-                  threads or _default_threads(), io=backend)
+    cm, n_ctx, threads = CModel.from_model(model), resolve_ctx(model, n_ctx), threads or _default_threads()
+    p = make_plan(model, cm, budget, n_ctx, threads, io=backend)
+    d, reason = open_delegate(npu, nnapi_lib)
+    dec = decide(model, npu, d, reason, threads, room=budget - p.floor, npu_gbps=npu_gbps)
+    if dec.use:
+        p = make_plan(model, cm, budget, n_ctx, threads, io=backend, runtime=p.runtime, npu=dec)
     if json_out:
-        print(json.dumps(p.as_dict()))
+        print(json.dumps({**p.as_dict(), "npu": dec.as_dict()}))
     else:
-        print("\n".join(p.lines()))
+        print("\n".join(p.lines() + dec.lines()))
 
 
 def chat(opts: RunOptions) -> None:

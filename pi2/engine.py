@@ -568,3 +568,23 @@ def ctx_nnapi_stats(ctx: "CContext") -> dict:
     fb = ffi.new("int64_t *")
     runs = lib.pi2_ctx_nnapi_runs(ctx._h, fb)
     return {"bytes": lib.pi2_ctx_nnapi_bytes(ctx._h), "runs": runs, "fallbacks": fb[0]}
+
+
+def ctx_set_npu_ffn(ctx: "CContext", delegate: NnapiDelegate | None, n_hot=None) -> None:
+    """Hand the hot prefix of ctx's single-token decode (n_hot[il] neurons of each layer) to `delegate`
+    (None detaches). Raises Pi2Error when nothing could be attached; the context then stays on the CPU."""
+    if delegate is None:
+        check(lib.pi2_ctx_set_npu_ffn(ctx._h, ffi.NULL, ffi.NULL))
+        return
+    hot = np.ascontiguousarray(n_hot, dtype=np.int32)
+    if hot.shape != (ctx.cfg.n_layer,):
+        raise ValueError(f"n_hot needs one count per layer ({ctx.cfg.n_layer})")
+    check(lib.pi2_ctx_set_npu_ffn(ctx._h, delegate._h, ffi.from_buffer("int32_t[]", hot)))
+    ctx._nnapi = delegate           # the delegate outlives the context's graphs
+    ctx.npu_hot = [int(h) for h in hot]
+
+
+def ctx_npu_ffn_stats(ctx: "CContext") -> dict:
+    fb = ffi.new("int64_t *")
+    runs = lib.pi2_ctx_npu_ffn_runs(ctx._h, fb)
+    return {"bytes": lib.pi2_ctx_npu_ffn_bytes(ctx._h), "runs": runs, "fallbacks": fb[0]}

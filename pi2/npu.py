@@ -1,10 +1,12 @@
 """npu.py — whether and how a run uses the NNAPI delegate (`--npu auto|nnapi|off`).
 
-Owns: the mode rule (auto: only when NNAPI lists a GPU or accelerator device and the F16 weight copies
-take at most half of MemAvailable; nnapi: any device NNAPI lists, including its CPU driver, with a one-line note and a CPU run when NNAPI is unavailable; off),
-attaching the delegate to a C context for its prompt batches, the fields bench reports, and the
-notes `--verbose` prints (why the delegate was not used or fell back to the CPU).
-Does not: build graphs (csrc/nnapi.c) or read the environment (the CLI passes --nnapi-lib).
+Owns: the mode rule for plain files' prompt batches (auto: only when NNAPI lists a GPU or accelerator
+device and the F16 weight copies take at most half of MemAvailable; nnapi: any device NNAPI lists,
+including its CPU driver, with a one-line note and a CPU run when NNAPI is unavailable; off), and for pi2
+files the hot prefix of decode, by pi2/plan/npu_plan.py's decision (the one `pi2 plan` prints);
+attaching the delegate to a C context, the fields bench reports, and the notes `--verbose` prints
+(why the delegate was not used or fell back to the CPU).
+Does not: build graphs (csrc/nnapi_graph.c) or read the environment (the CLI passes --nnapi-lib).
 """
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise UsageError(f"unknown --npu '{mode}' (choose from {', '.join(MODES)})")
     return mode
+
+
+def check_gbps(gbps: float | None) -> float | None:
+    """--npu-gbps: a positive throughput, or None (measure it)."""
+    if gbps is not None and not gbps > 0:
+        raise UsageError(f"invalid --npu-gbps {gbps:g}: a positive throughput in GB/s")
+    return gbps
 
 
 def copy_bytes(cfg) -> int:
@@ -56,10 +65,16 @@ def open_delegate(mode: str, lib_path: str | None = None):
     return d, ""
 
 
-def attach(ctx, mode: str, lib_path: str | None = None) -> None:
-    """Give a C context's prompt batches to NNAPI per `mode`; sets ctx.npu_state and ctx.npu_notes.
-    --npu nnapi that cannot be honoured prints one note on stderr and the run continues on the CPU."""
+def attach(ctx, mode: str, lib_path: str | None = None, model=None, npu_gbps: float | None = None,
+           room: int | None = None) -> None:
+    """Give a C context's prompt batches (plain files) or its decode's hot prefix (pi2 `model`s) to NNAPI per
+    `mode`; sets ctx.npu_state and ctx.npu_notes. room: bytes a pi2 file's copies may take (None: half of
+    MemAvailable under auto). --npu nnapi that cannot be honoured prints one note on stderr and the run
+    continues on the CPU."""
     ctx.npu_state, ctx.npu_notes, ctx.npu_devices = "off", [], ""
+    if model is not None and model.config.pi2:
+        _attach_hot(ctx, model, mode, lib_path, npu_gbps, room)
+        return
     d, reason = open_delegate(mode, lib_path)
     avail, need = mem_available(), copy_bytes(ctx.cfg)
     if d is not None and mode == "auto" and avail is not None and need > avail // 2:
@@ -79,6 +94,28 @@ def attach(ctx, mode: str, lib_path: str | None = None) -> None:
         return
     ctx.npu_state = "nnapi"
     ctx.npu_devices = ",".join(dev["name"] for dev in d.devices() if dev["selected"])
+
+
+def _attach_hot(ctx, model, mode: str, lib_path, npu_gbps, room) -> None:
+    from pi2.plan.npu_plan import decide
+    d, reason = open_delegate(mode, lib_path)
+    if room is None and mode == "auto" and mem_available() is not None:
+        room = mem_available() // 2
+    dec = decide(model, mode, d, reason, ctx.n_threads, room, npu_gbps)
+    ctx.npu_plan = dec
+    if dec.use:
+        from pi2.engine import ctx_set_npu_ffn
+        from pi2.errors import Pi2Error
+        try:
+            ctx_set_npu_ffn(ctx, d, dec.n_hot)
+        except Pi2Error as e:
+            dec.use, dec.reason = False, str(e)
+    if not dec.use:
+        ctx.npu_notes += [dec.reason] if mode != "off" else []
+        if mode == "nnapi":
+            print(f"pi2: note: --npu nnapi: {dec.reason}; running on the CPU", file=sys.stderr)
+        return
+    ctx.npu_state, ctx.npu_devices = "nnapi", dec.devices
 
 
 def no_c_engine(ctx, mode: str) -> None:
@@ -101,7 +138,8 @@ def bench_fields(ctx) -> dict:
     state = getattr(ctx, "npu_state", "off")
     fields = {"npu": state, "npu_devices": getattr(ctx, "npu_devices", "")}
     if state == "nnapi":
-        from pi2.engine import ctx_nnapi_stats
-        s = ctx_nnapi_stats(ctx)
-        fields.update(npu_bytes=s["bytes"], npu_runs=s["runs"], npu_fallbacks=s["fallbacks"])
+        from pi2.engine import ctx_nnapi_stats, ctx_npu_ffn_stats
+        s, h = ctx_nnapi_stats(ctx), ctx_npu_ffn_stats(ctx)
+        fields.update(npu_bytes=s["bytes"] + h["bytes"], npu_runs=s["runs"] + h["runs"],
+                      npu_fallbacks=s["fallbacks"] + h["fallbacks"])
     return fields

@@ -28,6 +28,7 @@ class RunConfig:
     memory_budget: int | None = None  # --memory-budget in bytes: stream the FFN bundles (pi2/plan/budget.py)
     io: str = "auto"              # --io: the backend of streamed reads
     predictor: bool = True        # --no-predictor: a pi2 file's pi2-made predictor is not used
+    npu_gbps: float | None = None  # --npu-gbps: the NPU's throughput to plan with (None = measured)
 
 
 _NOTED: list = []
@@ -88,7 +89,7 @@ def open_context(model: Model, cfg: RunConfig):
         from pi2.sparse import choose_rule
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
         ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=False))
-        npu.attach(ctx, cfg.npu, cfg.nnapi_lib)
+        npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps)
         return ctx
     if cfg.engine == "auto" and not _NOTED:
         _NOTED.append(True)
@@ -100,8 +101,9 @@ def open_context(model: Model, cfg: RunConfig):
 
 
 def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
-    """A C context whose FFN bundles come from the neuron cache the budget leaves room for (no NNAPI copies)."""
-    from pi2 import flash_io
+    """A C context whose FFN bundles come from the neuron cache the budget leaves room for; with the NPU on,
+    its copies of the hot prefix are part of the fixed region and the cache keeps no hot prefix of its own."""
+    from pi2 import flash_io, npu
     from pi2.engine import CContext, CModel, _default_threads
     from pi2.plan.budget import make_plan, streamable
     from pi2.sparse import choose_rule
@@ -115,6 +117,10 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
     plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend)
     ctx = CContext(cm, n_ctx, threads)
     ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=False))
+    npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps, room=cfg.memory_budget - plan.floor)
+    if ctx.npu_state == "nnapi":
+        plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, runtime=plan.runtime,
+                         npu=ctx.npu_plan)
     ctx.set_stream(**plan.stream_args())
     ctx.plan = plan
     return ctx

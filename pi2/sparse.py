@@ -342,6 +342,9 @@ class SparseFFN:
             self._row_bytes = [(p.nbytes,) + r[1:] for p, r in zip(self._pred, self._row_bytes)]
         self.n_tokens = self.n_active = self.n_predicted = 0
         self.bytes = 0
+        # the specification of --npu's hot prefix (csrc/npu_ffn.c): [n_layer] counts, or None; a single token
+        # computes every neuron below npu_hot[il] (the NNAPI graph's dense hot part) and the rule's active ones above
+        self.npu_hot = None
 
     def _setup_predicted(self, model, layers) -> None:
         """The pi2-made predictor of every layer and its cut t_L − m_L at the layer's allocated keep."""
@@ -425,6 +428,9 @@ class SparseFFN:
             else:
                 mask = self._mask_from(il, g, h)
             n_act = int(mask.sum())
+            if self.npu_hot is not None and x.shape[0] == 1:
+                mask = mask.copy()
+                mask[:, :self.npu_hot[il]] = True
             h = np.where(mask, h, np.float32(0))
             trace("ffn_mask", mask)
         self.bytes += bytes_touched(self.rule, self._row_bytes[il], x.shape[0], n_act,

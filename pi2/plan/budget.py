@@ -1,10 +1,10 @@
 """budget.py — the first planner: how a pi2 file runs inside `--memory-budget SIZE`.
 
 Owns: parsing sizes (500M, 1.5G), the measured floor (the process's RSS with the runtime loaded + the
-fixed region the forward pass maps + KV cache + scratch + a margin + the fewest cold slots the neuron cache
-needs), and the split of the rest: the hot prefix of each layer (clusters taken in descending activation
-frequency, `blk.L.ffn_freq`, so hot is always a prefix) and the cold cluster slots; the cluster size, queue
-depth and I/O backend. Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py
+fixed region the forward pass maps, with the NPU's copies when it computes the hot prefix + KV cache +
+scratch + a margin + the fewest cold slots the neuron cache needs), and the split of the rest: the hot
+prefix of each layer (clusters taken in descending activation frequency, `blk.L.ffn_freq`, so hot is
+always a prefix) and the cold cluster slots; the cluster size, queue depth and I/O backend. Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py
 measures the device).
 """
 from __future__ import annotations
@@ -126,6 +126,7 @@ class Plan:
     queue_depth: int = QUEUE_DEPTH
     n_ff: int = 0
     ffn_bytes: int = 0      # every layer's bundle region
+    npu_bytes: int = 0      # the NPU's copies of the hot prefix (npu_plan.copy_bytes), part of `fixed`
     flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq)
     read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
     profile_note: str = ""
@@ -146,7 +147,8 @@ class Plan:
         hot = np.asarray(self.n_hot)
         return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
-                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, gate rows)",
+                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, gate rows"
+                + (f"; NPU copies {fmt(self.npu_bytes)})" if self.npu_bytes else ")"),
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
                 f"FFN bundles        {fmt(self.ffn_bytes)} on flash",
@@ -179,7 +181,7 @@ class Plan:
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("budget", "runtime", "fixed", "kv", "scratch", "margin", "cluster",
                                            "slot_bytes", "min_slots", "n_slots", "hot_bytes", "io", "queue_depth",
-                                           "ffn_bytes")}
+                                           "ffn_bytes", "npu_bytes")}
         d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
                  flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
         return d
@@ -202,9 +204,12 @@ def streamable(model) -> str:
 
 
 def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
-              cluster: int | None = None, runtime: int | None = None) -> Plan:
+              cluster: int | None = None, runtime: int | None = None, npu=None) -> Plan:
     """The split of `budget` for `model` (a loader.Model) loaded as `cmodel`; UsageError below the floor.
-    runtime: the process's own bytes (default: measured now, runtime_rss)."""
+    runtime: the process's own bytes (default: measured now, runtime_rss). npu: the NPU's decision
+    (npu_plan.NpuDecision) when it computes the hot prefix: its copies join the fixed region, the cache keeps
+    no hot prefix (the CPU reads those neurons only after an NPU failure) and they are not expected reads."""
+    npu = npu if npu is not None and npu.use else None
     from pi2.engine import stream_sizes
     why = streamable(model)
     if why:
@@ -216,10 +221,10 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
     p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime,
-             fixed=fixed_bytes(model, n_ctx), kv=kv, scratch=scratch, margin=MARGIN,
+             fixed=fixed_bytes(model, n_ctx) + (npu.bytes if npu else 0), kv=kv, scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
-             ffn_bytes=sum(s["layer_bytes"] for s in sizes))
+             ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0)
     if budget < p.floor:
         raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(p.floor)} for this model "
                          f"at a context of {n_ctx}", hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
@@ -233,6 +238,8 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         n_cl = (F + cluster - 1) // cluster
         pad = np.zeros(n_cl * cluster, np.float32)
         pad[:F] = np.clip(freq, 0.0, 1.0)
+        if npu:
+            pad[:npu.n_hot[il]] = 0.0              # the NPU's neurons: never read by the CPU
         per = pad.reshape(n_cl, cluster)
         need.append(1.0 - np.prod(1.0 - per.astype(np.float64), axis=1))   # P(a cluster has an active neuron)
         for c, s in enumerate(per.mean(axis=1)):
@@ -241,7 +248,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     hot_cl = [0] * L
     for _s, il, c in scores:
         cost = min(cluster, F - c * cluster) * sizes[il]["bundle_bytes"]
-        if c != hot_cl[il] or cost > left:         # keep prefixes; stop a layer at its first cluster not taken
+        if npu or c != hot_cl[il] or cost > left:  # keep prefixes; stop a layer at its first cluster not taken
             continue
         hot_cl[il] += 1
         left -= cost
@@ -250,7 +257,8 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     read = min(p.slot_bytes, cluster * sizes[0]["bundle_bytes"] + 4096)
     p.flash_bytes = int(sum(need[il][hot_cl[il]:].sum() for il in range(L)) * read)
     p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
-    n_cold = sum((F + cluster - 1) // cluster - h for h in hot_cl)
+    n_cold = sum((F + cluster - 1) // cluster - h - (npu.n_hot[il] // cluster if npu else 0)
+                 for il, h in enumerate(hot_cl))
     if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as
         p.n_slots = max(p.min_slots, min(p.n_slots + int(left // p.slot_bytes), n_cold))   # there are cold clusters
     return p

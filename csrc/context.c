@@ -5,6 +5,7 @@
  * Does not: compute (forward.c). */
 #include "context.h"
 #include "cache.h"
+#include "ffn_predict.h"
 #include "internal.h"
 #include "npu.h"
 #include "npu_ffn.h"
@@ -24,10 +25,12 @@ static size_t matmul_scratch(const pi2_model *m, int32_t n_tok, int32_t impl) {
         const pi2_layer *L = &m->layers[il];
         const pi2_mm qkv[3] = {{&L->q, NULL}, {&L->k, NULL}, {&L->v, NULL}};
         const pi2_mm gu[2] = {{&L->gate, NULL}, {&L->up, NULL}};
-        const size_t s[4] = {pi2_matmul_scratch(qkv, 3, n_tok, impl), pi2_matmul_scratch(gu, 2, n_tok, impl),
+        const size_t s[6] = {pi2_matmul_scratch(qkv, 3, n_tok, impl), pi2_matmul_scratch(gu, 2, n_tok, impl),
                              pi2_matmul_scratch(&(pi2_mm){&L->o, NULL}, 1, n_tok, impl),
-                             pi2_matmul_scratch(&(pi2_mm){&L->down, NULL}, 1, n_tok, impl)};
-        for (int i = 0; i < 4; i++) if (s[i] > need) need = s[i];
+                             pi2_matmul_scratch(&(pi2_mm){&L->down, NULL}, 1, n_tok, impl),
+                             L->fc1.data ? pi2_matmul_scratch(&(pi2_mm){&L->fc1, NULL}, 1, n_tok, impl) : 0,
+                             L->fc2.data ? pi2_matmul_scratch(&(pi2_mm){&L->fc2, NULL}, 1, n_tok, impl) : 0};
+        for (int i = 0; i < 6; i++) if (s[i] > need) need = s[i];
     }
     return need;
 }
@@ -93,6 +96,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     pi2_npu_free(c->mm.npu);
     pi2_npu_ffn_free(c->npu_ffn);
     pi2_cache_free(c->cache);
+    pi2_ffn_pred_free(c->ffn_pred);
     free(c->ffn_ready);
     free(c->ffn_task_group);
     pi2_pool_free(c->pool);
@@ -121,13 +125,15 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
     if (!c || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL context or FFN parameters");
     const pi2_ffn_params p = *params;
     const pi2_model_params *hp = &c->m->hp;
-    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_RELU)
+    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_PREDICTED)
         return pi2_set_error(PI2_ERR_INVALID, "unknown FFN rule %d", (int)p.rule);
     if (p.rule == PI2_FFN_TOPK && !(p.keep > 0.0f && p.keep <= 1.0f))
         return pi2_set_error(PI2_ERR_INVALID, "keep %g is not a fraction in (0, 1]", (double)p.keep);
     if (p.rule == PI2_FFN_THRESHOLD && !p.thresholds)
         return pi2_set_error(PI2_ERR_INVALID, "the threshold rule needs one threshold per layer");
     if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
+    pi2_status ps;
+    if (p.rule == PI2_FFN_PREDICTED && (ps = pi2_ffn_pred_set(c, &p))) return ps;
     const size_t B = (size_t)c->p.n_batch, F = (size_t)hp->n_ff, L = (size_t)hp->n_layer;
     if (!c->ffn_idx) {   /* sized once; the dense rule over FFN_DOWN_ROWS uses them too */
         size_t xq = 0;
@@ -160,7 +166,7 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
             return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the sparse FFN");
         }
     }
-    if (p.rule == PI2_FFN_THRESHOLD) memcpy(c->ffn_thresholds, p.thresholds, L * sizeof(float));
+    if (p.rule == PI2_FFN_THRESHOLD || p.rule == PI2_FFN_PREDICTED) memcpy(c->ffn_thresholds, p.thresholds, L * sizeof(float));
     c->ffn = p;
     c->ffn.thresholds = c->ffn_thresholds;
     c->ffn_tokens = 0;

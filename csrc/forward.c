@@ -7,6 +7,7 @@
  * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
  *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
 #include "context.h"
+#include "ffn_predict.h"
 #include "ffn_sparse.h"
 #include "internal.h"
 #include "ops.h"
@@ -147,6 +148,7 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
         norm_rows(c, n, c->xn, c->x, L->attn_norm, n, E);
         TRACE("attn_norm", il, c->xn, n * E);
+        if (c->ffn_pred) pi2_ffn_pred_note_input(c, n);   /* a predictor reading the layer's input */
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->q, c->q}, {&L->k, c->k}, {&L->v, c->v}}, 3);
         TRACE("Qcur", il, c->q, n * QD);
         TRACE("Kcur", il, c->k, n * KD);

@@ -1,11 +1,13 @@
 /* model.c — pi2_model_load / pi2_model_free: map a model file and check its tensor descriptors.
  * Does: validate hyper-parameters; mmap the file read-only; check every descriptor (role, layer,
  *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
- *       the file size) before making a view of it; require every tensor the architecture reads.
+ *       the file size) before making a view of it; require every tensor the architecture reads (the
+ *       pi2-made predictors are optional: a low-rank one needs fc1 and fc2 of matching rank).
  * Does not: parse GGUF (Python describes the tensors) or compute. */
 #define _GNU_SOURCE
 #include "model.h"
 #include "internal.h"
+#include "kernels/lowbit.h"
 #include "ops.h"
 
 #include <errno.h>
@@ -21,11 +23,12 @@ static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
     "token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k", "attn_v",
     "attn_output", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm",
     "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows",
-    "ffn_down_scale"};
+    "ffn_gate_pred", "fc1", "fc2", "ffn_down_scale"};
 
 static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
 
-/* The ggml shape (ne0, ne1) a role must have, and whether the architecture reads it at all. */
+/* The ggml shape (ne0, ne1) a role must have (0: any, the low-rank predictor's rank), and whether the
+ * architecture reads it at all. */
 static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64_t *ne1) {
     const int64_t E = p->n_embd, q = (int64_t)p->n_head * p->head_dim, k = (int64_t)p->n_head_kv * p->head_dim;
     const int64_t v = (int64_t)p->n_head_kv * p->head_dim_v, o = (int64_t)p->n_head * p->head_dim_v;
@@ -45,7 +48,9 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
     case PI2_TENSOR_POST_ATTN_NORM: case PI2_TENSOR_POST_FFW_NORM: *ne0 = E; return p->post_norms;
     case PI2_TENSOR_FFN_GATE: case PI2_TENSOR_FFN_UP: *ne0 = E; *ne1 = p->n_ff; return 1;
     case PI2_TENSOR_FFN_DOWN: *ne0 = p->n_ff; *ne1 = E; return 1;
-    case PI2_TENSOR_FFN_DOWN_ROWS: *ne0 = E; *ne1 = p->n_ff; return 1;
+    case PI2_TENSOR_FFN_DOWN_ROWS: case PI2_TENSOR_FFN_GATE_PRED: *ne0 = E; *ne1 = p->n_ff; return 1;
+    case PI2_TENSOR_FFN_PRED_FC1: *ne0 = E; *ne1 = 0; return 1;
+    case PI2_TENSOR_FFN_PRED_FC2: *ne0 = 0; *ne1 = p->n_ff; return 1;
     case PI2_TENSOR_FFN_DOWN_SCALE: *ne0 = p->n_ff; return 1;
     }
     return 0;
@@ -87,20 +92,34 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
     int64_t ne0, ne1;
     if (!expected(p, d->role, &ne0, &ne1))
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) is not read by this architecture", name, (int)d->layer);
-    if (d->ne[0] != ne0 || d->ne[1] != ne1 || d->ne[2] != 1 || d->ne[3] != 1)
+    if ((ne0 ? d->ne[0] != ne0 : d->ne[0] < 1 || d->ne[0] > p->n_ff) ||
+        (ne1 ? d->ne[1] != ne1 : d->ne[1] < 1 || d->ne[1] > p->n_ff) || d->ne[2] != 1 || d->ne[3] != 1)
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
                              name, (int)d->layer, (long long)d->ne[0], (long long)d->ne[1], (long long)d->ne[2],
                              (long long)d->ne[3], (long long)ne0, (long long)ne1);
-    const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
-    const int rows_only = d->role == PI2_TENSOR_FFN_DOWN_ROWS && d->type == PI2_T_I8;   /* summed, never dotted */
-    if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !(rows_only ? t->axpy_group != NULL : t->vec_dot != NULL)))
-        return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has ggml type %d, which pi2 cannot compute with",
-                             name, (int)d->layer, (int)d->type);
-    const pi2_type_traits *a = rows_only ? t : pi2_traits(t->vec_dot_type, PI2_IMPL_REF);
-    if (ne0 % t->block_size || ne0 % a->block_size)
-        return pi2_set_error(PI2_ERR_FORMAT, "tensor %s rows of %lld values are not whole %s blocks",
-                             name, (long long)ne0, ne0 % t->block_size ? t->name : a->name);
-    const uint64_t row = (uint64_t)(ne0 / t->block_size) * (uint64_t)t->type_size;
+    ne0 = d->ne[0];
+    ne1 = d->ne[1];
+    uint64_t row;
+    if (d->role == PI2_TENSOR_FFN_GATE_PRED) {   /* pi2's low-bit rows, times Q8_0 activations */
+        if (!pi2_lowbit_bits(d->type))
+            return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has type %d, not a low-bit gate copy",
+                                 name, (int)d->layer, (int)d->type);
+        if (ne0 % QK8_0)
+            return pi2_set_error(PI2_ERR_FORMAT, "tensor %s rows of %lld values are not whole blocks of %d",
+                                 name, (long long)ne0, QK8_0);
+        row = pi2_lowbit_row_bytes(pi2_lowbit_bits(d->type), ne0);
+    } else {
+        const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
+        const int rows_only = d->role == PI2_TENSOR_FFN_DOWN_ROWS && d->type == PI2_T_I8;   /* summed, never dotted */
+        if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !(rows_only ? t->axpy_group != NULL : t->vec_dot != NULL)))
+            return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has ggml type %d, which pi2 cannot compute with",
+                                 name, (int)d->layer, (int)d->type);
+        const pi2_type_traits *a = rows_only ? t : pi2_traits(t->vec_dot_type, PI2_IMPL_REF);
+        if (ne0 % t->block_size || ne0 % a->block_size)
+            return pi2_set_error(PI2_ERR_FORMAT, "tensor %s rows of %lld values are not whole %s blocks",
+                                 name, (long long)ne0, ne0 % t->block_size ? t->name : a->name);
+        row = (uint64_t)(ne0 / t->block_size) * (uint64_t)t->type_size;
+    }
     if (d->row_stride && (d->row_stride < row || d->row_stride % 4 || d->row_stride > m->map_size))
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has a row stride of %llu bytes for rows of %llu",
                              name, (int)d->layer, (unsigned long long)d->row_stride, (unsigned long long)row);
@@ -121,8 +140,9 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
 
 static pi2_weight weight_view(const pi2_model *m, const pi2_tensor_desc *d) {
     const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
-    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1],
-                        d->row_stride ? (size_t)d->row_stride : (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size};
+    const int32_t bits = pi2_lowbit_bits(d->type);
+    const size_t row = bits ? pi2_lowbit_row_bytes(bits, d->ne[0]) : (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size;
+    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1], d->row_stride ? (size_t)d->row_stride : row};
 }
 
 static void place(pi2_model *m, const pi2_tensor_desc *d) {
@@ -150,6 +170,9 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     case PI2_TENSOR_FFN_DOWN: L->down = weight_view(m, d); break;
     case PI2_TENSOR_POST_FFW_NORM: L->post_ffw_norm = f; break;
     case PI2_TENSOR_FFN_DOWN_ROWS: L->down_rows = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_GATE_PRED: L->gate_pred = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_PRED_FC1: L->fc1 = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_PRED_FC2: L->fc2 = weight_view(m, d); break;
     case PI2_TENSOR_FFN_DOWN_SCALE: L->down_scale = f; break;
     }
 }
@@ -201,8 +224,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         for (int32_t role = 0; role < PI2_TENSOR_COUNT; role++) {
             int64_t ne0, ne1;
             if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_FFN_DOWN_ROWS ||
-                role == PI2_TENSOR_FFN_DOWN_SCALE ||
-                !expected(params, role, &ne0, &ne1)) continue;
+                role >= PI2_TENSOR_FFN_GATE_PRED || !expected(params, role, &ne0, &ne1)) continue;
             const uint8_t *row = &seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT];
             if (role == PI2_TENSOR_FFN_DOWN && row[PI2_TENSOR_FFN_DOWN] && row[PI2_TENSOR_FFN_DOWN_ROWS]) {
                 s = pi2_set_error(PI2_ERR_FORMAT, "layer %d has both ffn_down and ffn_down_rows", (int)layer);
@@ -218,6 +240,11 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         if ((L->down_rows.data && L->down_rows.type == PI2_T_I8) != (L->down_scale != NULL)) {
             s = pi2_set_error(PI2_ERR_FORMAT, L->down_scale ? "layer %d has ffn_down_scale without int8 ffn_down_rows"
                                                             : "layer %d's int8 ffn_down_rows need ffn_down_scale", (int)il);
+            goto fail;
+        }
+        if (!L->fc1.data != !L->fc2.data || (L->fc1.data && L->fc1.n_out != L->fc2.n_in)) {
+            s = pi2_set_error(PI2_ERR_FORMAT, "layer %d: a low-rank predictor needs fc1 [r][n_embd] and fc2 [n_ff][r]",
+                              (int)il);
             goto fail;
         }
         L->swa = params->sliding_window > 0 && params->swa_period > 0 && il % params->swa_period != params->swa_period - 1;

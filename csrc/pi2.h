@@ -110,9 +110,16 @@ typedef enum {
     PI2_TENSOR_POST_FFW_NORM = 19, /* [n_embd] F32, when post_norms */
     PI2_TENSOR_FFN_DOWN_ROWS = 20, /* [n_ff][n_embd]: row i = neuron i's output (ffn_down transposed; pi2
                                       bundles, PowerInfer's ffn_down_t); a layer has this or FFN_DOWN */
-    PI2_TENSOR_FFN_DOWN_SCALE = 21,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
-    PI2_TENSOR_COUNT = 22
+    PI2_TENSOR_FFN_GATE_PRED = 21, /* [n_ff][n_embd] PI2_T_LOWBIT1/2: a pi2-made low-bit gate copy, optional */
+    PI2_TENSOR_FFN_PRED_FC1 = 22,  /* [r][n_embd] a pi2-made low-rank predictor's fc1, optional (with FC2) */
+    PI2_TENSOR_FFN_PRED_FC2 = 23,  /* [n_ff][r] its fc2 */
+    PI2_TENSOR_FFN_DOWN_SCALE = 24,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
+    PI2_TENSOR_COUNT = 25
 } pi2_tensor_role;
+
+/* Type ids (not ggml's) of FFN_GATE_PRED rows: per 32 values an f16 scale d, then 32 codes of 1 or 2 bits
+ * packed little-endian; weight = d·(2c − (2^bits − 1)) (pi2/convert/predictor.py). */
+enum { PI2_T_LOWBIT1 = 1001, PI2_T_LOWBIT2 = 1002 };
 
 typedef struct {
     int32_t role;       /* a pi2_tensor_role */
@@ -195,7 +202,8 @@ void pi2_abort(pi2_ctx *ctx);
  * unused, it costs one test per checkpoint.
  * A sparse FFN (pi2_ctx_set_ffn, or FFN_DOWN_ROWS) traces "ffn_gate", "ffn_out" and "l_out" only. */
 /* ---- the sparse FFN ----
- * Which FFN neurons a token computes. Gate rows are computed for every neuron; up rows only for the
+ * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED: see
+ * there); up rows only for the
  * active ones; h_i = act(gate_i)·up_i is 0 for the others. Down as FFN_DOWN: the dense product of h
  * (zeros included, so every rule with all neurons active is the dense FFN bit for bit). Down as
  * FFN_DOWN_ROWS: y = Σ h_i·row_i in groups of PI2_FFN_GROUP neurons: each element of a group's
@@ -209,14 +217,25 @@ typedef enum {
     PI2_FFN_DENSE = 0,      /* every neuron */
     PI2_FFN_THRESHOLD = 1,  /* |score_i| > thresholds[layer] */
     PI2_FFN_TOPK = 2,       /* the ceil(keep·n_ff) largest |score_i| of each token, ties to the lower index */
-    PI2_FFN_RELU = 3        /* gate_i > 0 */
+    PI2_FFN_RELU = 3,       /* gate_i > 0 */
+    PI2_FFN_PREDICTED = 4   /* a pi2-made predictor ĝ: P = {|act(ĝ_i)| > pred_cuts[layer]}; gate rows of P only
+                               (one token; a batch computes them all); active = P ∩ {|act(gate_i)| > thresholds[layer]} */
 } pi2_ffn_rule;
+
+typedef enum {
+    PI2_PRED_LOWBIT = 0,    /* ĝ = FFN_GATE_PRED · Q8_0(z), block sums in order (pi2/convert/predictor.py) */
+    PI2_PRED_LOWRANK = 1    /* ĝ = FC2 · (FC1 · z), each a matrix product like the model's own */
+} pi2_pred_kind;
 
 typedef struct {
     int32_t rule;             /* pi2_ffn_rule */
-    int32_t score_up;         /* 0: score = act(gate); 1: score = act(gate)·up (every up row computed) */
+    int32_t score_up;         /* 0: score = act(gate); 1: score = act(gate)·up (every up row computed; not
+                                 with PI2_FFN_PREDICTED) */
     float keep;               /* PI2_FFN_TOPK: fraction in (0, 1] */
-    const float *thresholds;  /* PI2_FFN_THRESHOLD: [n_layer], copied */
+    const float *thresholds;  /* PI2_FFN_THRESHOLD, PI2_FFN_PREDICTED: [n_layer], copied */
+    int32_t pred_kind;        /* PI2_FFN_PREDICTED: pi2_pred_kind; every layer needs its tensors */
+    int32_t pred_input;       /* PI2_FFN_PREDICTED: z = 0 ffn_norm(h), 1 attn_norm of the layer's input */
+    const float *pred_cuts;   /* PI2_FFN_PREDICTED: [n_layer] t_L − m_L, copied */
 } pi2_ffn_params;
 
 /* Set how the context computes FFN layers (the default is PI2_FFN_DENSE) and zero its statistics.
@@ -225,6 +244,9 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *ctx, const pi2_ffn_params *params);
 /* Tokens that went through the FFN since the last pi2_ctx_set_ffn, and the active neurons of each
  * layer summed over them (active: [n_layer], may be NULL). */
 int64_t pi2_ctx_ffn_stats(const pi2_ctx *ctx, int64_t *active);
+/* PI2_FFN_PREDICTED: the predicted neurons (|P|) of each layer summed over the same tokens ([n_layer]; zeros
+ * under other rules). */
+void pi2_ctx_ffn_predicted(const pi2_ctx *ctx, int64_t *predicted);
 
 typedef void (*pi2_trace_fn)(const char *name, int32_t layer, const float *data, int64_t n, void *user);
 void pi2_set_trace(pi2_ctx *ctx, pi2_trace_fn fn, void *user);

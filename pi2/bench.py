@@ -38,6 +38,7 @@ class BenchParams:
     progress: bool = False
     keep: float | None = None        # --keep (None = the file's default)
     dense: bool = False              # --dense
+    predictor: bool = True           # False: --no-predictor
     npu: str = "auto"                # --npu auto | nnapi | off
     nnapi_lib: str | None = None     # --nnapi-lib
     npu_gbps: float | None = None    # --npu-gbps (None = measured)
@@ -112,7 +113,7 @@ def _pair(s: str) -> tuple:
 
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
                 engine="auto", warmup=True, progress=False, keep=None, dense=False, npu="auto",
-                nnapi_lib=None, memory_budget=None, io="auto", npu_gbps=None) -> BenchParams:
+                nnapi_lib=None, memory_budget=None, io="auto", npu_gbps=None, predictor=True) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams."""
     from pi2.npu import check_gbps, check_mode
     from pi2.runtime import ENGINES
@@ -130,7 +131,7 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
                     n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
-                    warmup=warmup, progress=progress, keep=keep, dense=dense,
+                    warmup=warmup, progress=progress, keep=keep, dense=dense, predictor=predictor,
                     npu=check_mode(npu), nnapi_lib=nnapi_lib, memory_budget=memory_budget, io=io,
                     npu_gbps=check_gbps(npu_gbps))
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
@@ -240,8 +241,8 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
             groups.setdefault((t.engine, t.n_threads), []).append(t)
         for (engine, nt), group in groups.items():
             ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine, keep=p.keep, dense=p.dense,
-                                                npu=p.npu, nnapi_lib=p.nnapi_lib, memory_budget=p.memory_budget,
-                                                io=p.io, npu_gbps=p.npu_gbps))
+                                                predictor=p.predictor, npu=p.npu, nnapi_lib=p.nnapi_lib,
+                                                memory_budget=p.memory_budget, io=p.io, npu_gbps=p.npu_gbps))
             resolved = engine_name(ctx)
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))

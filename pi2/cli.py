@@ -184,7 +184,7 @@ def bench(
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the warm-up run"),
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
@@ -193,7 +193,7 @@ def bench(
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
                            output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
                            npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io),
-                           npu_gbps=npu_gbps)
+                           npu_gbps=npu_gbps, predictor=not no_predictor)
     b.run(params)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 try:
     from pi2._pi2 import ffi, lib
@@ -160,7 +160,9 @@ def model_params(cfg) -> dict:
 
 
 _FFN_DOWN_ROWS = 20
-_FFN_DOWN_SCALE = 21
+_FFN_DOWN_SCALE = 24
+_PRED_ROLES = {"ffn_gate_pred.weight": 21, "fc1.weight": 22, "fc2.weight": 23}   # pi2-made predictors
+_LOWBIT_TYPES = {1: 1001, 2: 1002}     # PI2_T_LOWBIT1/2: pi2.h's type ids of low-bit gate rows
 
 
 @dataclass(frozen=True)
@@ -187,9 +189,26 @@ def _bundle_views(model, il: int) -> dict:
     return out
 
 
+def _predictor_descs(model, il: int) -> list:
+    """A pi2 file's pi2-made predictor tensors of layer il that are present: the low-bit gate copy (stored as I8
+    rows, described with its PI2_T_LOWBIT type over n_embd values) or fc1/fc2."""
+    kv, tensors, out = model.file.kv, model.file.tensors, []
+    kind = kv.get("pi2.predictor.kind")
+    names = ("ffn_gate_pred.weight",) if kind == "lowbit" else ("fc1.weight", "fc2.weight") if kind == "lowrank" else ()
+    for name in names:
+        t = tensors.get(f"blk.{il}.{name}")
+        if t is None:
+            continue
+        if name == "ffn_gate_pred.weight":
+            bits = int(kv.get("pi2.predictor.bits", 0))
+            t = RowView(_LOWBIT_TYPES.get(bits, -1), (model.config.n_embd, t.ne[1]), t.offset, t.nbytes, 0)
+        out.append((_PRED_ROLES[name], il, t))
+    return out
+
+
 def tensor_descs(model) -> list:
     """(role, layer, TensorInfo or RowView) of every tensor the forward pass reads; a tied output reuses
-    token_embd; pi2 files describe their FFN rows inside the bundles."""
+    token_embd; pi2 files describe their FFN rows inside the bundles, and their pi2-made predictor."""
     cfg = model.config
     out = [(0, -1, model.tensor("token_embd.weight")), (1, -1, model.tensor("output_norm.weight")),
            (2, -1, model.tensor(model.output_name))]
@@ -206,6 +225,8 @@ def tensor_descs(model) -> list:
                 out.append((role, il, views[name]))
             elif flag is None or getattr(cfg, flag):
                 out.append((role, il, model.tensor(f"blk.{il}.{name}")))
+        if cfg.pi2:
+            out += _predictor_descs(model, il)
     return out
 
 
@@ -296,17 +317,25 @@ class CContext:
         self._trace_cb = ffi.callback("pi2_trace_fn", tramp)
         lib.pi2_set_trace(self._h, self._trace_cb, ffi.NULL)
 
-    _RULES = {"dense": 0, "threshold": 1, "topk": 2, "relu": 3}
+    _RULES = {"dense": 0, "threshold": 1, "topk": 2, "relu": 3, "predicted": 4}
+    _PRED_KINDS = {"lowbit": 0, "lowrank": 1}
+    _PRED_INPUTS = {"ffn_norm": 0, "attn_input": 1}
 
     def set_ffn(self, spec) -> None:
         """Compute FFN layers by `spec` (a sparse.FFNRule); zeroes the statistics."""
         if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act != "relu"):
             raise UnsupportedError(f"the C engine has no '{spec.rule}' FFN rule for this model yet")
-        thr = np.ascontiguousarray(spec.thresholds if spec.thresholds is not None else
-                                   np.zeros(self.cfg.n_layer), np.float32)
-        p = ffi.new("pi2_ffn_params *", {"rule": self._RULES[spec.rule], "score_up": int(spec.score == "act_up"),
-                                         "keep": spec.keep or 1.0})
+        predicted = spec.rule == "predicted"
+        zeros = np.zeros(self.cfg.n_layer)
+        thr = np.ascontiguousarray(spec.thresholds if spec.thresholds is not None else zeros, np.float32)
+        cuts = np.ascontiguousarray(spec.cuts if predicted else zeros, np.float32)
+        p = ffi.new("pi2_ffn_params *", {"rule": self._RULES[spec.rule],
+                                         "score_up": int(spec.score == "act_up" and not predicted),
+                                         "keep": spec.keep or 1.0,
+                                         "pred_kind": self._PRED_KINDS.get(spec.pred_kind, 0),
+                                         "pred_input": self._PRED_INPUTS.get(spec.pred_input, 0)})
         p.thresholds = ffi.from_buffer("float[]", thr)
+        p.pred_cuts = ffi.from_buffer("float[]", cuts)
         check(lib.pi2_ctx_set_ffn(self._h, p))
         self.ffn_spec = spec
 
@@ -315,6 +344,12 @@ class CContext:
         active = np.zeros(self.cfg.n_layer, np.int64)
         n = lib.pi2_ctx_ffn_stats(self._h, ffi.from_buffer("int64_t[]", active, require_writable=True))
         return int(n), active
+
+    def ffn_predicted(self) -> np.ndarray:
+        """Predicted neurons (|P|) per layer summed over the tokens since set_ffn (zeros but for rule predicted)."""
+        out = np.zeros(self.cfg.n_layer, np.int64)
+        lib.pi2_ctx_ffn_predicted(self._h, ffi.from_buffer("int64_t[]", out, require_writable=True))
+        return out
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
@@ -342,19 +377,28 @@ class CContext:
                 "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
 
     def _ffn_stats(self) -> dict:
-        from pi2.sparse import bytes_touched, layer_bytes
+        """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
+        from pi2.sparse import bytes_touched, layer_bytes, predictor_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
         if spec is None or model is None:
             return {}
         n, active = self.ffn_counts()
+        predicted = spec.rule == "predicted"
         if not n:
-            return {"ffn_keep": 1.0 if spec.rule == "dense" else 0.0, "ffn_bytes_per_token": 0}
+            out = {"ffn_keep": 1.0 if spec.rule == "dense" else 0.0, "ffn_bytes_per_token": 0}
+            return {**out, "ffn_predicted": 0.0} if predicted else out
         lbs = [layer_bytes(model, il) for il in range(self.cfg.n_layer)]
+        n_pred = self.ffn_predicted() if predicted else [None] * len(lbs)
+        if predicted:   # the predictor's own bytes, per token
+            lbs = [(predictor_bytes(model, il, spec.pred_kind),) + lb[1:] for il, lb in enumerate(lbs)]
         total = sum(lb[3] for lb in lbs) * n
-        return {"ffn_keep": round(int(active.sum()) / total, 6),
-                "ffn_bytes_per_token": int(round(sum(bytes_touched(spec.rule, lb, n, int(a))
-                                                     for lb, a in zip(lbs, active)) / n))}
+        out = {"ffn_keep": round(int(active.sum()) / total, 6),
+               "ffn_bytes_per_token": int(round(sum(bytes_touched(spec.rule, lb, n, int(a), None if p is None else int(p))
+                                                    for lb, a, p in zip(lbs, active, n_pred)) / n))}
+        if predicted:
+            out["ffn_predicted"] = round(int(np.sum(n_pred)) / total, 6)
+        return out
 
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True) -> None:

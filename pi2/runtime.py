@@ -51,9 +51,6 @@ def c_engine_gap(model: Model, cfg: RunConfig) -> str:
         return "files with ffn_down_t run on the reference engine"
     if c.arch not in ("llama", "qwen2", "gemma3"):
         return f"the C engine does not run {c.arch} models"
-    if c.pi2 and cfg.predictor and "pi2.predictor.kind" in model.file.kv and not cfg.dense and \
-            (cfg.keep is None or cfg.keep < 1.0):
-        return "pi2-made predictors run on the reference engine (--no-predictor runs the C engine)"
     return ""
 def resolve_ctx(model: Model, n_ctx: int) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
@@ -87,8 +84,9 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.engine == "c" or (cfg.engine == "auto" and not gap):
         from pi2.engine import CContext, CModel
         from pi2.sparse import choose_rule
+        rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
-        ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=False))
+        ctx.set_ffn(rule)
         npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps)
         return ctx
     if cfg.engine == "auto" and not _NOTED:
@@ -112,11 +110,12 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
         raise UsageError(why)
     backend, _ = flash_io.resolve(cfg.io, model.path)
     model.tokenizer      # built now, so that the runtime the plan measures includes it
+    rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)
     cm = CModel.from_model(model)
     threads = cfg.n_threads if cfg.n_threads > 0 else _default_threads()
     plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend)
     ctx = CContext(cm, n_ctx, threads)
-    ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=False))
+    ctx.set_ffn(rule)
     npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps, room=cfg.memory_budget - plan.floor)
     if ctx.npu_state == "nnapi":
         plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, runtime=plan.runtime,

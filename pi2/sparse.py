@@ -224,13 +224,19 @@ GROUP = 64   # neurons per partial sum of the down-row product (PI2_FFN_GROUP in
 class FFNRule:
     """Which neurons a token computes, for every engine: rule is one of RULES; keep the model-wide keep
     (None: dense or rule-given); threshold PowerInfer's predictor threshold; score `act` or `act_up`;
-    thresholds / layer_keep the calibrated per-layer t_L and keep-fractions (rule threshold)."""
+    thresholds / layer_keep the calibrated per-layer t_L and keep-fractions (rules threshold, predicted); rule
+    predicted: pred_kind / pred_input / pred_bits the pi2-made predictor (pi2/convert/predictor.py) and cuts the
+    per-layer t_L − m_L."""
     rule: str
     keep: float | None = None
     threshold: float = 0.0
     score: str = "act"
     thresholds: np.ndarray | None = None
     layer_keep: np.ndarray | None = None
+    pred_kind: str = ""
+    pred_input: str = ""
+    pred_bits: int = 0
+    cuts: np.ndarray | None = None
 
     def describe(self) -> str:
         return {"dense": "dense FFN", "predictor": f"predictor (score >= {self.threshold:g})",
@@ -289,9 +295,54 @@ def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred:
         r.thresholds = layer_thresholds(thr, grid, r.layer_keep)
         if use_predictor and "pi2.predictor.kind" in kv:   # a pi2-made predictor chooses the gate rows to read
             r.rule = "predicted"
+            _predicted_setup(model, r, thr, grid)
     else:
         r.rule = "topk"
     return r
+
+
+def _predicted_setup(model, r: FFNRule, thr: np.ndarray, grid: np.ndarray) -> None:
+    """r's pi2-made predictor (kind, input, bits) and every layer's cut t_L − m_L at its allocated keep, after
+    checking the file has the predictor's tensors in the shapes the kind needs."""
+    from pi2.convert import predictor as pr
+    kv, cfg, tensors = model.file.kv, model.config, model.file.tensors
+    r.pred_kind, r.pred_input = str(kv["pi2.predictor.kind"]), str(kv.get("pi2.predictor.input", ""))
+    if r.pred_kind not in pr.KINDS or r.pred_input not in pr.INPUTS:
+        raise ModelFormatError(f"{model.path}: pi2.predictor.kind/input '{r.pred_kind}'/'{r.pred_input}' "
+                               f"is not one of {'|'.join(pr.KINDS)} / {'|'.join(pr.INPUTS)}")
+    r.pred_bits = int(kv.get("pi2.predictor.bits", 0)) if r.pred_kind == "lowbit" else 0
+    cuts = []
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        need = [b + "ffn_pred_margin.weight"] + ([b + "ffn_gate_pred.weight"] if r.pred_kind == "lowbit"
+                                                  else [b + "fc1.weight", b + "fc2.weight"])
+        missing = [n for n in need if n not in tensors]
+        if missing:
+            raise ModelFormatError(f"{model.path}: the {r.pred_kind} predictor needs tensor {missing[0]}",
+                                   hint="convert the model again, or run with --no-predictor")
+        margin = model.raw(b + "ffn_pred_margin.weight").view(np.float32).reshape(-1)
+        if margin.size != len(grid) or not np.isfinite(margin).all():
+            raise ModelFormatError(f"{model.path}: {b}ffn_pred_margin needs {len(grid)} finite values "
+                                   f"(pi2.ffn.keep_grid)")
+        if r.pred_kind == "lowbit":
+            shape = tuple(tensors[b + "ffn_gate_pred.weight"].ne[::-1])
+            if r.pred_bits not in (1, 2) or shape != (cfg.n_ff, pr.lowbit_row_bytes(cfg.n_embd, r.pred_bits)):
+                raise ModelFormatError(f"{model.path}: {b}ffn_gate_pred must be {cfg.n_ff} rows of "
+                                       f"{pr.lowbit_row_bytes(cfg.n_embd, max(r.pred_bits, 1))} bytes with "
+                                       f"pi2.predictor.bits 1 or 2 (got {shape}, bits {r.pred_bits})")
+        else:
+            (i1, o1), (i2, o2) = (tensors[b + n].ne[:2] for n in ("fc1.weight", "fc2.weight"))
+            if i1 != cfg.n_embd or o2 != cfg.n_ff or i2 != o1:
+                raise ModelFormatError(f"{model.path}: {b}fc1/fc2 must map n_embd {cfg.n_embd} -> r -> n_ff "
+                                       f"{cfg.n_ff} (got {i1} -> {o1}, {i2} -> {o2})")
+        cuts.append(pr.cut_at(thr[il], margin, grid, r.layer_keep[il]))
+    r.cuts = np.array(cuts, np.float32)
+
+
+def predictor_bytes(model, il: int, kind: str) -> int:
+    """Bytes of layer il's pi2-made predictor of `kind` (lowbit: the gate copy; lowrank: fc1 and fc2)."""
+    names = ("ffn_gate_pred.weight",) if kind == "lowbit" else ("fc1.weight", "fc2.weight")
+    return sum(model.file.tensors[f"blk.{il}.{n}"].nbytes for n in names)
 
 
 def layer_bytes(model, il: int) -> tuple:
@@ -347,45 +398,17 @@ class SparseFFN:
         self.npu_hot = None
 
     def _setup_predicted(self, model, layers) -> None:
-        """The pi2-made predictor of every layer and its cut t_L − m_L at the layer's allocated keep."""
+        """The pi2-made predictor of every layer (choose_rule checked its tensors and made the cuts)."""
         from pi2.convert import predictor as pr
-        kv, cfg = model.file.kv, self.cfg
-        grid = np.asarray(kv["pi2.ffn.keep_grid"], np.float64)
-        thr = np.stack([model.raw(f"blk.{il}.ffn_thresh.weight").view(np.float32).reshape(-1)
-                        for il in range(cfg.n_layer)])
-        self.pred_kind, self.pred_input = str(kv["pi2.predictor.kind"]), str(kv.get("pi2.predictor.input", ""))
-        if self.pred_kind not in pr.KINDS or self.pred_input not in pr.INPUTS:
-            raise ModelFormatError(f"{model.path}: pi2.predictor.kind/input '{self.pred_kind}'/'{self.pred_input}' "
-                                   f"is not one of {'|'.join(pr.KINDS)} / {'|'.join(pr.INPUTS)}")
-        self._pred, self.cuts, self._attn_in = [], [], None
+        r, cfg = self.spec, self.cfg
+        self.pred_kind, self.pred_input = r.pred_kind, r.pred_input
+        self._pred, self.cuts, self._attn_in = [], list(r.cuts), None
         for il, L in enumerate(layers):
-            b = f"blk.{il}."
-            need = [b + "ffn_pred_margin.weight"] + ([b + "ffn_gate_pred.weight"] if self.pred_kind == "lowbit"
-                                                      else [b + "fc1.weight", b + "fc2.weight"])
-            missing = [n for n in need if n not in model.file.tensors]
-            if missing:
-                raise ModelFormatError(f"{model.path}: the {self.pred_kind} predictor needs tensor {missing[0]}",
-                                       hint="convert the model again, or run with --no-predictor")
-            margin = model.raw(b + "ffn_pred_margin.weight").view(np.float32).reshape(-1)
-            if margin.size != len(grid) or not np.isfinite(margin).all():
-                raise ModelFormatError(f"{model.path}: {b}ffn_pred_margin needs {len(grid)} finite values "
-                                       f"(pi2.ffn.keep_grid)")
             if self.pred_kind == "lowbit":
-                bits = int(kv.get("pi2.predictor.bits", 0))
-                raw = model.raw(b + "ffn_gate_pred.weight")
-                if bits not in (1, 2) or raw.shape != (cfg.n_ff, pr.lowbit_row_bytes(cfg.n_embd, bits)):
-                    raise ModelFormatError(f"{model.path}: {b}ffn_gate_pred must be {cfg.n_ff} rows of "
-                                           f"{pr.lowbit_row_bytes(cfg.n_embd, max(bits, 1))} bytes with "
-                                           f"pi2.predictor.bits 1 or 2 (got {raw.shape}, bits {bits})")
-                p = pr.LowbitGate(raw, bits, cfg.n_embd)
+                p = pr.LowbitGate(model.raw(f"blk.{il}.ffn_gate_pred.weight"), r.pred_bits, cfg.n_embd)
             else:
-                fc1, fc2 = L["fc1"], L["fc2"]
-                if fc1.n_in != cfg.n_embd or fc2.n_out != cfg.n_ff or fc2.n_in != fc1.n_out:
-                    raise ModelFormatError(f"{model.path}: {b}fc1/fc2 must map n_embd {cfg.n_embd} -> r -> n_ff "
-                                           f"{cfg.n_ff} (got {fc1.n_in} -> {fc1.n_out}, {fc2.n_in} -> {fc2.n_out})")
-                p = pr.LowrankGate(fc1, fc2)
+                p = pr.LowrankGate(L["fc1"], L["fc2"])
             self._pred.append(p)
-            self.cuts.append(pr.cut_at(thr[il], margin, grid, self.layer_keep[il]))
 
     def note_attn_input(self, il: int, z: np.ndarray) -> None:
         """attn_norm of the layer's input, kept for a predictor that reads it (pi2.predictor.input attn_input)."""

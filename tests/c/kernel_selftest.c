@@ -6,7 +6,9 @@
  *       batch tokens for pi2_matmul): vec_dot of every weight type in every table (ref, base SIMD,
  *       auto); the batch orders and the four-token / two-row kernels; pi2_matmul over a thread pool;
  *       dequantize and quantize_act bytes (a hash that must be the same on every CPU); RMSNorm, both
- *       RoPEs, SiLU/GELU/ReLU, attention with its softmax; the public API's argument checks.
+ *       RoPEs, SiLU/GELU/ReLU, attention with its softmax; the public API's argument checks; the low-bit
+ *       predictor rows (kernels/lowbit.c: every table bit-identical to the reference, which is checked
+ *       against double math at NMSE 1e-10).
  * Tolerances (NMSE = Σ(a−b)²/Σb²), stated per check below and in TOL_FAST:
  *   - every fast vec_dot equals x86_order_dot (a scalar emulation of the AVX2 kernels' float order)
  *     bit for bit, on x86-64 and on aarch64 alike (NEON follows x86's order); so does pi2_matmul
@@ -22,6 +24,7 @@
  * Prints "N passed, M failed"; exit status 1 on failure.
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
+#include "../../csrc/kernels/lowbit.h"
 #include "../../csrc/kernels/traits.h"
 #include "../../csrc/matmul.h"
 #include "../../csrc/ops.h"
@@ -34,6 +37,7 @@
 
 static const int SIZES[] = {1, 7, 31, 32, 33, 255, 256, 4096 + 32};
 static void test_axpy(int type, int size);
+static void test_lowbit(int bits, int size);
 static float *rand_floats(int64_t n, float scale);
 #define N_SIZES (int)(sizeof SIZES / sizeof SIZES[0])
 #define K_MAX_BLOCKS 256          /* 256-value block types: at most 256 blocks (65536 values) per row */
@@ -640,6 +644,49 @@ int main(void) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)   /* after the hashes: they fix the random stream */
         for (int s = 0; s < N_SIZES; s++) test_axpy(types[i], SIZES[s]);
     for (int s = 0; s < N_SIZES; s++) test_axpy_i8(SIZES[s]);
+    for (int bits = 1; bits <= 2; bits++)
+        for (int s = 0; s < N_SIZES; s++) test_lowbit(bits, SIZES[s]);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
+}
+
+/* A low-bit row of `size` blocks (random scales and codes; the last block with every code at its largest and
+ * x at ±127, the extreme integer sums) times Q8_0 x: every table equals the reference bit for bit, and the
+ * reference equals Σ d·(2c − L)·d_x·q in double within NMSE 1e-10. */
+static void test_lowbit(int bits, int size) {
+    const int64_t n = (int64_t)size * 32;
+    const int32_t L = (1 << bits) - 1, per = 2 + 4 * bits;
+    const size_t rb = pi2_lowbit_row_bytes(bits, n);
+    uint8_t *w = malloc(rb), *xq = malloc((size_t)size * sizeof(blk_q8_0));
+    float *x = rand_floats(n, 2.0f);
+    for (int64_t b = 0; b < size; b++) {
+        const pi2_fp16 d = pi2_f32_to_fp16(0.01f + 0.1f * (next_f() + 1.0f));
+        memcpy(w + b * per, &d, 2);
+        for (int k = 0; k < per - 2; k++) w[b * per + 2 + k] = b == size - 1 ? 0xFF : (uint8_t)next_u32();
+    }
+    for (int64_t j = n - 32; j < n; j++) x[j] = j % 2 ? 1.0f : -1.0f;
+    pi2_traits(PI2_T_Q8_0, PI2_K_IMPL_REF)->quantize_act(x, xq, n);
+    float want, got;
+    pi2_lowbit_dot(bits, PI2_K_IMPL_REF)(n, &want, w, xq);
+    const char *name = bits == 1 ? "LOWBIT1" : "LOWBIT2";
+    const int impls[] = {PI2_K_IMPL_BASE, PI2_K_IMPL_AUTO};
+    for (int i = 0; i < 2; i++) {
+        pi2_lowbit_dot(bits, impls[i])(n, &got, w, xq);
+        check(pi2_f32_to_bits(got) == pi2_f32_to_bits(want), "lowbit-vs-ref", name, i ? "auto" : "base", size, got - want);
+    }
+    double exact = 0.0;
+    const blk_q8_0 *xb = (const blk_q8_0 *)xq;
+    for (int64_t b = 0; b < size; b++) {
+        pi2_fp16 d;
+        memcpy(&d, w + b * per, 2);
+        for (int j = 0; j < 32; j++) {
+            const int c = (w[b * per + 2 + j * bits / 8] >> (j * bits % 8)) & L;
+            exact += (double)pi2_fp16_to_f32(d) * (2 * c - L) * pi2_fp16_to_f32(xb[b].d) * xb[b].qs[j];
+        }
+    }
+    const double err = (want - exact) * (want - exact) / (exact * exact + 1e-30);
+    check(err <= 1e-10, "lowbit-vs-double", name, "ref", size, err);
+    free(w);
+    free(xq);
+    free(x);
 }

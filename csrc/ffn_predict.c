@@ -1,0 +1,232 @@
+/* ffn_predict.c — the PI2_FFN_PREDICTED rule: a pi2-made predictor guesses each token's set P of neurons worth a
+ * gate row; only those gate rows are computed (one token), and active = P ∩ {|act(gate)| > t_L}.
+ * Does: the rule's parameters and buffers; the predictor's input (ffn_norm(h), or attn_norm of the layer's input
+ *       kept by forward.c); ĝ = the low-bit gate copy · Q8_0(z) (kernels/lowbit.c) or fc2·(fc1·z) (pi2_matmul);
+ *       P = {|act(ĝ_i)| > t_L − m_L}; the gate rows of P; the active set; |P| per layer for the statistics.
+ * Does not: up rows, h or down (ffn_sparse.c computes them for the active set as for every rule).
+ * Float order: pi2/sparse.py (rule `predicted`) and pi2/convert/predictor.py, bit for bit; every value is
+ *       computed by one task whichever thread runs it. */
+#include "ffn_predict.h"
+
+#include "context.h"
+#include "internal.h"
+#include "kernels/lowbit.h"
+#include "ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PRED_ROWS 64    /* low-bit rows per task */
+#define GATE_CHUNK 32   /* gate rows of P per task (one token) */
+
+struct pi2_ffn_pred {
+    int32_t kind, input;
+    pi2_lowbit_dot_fn lowbit;   /* PI2_PRED_LOWBIT: the kernel of the file's bits */
+    size_t zq_row;              /* bytes of one Q8_0 row of n_embd values */
+    size_t gq_row;              /* bytes of the largest gate activation row */
+    float *cuts;                /* [n_layer] t_L − m_L */
+    float *z;                   /* [B][n_embd] attn_norm of the layer's input (input 1) */
+    float *ghat;                /* [B][n_ff] ĝ, then act(ĝ) */
+    float *hid;                 /* [B][r_max] fc1·z */
+    uint8_t *zq;                /* [B][zq_row] z as Q8_0 (low-bit) */
+    uint8_t *gq;                /* [gq_row] one token's x in the gate's activation format */
+    int32_t *P;                 /* [B][n_ff] predicted neurons of each token, ascending */
+    int32_t *n_P;               /* [B] */
+    float *gc;                  /* [n_ff] one token's gate values of P, in P's order */
+    int64_t *predicted;         /* [n_layer] |P| summed over tokens since pi2_ctx_set_ffn */
+};
+
+typedef struct {
+    pi2_ctx *c;
+    const pi2_layer *L;
+    int32_t il, n_tok;
+} pred_job;
+
+void pi2_ffn_pred_free(struct pi2_ffn_pred *pred) {
+    if (!pred) return;
+    void *bufs[] = {pred->cuts, pred->z, pred->ghat, pred->hid, pred->zq, pred->gq, pred->P, pred->n_P, pred->gc,
+                    pred->predicted};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(pred);
+}
+
+static pi2_status alloc_pred(pi2_ctx *c, int64_t r_max, size_t gq_row) {
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t B = (size_t)c->p.n_batch, F = (size_t)hp->n_ff, E = (size_t)hp->n_embd, L = (size_t)hp->n_layer;
+    struct pi2_ffn_pred *p = calloc(1, sizeof *p);
+    if (!p) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the FFN predictor");
+    p->zq_row = E / QK8_0 * sizeof(blk_q8_0);
+    p->gq_row = gq_row;
+    p->cuts = calloc(L, sizeof(float));
+    p->z = calloc(B * E, sizeof(float));
+    p->ghat = calloc(B * F, sizeof(float));
+    p->hid = calloc(B * (size_t)(r_max ? r_max : 1), sizeof(float));
+    p->zq = calloc(B * p->zq_row, 1);
+    p->gq = calloc(gq_row, 1);
+    p->P = calloc(B * F, sizeof(int32_t));
+    p->n_P = calloc(B, sizeof(int32_t));
+    p->gc = calloc(F, sizeof(float));
+    p->predicted = calloc(L, sizeof(int64_t));
+    if (!p->cuts || !p->z || !p->ghat || !p->hid || !p->zq || !p->gq || !p->P || !p->n_P || !p->gc || !p->predicted) {
+        pi2_ffn_pred_free(p);
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the FFN predictor");
+    }
+    c->ffn_pred = p;
+    return PI2_OK;
+}
+
+pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p) {
+    const pi2_model *m = c->m;
+    if (p->pred_kind != PI2_PRED_LOWBIT && p->pred_kind != PI2_PRED_LOWRANK)
+        return pi2_set_error(PI2_ERR_INVALID, "unknown predictor kind %d", (int)p->pred_kind);
+    if (p->pred_input != 0 && p->pred_input != 1)
+        return pi2_set_error(PI2_ERR_INVALID, "unknown predictor input %d", (int)p->pred_input);
+    if (!p->pred_cuts || !p->thresholds)
+        return pi2_set_error(PI2_ERR_INVALID, "the predicted rule needs a cut and a threshold per layer");
+    if (p->score_up) return pi2_set_error(PI2_ERR_INVALID, "the predicted rule scores act(gate), not act(gate)·up");
+    int32_t bits = 0;
+    size_t gq_row = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const pi2_layer *L = &m->layers[il];
+        if (p->pred_kind == PI2_PRED_LOWBIT) {
+            const int32_t b = pi2_lowbit_bits(L->gate_pred.type);
+            if (!L->gate_pred.data || (bits && b != bits))
+                return pi2_set_error(PI2_ERR_INVALID, "layer %d has no low-bit predictor of the others' bits "
+                                     "(blk.%d.ffn_gate_pred)", (int)il, (int)il);
+            bits = b;
+        } else if (!L->fc1.data) {
+            return pi2_set_error(PI2_ERR_INVALID, "layer %d has no low-rank predictor (blk.%d.fc1/fc2)", (int)il, (int)il);
+        }
+        const pi2_type_traits *a = pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl);
+        const size_t rb = (size_t)(L->gate.n_in / a->block_size) * (size_t)a->type_size;
+        if (rb > gq_row) gq_row = rb;
+    }
+    if (!c->ffn_pred) {   /* once, for the largest rank the model has: one allocation serves both kinds */
+        int64_t r_all = 0;
+        for (int32_t il = 0; il < m->hp.n_layer; il++)
+            if (m->layers[il].fc1.n_out > r_all) r_all = m->layers[il].fc1.n_out;
+        pi2_status s = alloc_pred(c, r_all, gq_row);
+        if (s) return s;
+    }
+    struct pi2_ffn_pred *pred = c->ffn_pred;
+    pred->kind = p->pred_kind;
+    pred->input = p->pred_input;
+    pred->lowbit = p->pred_kind == PI2_PRED_LOWBIT ? pi2_lowbit_dot(bits, c->p.impl) : NULL;
+    memcpy(pred->cuts, p->pred_cuts, (size_t)m->hp.n_layer * sizeof(float));
+    memset(pred->predicted, 0, (size_t)m->hp.n_layer * sizeof(int64_t));
+    return PI2_OK;
+}
+
+void pi2_ffn_pred_note_input(pi2_ctx *c, int32_t n) {
+    if (c->ffn.rule == PI2_FFN_PREDICTED && c->ffn_pred->input == 1)
+        memcpy(c->ffn_pred->z, c->xn, (size_t)n * (size_t)c->m->hp.n_embd * sizeof(float));
+}
+
+void pi2_ctx_ffn_predicted(const pi2_ctx *c, int64_t *predicted) {
+    for (int32_t il = 0; il < c->m->hp.n_layer; il++)
+        predicted[il] = c->ffn_pred && c->ffn.rule == PI2_FFN_PREDICTED ? c->ffn_pred->predicted[il] : 0;
+}
+
+/* ---- ĝ ---- */
+
+static void lowbit_task(void *arg, int32_t task, int32_t thread) {   /* PRED_ROWS rows of every token */
+    (void)thread;
+    const pred_job *j = arg;
+    const struct pi2_ffn_pred *p = j->c->ffn_pred;
+    const pi2_weight *w = &j->L->gate_pred;
+    const int64_t F = w->n_out, r0 = (int64_t)task * PRED_ROWS, r1 = r0 + PRED_ROWS < F ? r0 + PRED_ROWS : F;
+    for (int32_t t = 0; t < j->n_tok; t++)
+        for (int64_t r = r0; r < r1; r++)
+            p->lowbit(w->n_in, &p->ghat[(size_t)t * F + r], w->data + (size_t)r * w->row_bytes, p->zq + (size_t)t * p->zq_row);
+}
+
+/* token t: act(ĝ) in place, then P */
+static void select_p_task(void *arg, int32_t t, int32_t thread) {
+    (void)thread;
+    const pred_job *j = arg;
+    const pi2_ctx *c = j->c;
+    struct pi2_ffn_pred *p = c->ffn_pred;
+    const int64_t F = c->m->hp.n_ff;
+    float *a = p->ghat + (size_t)t * F;
+    int32_t *P = p->P + (size_t)t * F, n = 0;
+    pi2_ffn_act_values(a, a, F, c->m->hp.ffn_act, c->m->gelu_table);
+    const float cut = p->cuts[j->il];
+    for (int64_t i = 0; i < F; i++) if (fabsf(a[i]) > cut) P[n++] = (int32_t)i;
+    p->n_P[t] = n;
+}
+
+/* ---- one token: the gate rows of P, in P's order into gc ---- */
+
+static void gate_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const pred_job *j = arg;
+    const pi2_ctx *c = j->c;
+    const struct pi2_ffn_pred *p = c->ffn_pred;
+    const pi2_weight *w = &j->L->gate;
+    const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
+    const pi2_vec_dot_rows4_fn rows4 = pi2_kernels_dot_rows4(w->type, c->p.impl);   /* vec_dot's order */
+    const int32_t *P = p->P, n = p->n_P[0], k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
+    for (int32_t k = task * GATE_CHUNK; k < k1;) {
+        const uint8_t *row = w->data + (size_t)P[k] * w->row_bytes;
+        if (rows4 && k + 4 <= k1 && P[k + 3] == P[k] + 3) {
+            rows4(w->n_in, &p->gc[k], row, w->row_bytes, p->gq);
+            k += 4;
+        } else {
+            tr->vec_dot(w->n_in, &p->gc[k], row, p->gq);
+            k++;
+        }
+    }
+}
+
+static void one_token(pi2_ctx *c, const pred_job *j) {
+    struct pi2_ffn_pred *p = c->ffn_pred;
+    const pi2_layer *L = j->L;
+    const int64_t F = c->m->hp.n_ff;
+    const int32_t n = p->n_P[0];
+    pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl)->quantize_act(c->xn, p->gq, L->gate.n_in);
+    pi2_pool_run(c->pool, gate_task, (void *)j, (n + GATE_CHUNK - 1) / GATE_CHUNK);
+    float *a = p->ghat;   /* act(gc), in P's order (ĝ is not needed any more) */
+    pi2_ffn_act_values(a, p->gc, n, c->m->hp.ffn_act, c->m->gelu_table);
+    const float thr = c->ffn.thresholds[j->il];
+    int32_t *idx = c->ffn_idx, n_act = 0;
+    for (int32_t k = 0; k < n; k++)
+        if (fabsf(a[k]) > thr) {
+            idx[n_act++] = p->P[k];
+            c->ffn_score[p->P[k]] = a[k];
+        }
+    c->ffn_n_active[0] = n_act;
+    if (c->trace) {   /* the gate values computed, zeros elsewhere */
+        memset(c->gate, 0, (size_t)F * sizeof *c->gate);
+        for (int32_t k = 0; k < n; k++) c->gate[p->P[k]] = p->gc[k];
+    }
+}
+
+int pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+    struct pi2_ffn_pred *p = c->ffn_pred;
+    const int64_t E = c->m->hp.n_embd, F = c->m->hp.n_ff;
+    const float *z = p->input == 1 ? p->z : c->xn;
+    pred_job j = {.c = c, .L = L, .il = il, .n_tok = n};
+    if (p->kind == PI2_PRED_LOWBIT) {
+        const pi2_type_traits *q8 = pi2_traits(PI2_T_Q8_0, c->p.impl);
+        for (int32_t t = 0; t < n; t++) q8->quantize_act(z + (size_t)t * E, p->zq + (size_t)t * p->zq_row, E);
+        pi2_pool_run(c->pool, lowbit_task, &j, (int32_t)((F + PRED_ROWS - 1) / PRED_ROWS));
+    } else {
+        pi2_matmul(&c->mm, z, n, &(pi2_mm){&L->fc1, p->hid}, 1);
+        pi2_matmul(&c->mm, p->hid, n, &(pi2_mm){&L->fc2, p->ghat}, 1);
+    }
+    pi2_pool_run(c->pool, select_p_task, &j, n);
+    for (int32_t t = 0; t < n; t++) p->predicted[il] += p->n_P[t];
+    if (n > 1) return 0;
+    one_token(c, &j);
+    return 1;
+}
+
+int32_t pi2_ffn_pred_select(const pi2_ctx *c, int32_t il, int32_t t, const float *s, int32_t *idx) {
+    const struct pi2_ffn_pred *p = c->ffn_pred;
+    const int32_t *P = p->P + (size_t)t * c->m->hp.n_ff, n = p->n_P[t];
+    const float thr = c->ffn.thresholds[il];
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) if (fabsf(s[P[i]]) > thr) idx[k++] = P[i];
+    return k;
+}

@@ -1,0 +1,28 @@
+/* ffn_predict.h — the PI2_FFN_PREDICTED rule of the sparse FFN (ffn_predict.c), called by context.c,
+ * forward.c and ffn_sparse.c. */
+#ifndef PI2_FFN_PREDICT_H
+#define PI2_FFN_PREDICT_H
+#include <stdint.h>
+
+#include "model.h"
+#include "pi2.h"
+
+struct pi2_ffn_pred;
+
+/* Check p (rule PI2_FFN_PREDICTED) against the model, size the context's predictor buffers (once) and copy the
+ * cuts. PI2_ERR_INVALID: a bad kind, input or NULL cuts, a layer without the kind's tensors; PI2_ERR_NOMEM. */
+pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p);
+void pi2_ffn_pred_free(struct pi2_ffn_pred *pred);
+
+/* forward.c, after attn_norm: keep c->xn [n][n_embd] when the predictor reads the layer's input. */
+void pi2_ffn_pred_note_input(pi2_ctx *c, int32_t n);
+
+/* P of each of the n tokens of layer il from its predictor; for one token also the gate rows of P only and the
+ * active set: c->ffn_idx / ffn_n_active[0] / ffn_score[active] as select_task leaves them (returns 1); for a
+ * batch 0: the caller computes every gate row and calls pi2_ffn_pred_select per token. */
+int pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+
+/* Token t of a batch: its active neurons P ∩ {|s_i| > t_L} (s = act(gate)) into idx, ascending; their count. */
+int32_t pi2_ffn_pred_select(const pi2_ctx *c, int32_t il, int32_t t, const float *s, int32_t *idx);
+
+#endif

@@ -34,7 +34,9 @@ NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
 NpuGbpsOpt = typer.Option(None, "--npu-gbps", envvar="PI2_NPU_GBPS",
                           help="the NPU's throughput in GB/s of F16 weights for the hot-prefix decision "
                                "(default: measured on the NNAPI device)", show_default=False)
-NoPredOpt = typer.Option(False, "--no-predictor", help="ignore a pi2 file's own predictor (read every gate row)")
+PredOpt = typer.Option(False, "--predictor/--no-predictor",
+                         help="use a pi2 file's own predictor (gate rows of predicted neurons only); off by default: "
+                              "with the gate rows in memory it reads and costs more than the gate it skips")
 
 
 def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
@@ -98,7 +100,7 @@ def run(
     conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
     verbose: bool = typer.Option(False, "--verbose", help="show tracebacks, why NNAPI was not used, and the "
@@ -116,7 +118,7 @@ def run(
         sampling=SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                                repeat_last_n=repeat_last_n, seed=seed),
         json_out=json_out, engine=engine, keep=keep, dense=dense, npu=npu, nnapi_lib=nnapi_lib, verbose=verbose,
-        predictor=not no_predictor, memory_budget=_budget(memory_budget), io=parse_io(io),
+        predictor=use_predictor, memory_budget=_budget(memory_budget), io=parse_io(io),
         npu_gbps=_gbps(npu_gbps))
     if conversation:
         commands.chat(opts)
@@ -160,13 +162,13 @@ def perplexity(
     chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="auto | reference"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     from pi2 import commands
     commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine,
-                        keep, dense, not no_predictor, memory_budget=_budget(memory_budget), io=parse_io(io))
+                        keep, dense, use_predictor, memory_budget=_budget(memory_budget), io=parse_io(io))
 
 
 @app.command()
@@ -184,7 +186,7 @@ def bench(
     engine: str = typer.Option("auto", "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
     no_warmup: bool = typer.Option(False, "--no-warmup", help="skip the warm-up run"),
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
-    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, no_predictor: bool = NoPredOpt,
+    keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
@@ -193,7 +195,7 @@ def bench(
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
                            output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
                            npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io),
-                           npu_gbps=npu_gbps, predictor=not no_predictor)
+                           npu_gbps=npu_gbps, predictor=use_predictor)
     b.run(params)
 
 

@@ -119,8 +119,8 @@ def test_c_checks_predictor_descriptors(files):
 
 def test_cli_runs_predictor_files_in_c(files):
     path = files["lowbit1"]
-    ref = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "--engine", "reference")
-    auto = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json")
+    ref = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "--engine", "reference", "--predictor")
+    auto = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "--predictor")
     assert ref.code == auto.code == 0, auto.err
     assert "reference" not in auto.err, auto.err
     assert json.loads(ref.out)["tokens"] == json.loads(auto.out)["tokens"]
@@ -128,15 +128,17 @@ def test_cli_runs_predictor_files_in_c(files):
     assert nop.code == 0, nop.err
     recs = {}
     for eng in ("c", "reference"):
-        res = cli("bench", path, "-p", "0", "-n", "4", "-r", "1", "--engine", eng, "-o", "json", timeout=120)
+        res = cli("bench", path, "-p", "0", "-n", "4", "-r", "1", "--engine", eng, "-o", "json", "--predictor",
+                  timeout=120)
         assert res.code == 0, res.err
         recs[eng] = json.loads(res.out)[0]
     assert recs["c"]["pi2_engine"] == "c"
     for k in ("pi2_ffn_bytes_per_token", "pi2_ffn_keep", "pi2_ffn_predicted"):
         assert recs["c"][k] == recs["reference"][k], k
-    nop = cli("bench", path, "-p", "0", "-n", "4", "-r", "1", "--no-predictor", "-o", "json", timeout=120)
-    assert nop.code == 0, nop.err
-    assert "pi2_ffn_predicted" not in json.loads(nop.out)[0]
+    for flag in ("--no-predictor", None):       # off by default
+        nop = cli("bench", path, "-p", "0", "-n", "4", "-r", "1", "-o", "json", *([flag] if flag else []), timeout=120)
+        assert nop.code == 0, nop.err
+        assert "pi2_ffn_predicted" not in json.loads(nop.out)[0]
 
 
 @pytest.mark.model

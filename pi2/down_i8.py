@@ -5,11 +5,13 @@ A layer's rows are int8 q (n_ff, n_embd), |q| <= 127, with one float32 scale r p
 blk.L.ffn_down_scale); row i's values are r_i·q_i. The FFN output over a group's active neurons (the
 groups of csrc/pi2.h, GROUP neurons each) is computed in integers:
     p_i = h_i·r_i (float32);  m = max |p_i|;  groups with m outside [1e-30, FLT_MAX] add nothing;
-    iS = 127/m, S = m/127 (float32);  z_i = round-half-even(p_i·iS)  (|z_i| <= 127);
-    acc_j = Σ_i z_i·q_ij (exact);  part_j = S·(float)acc_j (one float32 product)
+    iS = 32767/m, S = m/32767 (float32);  z_i = round-half-even(p_i·iS)  (|z_i| <= 32767);
+    acc_j = Σ_i z_i·q_ij (exact, |acc_j| < 2^31);  part_j = S·(float32)acc_j (rounded to nearest even,
+    then one float32 product)
 and y = the groups' parts added from +0 in ascending group order, as for the float row types. The only
-approximation is z, an 8-bit quantization of the group's p (llama.cpp quantizes the down input to 8 bits
-per 32 or 256 values the same way); it lets the kernels sum 4 rows per int8 dot-product instruction.
+approximation is z, a 16-bit quantization of the group's p (about 1e-5 relative, far below the int8 rows'
+own error); the kernels sum two rows per int16 multiply-add instruction (madd, vpdpwssd) or widen rows to
+int16 (NEON smlal).
 """
 from __future__ import annotations
 
@@ -36,11 +38,11 @@ class I8Rows:
 def group_part(p: np.ndarray, q: np.ndarray) -> np.ndarray | None:
     """One group's part (n_in,) from its float32 p (k,) and int8 rows q (k, n_in); None when m = 0."""
     m = np.float32(np.abs(p).max()) if p.size else np.float32(0)
-    if not (np.float32(1e-30) <= m <= np.finfo(np.float32).max):     # zero, tiny (127/m overflows) or not finite
+    if not (np.float32(1e-30) <= m <= np.finfo(np.float32).max):     # zero, tiny (32767/m overflows) or not finite
         return None
-    inv, s = np.float32(127) / m, m / np.float32(127)
-    z = np.rint(p * inv).astype(np.int64)
-    acc = z @ q.astype(np.int64)
+    inv, s = np.float32(32767) / m, m / np.float32(32767)
+    z = np.rint(p.astype(np.float32) * inv).astype(np.int64)
+    acc = z @ q.astype(np.int64)                                       # exact; |acc| <= 64·32767·127 < 2^31
     return s * acc.astype(np.float32)
 
 

@@ -30,9 +30,9 @@ def scalar_part(p, q):
         m = max(m, np.float32(abs(v)))
     if not (np.float32(1e-30) <= m <= np.finfo(np.float32).max):
         return None
-    inv, s = np.float32(127) / m, m / np.float32(127)
+    inv, s = np.float32(32767) / m, m / np.float32(32767)
     z = [int(np.rint(np.float32(v) * inv)) for v in p]
-    assert all(abs(v) <= 127 for v in z)
+    assert all(abs(v) <= 32767 for v in z)
     return np.array([s * np.float32(sum(z[i] * int(q[i, j]) for i in range(len(z)))) for j in range(q.shape[1])],
                     np.float32)
 
@@ -50,7 +50,7 @@ def test_group_part_is_its_definition():
 
 
 def test_i8_sum_close_to_float_sum():
-    """The 8-bit z costs little against the exact float sum of the same int8 rows, groups as in the engine."""
+    """The 16-bit z costs almost nothing against the exact float sum of the same int8 rows, groups as in the engine."""
     rng = np.random.default_rng(2)
     n_ff, e = 300, 96
     x = rng.normal(size=(n_ff, e)).astype(np.float32)
@@ -62,7 +62,7 @@ def test_i8_sum_close_to_float_sum():
     got = axpy_rows_i8(h, rows, sparse.GROUP)
     exact = h.astype(np.float64) @ rows.values().astype(np.float64)
     rel = np.linalg.norm(got - exact) / np.linalg.norm(exact)
-    assert 0 < rel < 0.01
+    assert 0 < rel < 1e-4
 
 
 def both(path, keep=None, threads=(1, 3)):

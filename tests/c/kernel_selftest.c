@@ -400,13 +400,13 @@ static void test_axpy(int type, int size) {
 
 /* ---------------- I8 rows: the integer grouped row sum (axpy_i8.c) against a direct model ---------------- */
 
-/* The scheme written out: m = max|p_i|, z_i = nearbyint(p_i·(127/m)), y[j] = y[j] + (m/127)·(float)Σ z_i·q_i[j]. */
+/* The scheme written out: m = max|p_i|, z_i = nearbyint(p_i·(32767/m)), y[j] = y[j] + (m/32767)·(float)Σ z_i·q_i[j]. */
 static void axpy_i8_model(int64_t n, float *y, const int8_t *rows, size_t rb, const int32_t *idx, const float *p,
                           int32_t k) {
     float m = 0.0f;
     for (int32_t i = 0; i < k; i++) m = fabsf(p[i]) > m ? fabsf(p[i]) : m;
     if (k == 0 || !(m >= 1e-30f && m <= FLT_MAX)) return;
-    const float iS = 127.0f / m, S = m / 127.0f;
+    const float iS = 32767.0f / m, S = m / 32767.0f;
     for (int64_t j = 0; j < n; j++) {
         int32_t acc = 0;
         for (int32_t i = 0; i < k; i++) acc += (int32_t)nearbyintf(p[i] * iS) * rows[(size_t)idx[i] * rb + (size_t)j];
@@ -416,15 +416,22 @@ static void axpy_i8_model(int64_t n, float *y, const int8_t *rows, size_t rb, co
 
 /* Every table's I8 axpy_group equals the model bit for bit: k in {1, 3, 7, 64} (and 0), n values starting
  * at column 37 of rows with 5 bytes of padding (odd offsets: unaligned loads), p with negatives and a 0,
- * rows holding ±127; half-way ties (p = 127 · …, so p·127/m is exact); all p = 0 and k = 0 leave y as it
- * was. Also: the scheme is within quantization error of Σ p_i·q_i[j] (NMSE ≤ 1e-3), and to_float. */
+ * rows holding ±127; half-way ties (m = 32767, so p·32767/m = p exactly); all p = 0 and k = 0 leave y as it
+ * was; 64 rows of only ±127 (the first column all +127, the second all -127) with p all equal and with
+ * random p, so |Σ z·q| reaches 64·32767·127 and the int32 → float rounding of sums above 2^24 is exercised.
+ * Also: the scheme is within quantization error of Σ p_i·q_i[j] (NMSE ≤ 1e-8), and to_float. */
 static void test_axpy_i8(int size) {
     const pi2_type_traits *ref = pi2_traits(PI2_T_I8, PI2_K_IMPL_REF);
     const int64_t n = size, off = 37;
-    const int32_t n_rows = 80, ks[] = {1, 3, 7, 64, 7, 7, 0};
+    const int32_t n_rows = 80, n_pm = 64, ks[] = {1, 3, 7, 64, 7, 7, 0, 64, 64};
     const size_t rb = (size_t)(off + n + 5);
-    int8_t *w = malloc(rb * n_rows);
+    int8_t *w = malloc(rb * (size_t)(n_rows + n_pm));
     for (size_t i = 0; i < rb * n_rows; i++) w[i] = (int8_t)((int32_t)(next_u32() % 255) - 127);
+    for (size_t i = rb * n_rows; i < rb * (size_t)(n_rows + n_pm); i++) w[i] = next_u32() % 2 ? 127 : -127;
+    for (int32_t r = n_rows; r < n_rows + n_pm; r++) {
+        w[(size_t)r * rb + (size_t)off] = 127;
+        if (n > 1) w[(size_t)r * rb + (size_t)off + 1] = -127;
+    }
     w[off] = 127, w[rb + off] = -127;
     float *y0 = rand_floats(n, 1.0f), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
     double *dsum = malloc(sizeof(double) * n);
@@ -433,12 +440,12 @@ static void test_axpy_i8(int size) {
     for (int c = 0; c < (int)(sizeof ks / sizeof ks[0]); c++) {
         const int32_t k = ks[c];
         for (int32_t i = 0; i < k; i++) {
-            idx[i] = c == 0 ? 1 : (int32_t)(i * n_rows / k + (int32_t)(next_u32() % (uint32_t)(n_rows / k)));
-            p[i] = next_f() * (c == 2 ? 1e-3f : 3.0f);
+            idx[i] = c == 0 ? 1 : c >= 7 ? n_rows + i : (int32_t)(i * n_rows / k + (int32_t)(next_u32() % (uint32_t)(n_rows / k)));
+            p[i] = c == 7 ? 0.75f : next_f() * (c == 2 ? 1e-3f : 3.0f);
         }
-        if (k >= 3) p[1] = 0.0f;
-        if (c == 4) {   /* ties: m = 127, so z = nearbyint(p) exactly, halves to even */
-            static const float tie[7] = {-127.0f, 2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 126.5f};
+        if (k >= 3 && c < 7) p[1] = 0.0f;
+        if (c == 4) {   /* ties: m = 32767, so z = nearbyint(p) exactly, halves to even */
+            static const float tie[7] = {-32767.0f, 2.5f, -3.5f, 0.5f, -0.5f, 1.5f, 32766.5f};
             memcpy(p, tie, sizeof tie);
         }
         if (c == 5) for (int32_t i = 0; i < k; i++) p[i] = 0.0f;   /* y unchanged */
@@ -448,10 +455,10 @@ static void test_axpy_i8(int size) {
             memcpy(got, y0, sizeof(float) * n);
             pi2_traits(PI2_T_I8, impl)->axpy_group(n, got, w + off, rb, idx, p, k);
             check(same_bits(got, want, n), "axpy_group-i8", "I8", impl == 0 ? "auto" : impl == 1 ? "ref" : "base",
-                  size * 100 + k, nmse(got, want, n));
+                  size * 100 + c, nmse(got, want, n));
         }
         if (c == 5 || c == 6) {
-            check(same_bits(want, y0, n), "axpy_group-i8-unchanged", "I8", "model", size * 100 + k, 0);
+            check(same_bits(want, y0, n), "axpy_group-i8-unchanged", "I8", "model", size * 100 + c, 0);
             continue;
         }
         double num = 0, den = 0;
@@ -461,7 +468,7 @@ static void test_axpy_i8(int size) {
             num += (want[j] - y0[j] - dsum[j]) * (want[j] - y0[j] - dsum[j]);
             den += dsum[j] * dsum[j];
         }
-        check(num <= 1e-3 * den, "axpy_group-i8-vs-float", "I8", "model", size * 100 + k, den > 0 ? num / den : num);
+        check(num <= 1e-8 * den, "axpy_group-i8-vs-float", "I8", "model", size * 100 + c, den > 0 ? num / den : num);
     }
     ref->to_float(w + off, got, n);
     int ok = 1;

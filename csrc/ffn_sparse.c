@@ -198,15 +198,16 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     const int32_t *idx = c->ffn_idx + k0;
     const float *s = c->ffn_score;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
-    for (int32_t i = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
-        if (i + PREFETCH < k) {            /* scattered rows defeat the hardware prefetcher: ask ahead */
-            const uint8_t *u = up->data + (size_t)idx[i + PREFETCH] * up->row_bytes;
-            const uint8_t *d = down->data + (size_t)idx[i + PREFETCH] * down->row_bytes;
-            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);
+    for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
+        const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3;
+        for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
+            const uint8_t *u = up->data + (size_t)idx[pf] * up->row_bytes;   /* scattered rows defeat the */
+            const uint8_t *d = down->data + (size_t)idx[pf] * down->row_bytes; /* hardware prefetcher: ask */
+            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);      /* PREFETCH ahead */
             for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(d + o);
         }
         const uint8_t *row = up->data + (size_t)idx[i] * up->row_bytes;
-        if (j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3) {   /* four neighbours: the four-row kernel */
+        if (four) {   /* four neighbours: the four-row kernel */
             float u4[4];
             j->up_rows4(up->n_in, u4, row, up->row_bytes, c->ffn_xq);
             for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * u4[r];
@@ -237,15 +238,16 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
     const float *s = c->ffn_score;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     int32_t off[PI2_FFN_GROUP];
-    for (int32_t i = 0; i < k;) {
+    for (int32_t i = 0, pf = 0; i < k;) {
         const int64_t d = pi2_cache_delta(c->cache, idx[i] / C) + (int64_t)idx[i] * bb;
-        if (i + PREFETCH < k) {            /* as group_task: ask for the rows a few neurons ahead */
-            const int32_t a = idx[i + PREFETCH];
+        const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / C == idx[i + 3] / C;
+        for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
+            const int32_t a = idx[pf];     /* as group_task: every row PREFETCH neurons ahead */
             const uint8_t *r = arena + pi2_cache_delta(c->cache, a / C) + (int64_t)a * bb;
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(r + up0 + o);
             for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(r + down0 + o);
         }
-        if (j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / C == idx[i + 3] / C) {
+        if (four) {
             float u4[4];   /* four neighbours in one cluster: consecutive records of its slot */
             j->up_rows4(up->n_in, u4, arena + d + up0, (size_t)bb, c->ffn_xq);
             for (int r = 0; r < 4; r++, i++) {

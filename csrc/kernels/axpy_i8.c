@@ -119,6 +119,7 @@ AVX2 static void axpy_i8_avx2(int64_t n, float *y, const void *rows, size_t rb, 
 /* ---- AVX-512 VNNI: 64 columns per step (vpdpwssd), the tail by masked loads and stores; a permutation
  * of 128-bit lanes (vpermt2q) interleaves the lo and hi sums into column order ---- */
 #define VNNI __attribute__((target("avx2,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define PREFETCH_AHEAD 256   /* bytes: four steps */
 
 VNNI static inline __attribute__((always_inline)) void vnni_step(const i8_group *g, int64_t j0, int64_t w, float *y,
                                                                  int full) {
@@ -127,6 +128,10 @@ VNNI static inline __attribute__((always_inline)) void vnni_step(const i8_group 
     for (int m = 0; m < 4; m++) acc[m] = _mm512_setzero_si512();
     for (int32_t i = 0; i < g->kp; i += 2) {
         const __m512i zz = _mm512_set1_epi32(g->zp[i / 2]);
+        if (full) {   /* the rows are read 64 bytes a step: ask for them a few steps ahead */
+            _mm_prefetch((const char *)(g->r[i] + j0 + PREFETCH_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(g->r[i + 1] + j0 + PREFETCH_AHEAD), _MM_HINT_T0);
+        }
         for (int h = 0; h < 2; h++) {
             const int8_t *ra = g->r[i] + j0 + 32 * h, *rb = g->r[i + 1] + j0 + 32 * h;
             const __mmask32 mk = (__mmask32)(mask >> (32 * h));

@@ -157,7 +157,8 @@ static void combine_task(void *arg, int32_t t, int32_t thread) {
 
 /* ---- down as rows: y = Σ over groups of (Σ over the group's active neurons of h_i·row_i) ---- */
 
-/* int8 rows (I8) keep a float scale per row outside the row: their kernel takes p_i = h_i·scale_i */
+/* int8 rows (I8) keep a float scale per row and per column outside the rows: their kernel takes
+ * p_i = h_i·scale_i, and the summed output is multiplied by the column scales */
 static inline void row_scales(const pi2_layer *L, float *hg, const int32_t *idx, int32_t k) {
     if (L->down_scale)
         for (int32_t i = 0; i < k; i++) hg[i] *= L->down_scale[idx[i]];
@@ -183,6 +184,8 @@ static void down_rows_task(void *arg, int32_t task, int32_t thread) {
             row_scales(j->L, hg, idx + k0, k - k0);
             tr->axpy_group(j1 - j0, y, rows, w->row_bytes, idx + k0, hg, k - k0);
         }
+        if (j->L->down_colscale)
+            for (int64_t e = 0; e < j1 - j0; e++) y[e] *= j->L->down_colscale[j0 + e];
     }
 }
 
@@ -281,6 +284,8 @@ static void reduce_task(void *arg, int32_t task, int32_t thread) {
         const float *p = c->ffn_part + (size_t)g * j->n_embd;
         for (int64_t e = j0; e < j1; e++) y[e] += p[e];
     }
+    if (j->L->down_colscale)   /* int8 rows: their column scales, once the groups are summed */
+        for (int64_t e = j0; e < j1; e++) y[e] *= j->L->down_colscale[e];
 }
 
 /* Groups with active neurons: those ready now (want 1) or those that waited on reads (want 0). */

@@ -23,7 +23,7 @@ static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
     "token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k", "attn_v",
     "attn_output", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm",
     "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows",
-    "ffn_gate_pred", "fc1", "fc2", "ffn_down_scale"};
+    "ffn_gate_pred", "fc1", "fc2", "ffn_down_scale", "ffn_down_colscale"};
 
 static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
 
@@ -52,6 +52,7 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
     case PI2_TENSOR_FFN_PRED_FC1: *ne0 = E; *ne1 = 0; return 1;
     case PI2_TENSOR_FFN_PRED_FC2: *ne0 = 0; *ne1 = p->n_ff; return 1;
     case PI2_TENSOR_FFN_DOWN_SCALE: *ne0 = p->n_ff; return 1;
+    case PI2_TENSOR_FFN_DOWN_COLSCALE: *ne0 = E; return 1;
     }
     return 0;
 }
@@ -59,7 +60,8 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
 static int is_vector(int32_t role) {
     return role == PI2_TENSOR_OUTPUT_NORM || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_ATTN_NORM ||
            (role >= PI2_TENSOR_ATTN_Q_BIAS && role <= PI2_TENSOR_POST_ATTN_NORM) ||
-           role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM || role == PI2_TENSOR_FFN_DOWN_SCALE;
+           role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM || role == PI2_TENSOR_FFN_DOWN_SCALE ||
+           role == PI2_TENSOR_FFN_DOWN_COLSCALE;
 }
 
 static pi2_status check_params(const pi2_model_params *p) {
@@ -174,6 +176,7 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     case PI2_TENSOR_FFN_PRED_FC1: L->fc1 = weight_view(m, d); break;
     case PI2_TENSOR_FFN_PRED_FC2: L->fc2 = weight_view(m, d); break;
     case PI2_TENSOR_FFN_DOWN_SCALE: L->down_scale = f; break;
+    case PI2_TENSOR_FFN_DOWN_COLSCALE: L->down_colscale = f; break;
     }
 }
 
@@ -237,9 +240,10 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         }
     for (int32_t il = 0; il < params->n_layer; il++) {
         pi2_layer *L = &m->layers[il];
-        if ((L->down_rows.data && L->down_rows.type == PI2_T_I8) != (L->down_scale != NULL)) {
-            s = pi2_set_error(PI2_ERR_FORMAT, L->down_scale ? "layer %d has ffn_down_scale without int8 ffn_down_rows"
-                                                            : "layer %d's int8 ffn_down_rows need ffn_down_scale", (int)il);
+        const int i8 = L->down_rows.data && L->down_rows.type == PI2_T_I8;
+        if (i8 != (L->down_scale != NULL) || i8 != (L->down_colscale != NULL)) {
+            s = pi2_set_error(PI2_ERR_FORMAT, i8 ? "layer %d's int8 ffn_down_rows need ffn_down_scale and ffn_down_colscale"
+                                                 : "layer %d has ffn_down_scale/colscale without int8 ffn_down_rows", (int)il);
             goto fail;
         }
         if (!L->fc1.data != !L->fc2.data || (L->fc1.data && L->fc1.n_out != L->fc2.n_in)) {

@@ -17,7 +17,8 @@ typedef struct {
     const float *ffn_norm;                    /* [n_embd] */
     pi2_weight gate, up, down;                /* down.data NULL when the layer has down_rows */
     pi2_weight down_rows;                     /* [n_ff] rows of n_embd (ffn_down transposed) or data NULL */
-    const float *down_scale;                  /* [n_ff] scales of I8 down_rows, else NULL */
+    const float *down_scale;                  /* [n_ff] row scales of I8 down_rows, else NULL */
+    const float *down_colscale;               /* [n_embd] their column scales, else NULL */
     const float *post_ffw_norm;               /* [n_embd] or NULL */
     pi2_weight gate_pred;                     /* pi2-made predictor: low-bit gate copy [n_ff] rows, or data NULL */
     pi2_weight fc1, fc2;                      /* pi2-made predictor: low-rank [r] and [n_ff] rows, or data NULL */

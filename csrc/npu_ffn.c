@@ -55,6 +55,9 @@ pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
         if (n_hot[il] && !c->m->layers[il].down_rows.data)
             return pi2_set_error(PI2_ERR_INVALID, "layer %d has no FFN down rows (the hot prefix needs a pi2 file)",
                                  (int)il);
+        if (n_hot[il] && c->m->layers[il].down_scale)
+            return pi2_set_error(PI2_ERR_UNSUPPORTED, "layer %d: the hot prefix on NNAPI does not take int8 down rows",
+                                 (int)il);
     }
     struct pi2_npu_ffn *f = calloc(1, sizeof *f);
     if (f) {

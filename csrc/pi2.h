@@ -114,7 +114,8 @@ typedef enum {
     PI2_TENSOR_FFN_PRED_FC1 = 22,  /* [r][n_embd] a pi2-made low-rank predictor's fc1, optional (with FC2) */
     PI2_TENSOR_FFN_PRED_FC2 = 23,  /* [n_ff][r] its fc2 */
     PI2_TENSOR_FFN_DOWN_SCALE = 24,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
-    PI2_TENSOR_COUNT = 25
+    PI2_TENSOR_FFN_DOWN_COLSCALE = 25, /* [n_embd] F32: column scales of those I8 rows (value = col·row·q) */
+    PI2_TENSOR_COUNT = 26
 } pi2_tensor_role;
 
 /* Type ids (not ggml's) of FFN_GATE_PRED rows: per 32 values an f16 scale d, then 32 codes of 1 or 2 bits

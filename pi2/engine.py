@@ -161,6 +161,7 @@ def model_params(cfg) -> dict:
 
 _FFN_DOWN_ROWS = 20
 _FFN_DOWN_SCALE = 24
+_FFN_DOWN_COLSCALE = 25
 _PRED_ROLES = {"ffn_gate_pred.weight": 21, "fc1.weight": 22, "fc2.weight": 23}   # pi2-made predictors
 _LOWBIT_TYPES = {1: 1001, 2: 1002}     # PI2_T_LOWBIT1/2: pi2.h's type ids of low-bit gate rows
 
@@ -219,8 +220,10 @@ def tensor_descs(model) -> list:
         for name, (role, flag) in _LAYER_ROLES.items():
             if cfg.pi2 and name == "ffn_down.weight":
                 out.append((_FFN_DOWN_ROWS, il, views["ffn_down_rows"]))
-                if f"blk.{il}.ffn_down_scale.weight" in model.file.tensors:    # int8 rows' scales
-                    out.append((_FFN_DOWN_SCALE, il, model.tensor(f"blk.{il}.ffn_down_scale.weight")))
+                for suffix, role in (("scale", _FFN_DOWN_SCALE), ("colscale", _FFN_DOWN_COLSCALE)):
+                    name = f"blk.{il}.ffn_down_{suffix}.weight"          # int8 rows' scales
+                    if name in model.file.tensors:
+                        out.append((role, il, model.tensor(name)))
             elif name in views:
                 out.append((role, il, views[name]))
             elif flag is None or getattr(cfg, flag):

@@ -158,12 +158,14 @@ def ffn_weights(model, il: int) -> dict:
     L["ffn_up"] = _rows(rec[:, lay["up_offset"]:lay["up_offset"] + nu], lay["up_type"], e)
     drows = rec[:, lay["down_offset"]:lay["down_offset"] + nd]
     if lay["down_type"] == I8:
-        if b + "ffn_down_scale.weight" not in f.tensors:
-            raise ModelFormatError(f"{model.path}: layer {il}'s int8 down rows need {b}ffn_down_scale.weight")
-        sc = model.raw(b + "ffn_down_scale.weight").view(np.float32).reshape(-1)
-        if sc.size != cfg.n_ff or not np.isfinite(sc).all():
-            raise ModelFormatError(f"{model.path}: {b}ffn_down_scale must hold {cfg.n_ff} finite floats")
-        L["down_rows"] = I8Rows(drows, sc)
+        sc = []
+        for name, n in (("ffn_down_scale", cfg.n_ff), ("ffn_down_colscale", e)):
+            if b + name + ".weight" not in f.tensors:
+                raise ModelFormatError(f"{model.path}: layer {il}'s int8 down rows need {b}{name}.weight")
+            sc.append(model.raw(b + name + ".weight").view(np.float32).reshape(-1))
+            if sc[-1].size != n or not np.isfinite(sc[-1]).all():
+                raise ModelFormatError(f"{model.path}: {b}{name} must hold {n} finite floats")
+        L["down_rows"] = I8Rows(drows, *sc)
     else:
         L["down_rows"] = _rows(drows, lay["down_type"], e)
     L["bundle_bytes"] = rec.shape[1]
@@ -354,7 +356,8 @@ def layer_bytes(model, il: int) -> tuple:
     if model.config.pi2:
         lay, e = bundle_layout(model, il), model.config.n_embd
         gate = row_bytes(lay["gate_type"], e) * n_ff if lay["gate_type"] is not None else size("ffn_gate.weight")
-        ud = (row_bytes(lay["up_type"], e) + row_bytes(lay["down_type"], e)) * n_ff + size("ffn_down_scale.weight")
+        ud = (row_bytes(lay["up_type"], e) + row_bytes(lay["down_type"], e)) * n_ff + size("ffn_down_scale.weight") \
+            + size("ffn_down_colscale.weight")
     else:
         gate = size("ffn_gate.weight")
         ud = size("ffn_up.weight") + size("ffn_down.weight") + size("ffn_down_t.weight")

@@ -102,12 +102,16 @@ def write_pi2(src, dst, *, down_type: str = "F32", layout: str = "bundle-ud", to
         parts = []
         if layout == "bundle-gud":
             parts.append(_row_bytes(g_t.data, n_ff)[perm])
-        if dtype == QT.I8:     # int8 rows, scale = amax/127 per row in ffn_down_scale
+        if dtype == QT.I8:     # int8 rows: column scales (here the column max), then amax/127 per row
             rows = np.ascontiguousarray(down.T[perm], np.float32)
+            col = np.abs(rows).max(axis=0)
+            col = np.where(col > 0, col, 1).astype(np.float32)
+            rows = rows / col
             amax = np.abs(rows).max(axis=1)
             scale = (amax / np.float32(127)).astype(np.float32)
             q = np.clip(np.rint(rows / np.where(scale > 0, scale, 1)[:, None]), -127, 127).astype(np.int8)
             w.add_tensor(b + "ffn_down_scale.weight", scale)
+            w.add_tensor(b + "ffn_down_colscale.weight", col)
             parts += [_row_bytes(u_t.data, n_ff)[perm], q.view(np.uint8)]
         else:
             parts += [_row_bytes(u_t.data, n_ff)[perm], _quant_rows(down.T[perm], dtype)]

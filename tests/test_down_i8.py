@@ -54,9 +54,9 @@ def test_i8_sum_close_to_float_sum():
     rng = np.random.default_rng(2)
     n_ff, e = 300, 96
     x = rng.normal(size=(n_ff, e)).astype(np.float32)
-    q, sc = layout.encode_i8(x)
-    assert np.abs(q).max() <= 127 and np.allclose(q * sc[:, None], x, atol=float(sc.max()) / 2 + 1e-7)
-    rows = I8Rows(q, sc)
+    q, sc, col = layout.encode_i8(x)
+    assert np.abs(q).max() <= 127 and np.allclose(q * sc[:, None] * col, x, atol=float((sc[:, None] * col).max()))
+    rows = I8Rows(q, sc, col)
     h = rng.normal(size=(3, n_ff)).astype(np.float32)
     h[rng.random(h.shape) < 0.4] = 0
     got = axpy_rows_i8(h, rows, sparse.GROUP)
@@ -108,7 +108,11 @@ def test_scale_descriptor_checked(files, tmp_path):
     descs = engine.tensor_descs(m)
     scales = [d for d in descs if d[0] == engine._FFN_DOWN_SCALE]
     assert len(scales) == m.config.n_layer
-    with pytest.raises(ModelFormatError, match="need ffn_down_scale"):
+    cols = [d for d in descs if d[0] == engine._FFN_DOWN_COLSCALE]
+    assert len(cols) == m.config.n_layer
+    with pytest.raises(ModelFormatError, match="colscale"):
+        CModel.from_model(m, [d for d in descs if d is not cols[0]])
+    with pytest.raises(ModelFormatError, match="need ffn_down_scale and ffn_down_colscale"):
         CModel.from_model(m, [d for d in descs if d is not scales[1]])
     q8 = load_model(write_pi2(write_model(tmp_path / "p.gguf", wtype="Q8_0", n_ff=320, n_embd=64),
                               tmp_path / "q8.pi2.gguf", down_type="Q8_0"))
@@ -126,3 +130,16 @@ def test_cli_run(files):
     res = cli("bench", str(files["i8"]), "-p", "0", "-n", "4", "-r", "1", "-o", "json", timeout=120)
     assert res.code == 0, res.err
     assert json.loads(res.out)[0]["pi2_engine"] == "c"
+
+
+def test_convert_writes_i8_rows(tmp_path):
+    """`pi2 convert --ffn-type i8`: I8 rows with both scale tensors, a small stored error, C equal to the reference."""
+    from pi2.convert import convert
+    src = write_model(tmp_path / "m.gguf", wtype="Q8_0", n_ff=192, n_embd=64, seed=3)
+    rep = convert(src, tmp_path / "m.pi2.gguf", progress=False, ffn_type="i8", calib_tokens=64)
+    assert set(rep.down_types) == {"I8"} and 0 < max(rep.down_err) < 0.02
+    m = load_model(rep.output)
+    L = sparse.ffn_weights(m, 1)
+    assert isinstance(L["down_rows"], I8Rows) and L["down_rows"].colscale.shape == (64,)
+    want, _, got = both(rep.output, threads=(2,))
+    assert np.array_equal(got[0][0], want)

@@ -149,7 +149,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
                 (p + "ffn_thresh.weight", prof.thresh[il].astype(np.float32), None),
                 (p + "ffn_err.weight", prof.err[il].astype(np.float32), None)]
         if dscale is not None:
-            new.append((p + "ffn_down_scale.weight", dscale, None))
+            new += [(p + "ffn_down_scale.weight", dscale[0], None), (p + "ffn_down_colscale.weight", dscale[1], None)]
         if pred is not None:
             new += _predictor_tensors(p, built[il], perm)
         replaced[gate.name] = new

@@ -13,7 +13,7 @@ from pi2.quants import dequantize, quantize_weight
 LAYOUTS = ("bundle-ud", "bundle-gud")
 FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "f32", "f16")
 BUNDLE_ALIGN = 32
-I8 = TYPE_IDS["I8"]      # --ffn-type i8: int8 rows, one float scale per row in blk.L.ffn_down_scale
+I8 = TYPE_IDS["I8"]      # --ffn-type i8: int8 rows, float scales per row and column (blk.L.ffn_down_(col)scale)
 # source type of ffn_down -> row type of the transposed rows (elementwise types transpose exactly). Quantized
 # sources become Q8_0: its requantization error (~0.6 % relative) costs SmolLM2 +0.2 % perplexity, where Q5_1
 # from a Q4_1 source (4 % error) cost +3.3 % (pydoc topics, -c 512, 8 chunks). `--ffn-type q5_1` trades that for
@@ -50,14 +50,19 @@ def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed
     return TYPE_IDS[row]
 
 
-def encode_i8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 rows (rows, n) -> (int8 (rows, n) in [-127, 127], float32 scale per row) with value = scale·q:
-    scale = amax/127, q = round-half-even(x·127/amax) (all-zero rows: scale 0, q 0)."""
+def encode_i8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 rows (rows, n) -> (int8 q (rows, n) in [-127, 127], float32 scale per row r, per column c) with
+    value = c_j·r_i·q_ij: c = sqrt(rms·max|.|) of each column (1 for zero columns), then per row of x/c
+    r = amax/127 and q = round-half-even(·127/amax) (all-zero rows: r 0, q 0)."""
     x = np.ascontiguousarray(x, np.float32)
-    amax = np.abs(x).max(axis=1)
+    a = np.abs(x)
+    c = np.sqrt(np.sqrt((x.astype(np.float64) ** 2).mean(axis=0)) * a.max(axis=0)).astype(np.float32)
+    c[~(c > 0)] = 1
+    xc = x / c
+    amax = np.abs(xc).max(axis=1)
     inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
-    q = np.clip(np.rint(x * inv[:, None]), -127, 127).astype(np.int8)
-    return q, (amax / np.float32(127)).astype(np.float32)
+    q = np.clip(np.rint(xc * inv[:, None]), -127, 127).astype(np.int8)
+    return q, (amax / np.float32(127)).astype(np.float32), c
 
 
 def row_bytes(qtype: int, n: int) -> int:
@@ -77,8 +82,8 @@ def encode_rows(x: np.ndarray, qtype: int) -> np.ndarray:
 
 def down_rows(src_raw: np.ndarray, src_type: int, n_embd: int, n_ff: int, perm: np.ndarray,
               row_type: int, transposed: bool = True) -> tuple[np.ndarray, np.ndarray | None, float]:
-    """Down as rows in the new neuron order: (bytes (n_ff, row_bytes), the per-row float32 scales of I8 rows
-    (None for other types), relative L2 error of the stored values against the source's)."""
+    """Down as rows in the new neuron order: (bytes (n_ff, row_bytes), the (row, column) float32 scales of I8
+    rows (None for other types), relative L2 error of the stored values against the source's)."""
     if not transposed:                                  # already rows (PWRI ffn_down_t)
         src = dequantize(src_raw, src_type, n_embd)[perm]
         if row_type == src_type:
@@ -87,8 +92,9 @@ def down_rows(src_raw: np.ndarray, src_type: int, n_embd: int, n_ff: int, perm: 
         src = np.ascontiguousarray(dequantize(src_raw, src_type, n_ff).T[perm])   # (n_ff, n_embd)
     scale = None
     if row_type == I8:
-        q, scale = encode_i8(src)
-        raw, got = q.view(np.uint8), q.astype(np.float32) * scale[:, None]
+        q, r, c = encode_i8(src)
+        scale = (r, c)
+        raw, got = q.view(np.uint8), q.astype(np.float32) * r[:, None] * c[None, :]
     else:
         raw = encode_rows(src, row_type)
         got = dequantize(raw, row_type, n_embd)

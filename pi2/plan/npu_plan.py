@@ -82,6 +82,8 @@ def supported(model) -> str:
         return f"the hot prefix on NNAPI needs the bundle-ud layout; this file is {cfg.ffn_layout}"
     if cfg.ffn_act not in ("silu", "relu"):
         return f"NNAPI has no graph for the {cfg.ffn_act} activation (SiLU and ReLU have)"
+    if "blk.0.ffn_down_scale.weight" in model.file.tensors:
+        return "the hot prefix on NNAPI does not take int8 down rows (files made with --ffn-type q8_0 do)"
     return ""
 
 

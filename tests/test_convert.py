@@ -69,7 +69,11 @@ def check_bundles(src, out, down_bound):
         assert not o.raw(b.name)[:, sum(widths):].any()                              # zero padding
         want = (dequantize(s.raw(dname), dn.type, n_embd) if dname.endswith("_t.weight")
                 else dequantize(s.raw(dname), dn.type, n_ff).T)[perm]
-        got = dequantize(np.ascontiguousarray(parts[-1]), dtype, n_embd)
+        if GGML_TYPES[dtype][0] == "I8":      # int8 rows: value = column scale · row scale · q
+            got = (parts[-1].view(np.int8).astype(np.float32) * o.raw(p + "ffn_down_scale.weight").view(np.float32).reshape(-1, 1)
+                   * o.raw(p + "ffn_down_colscale.weight").view(np.float32).ravel())
+        else:
+            got = dequantize(np.ascontiguousarray(parts[-1]), dtype, n_embd)
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
         assert err <= down_bound, (il, err)
         for t in (p + "ffn_thresh.weight", p + "ffn_err.weight"):
@@ -86,7 +90,7 @@ def test_output_is_gguf_with_pi2_metadata(q41):
     assert o.kv["pi2.version"] == 1 and o.kv["pi2.source.sha256"] == sha(src)
     assert o.kv["pi2.source.file"] == "m.gguf" and o.kv["pi2.calib.sha256"] == sha(profile.DEFAULT_CALIB)
     assert o.kv["pi2.calib.tokens"] == rep.n_tokens <= 256 and o.kv["pi2.ffn.score"] == "act"
-    assert o.kv["pi2.ffn.layout"] == "bundle-ud" and list(o.kv["pi2.ffn.down_types"]) == [8, 8]   # Q4_1 -> Q8_0
+    assert o.kv["pi2.ffn.layout"] == "bundle-ud" and list(o.kv["pi2.ffn.down_types"]) == [24, 24]   # Q4_1 -> I8
     assert np.allclose(o.kv["pi2.ffn.keep_grid"], profile.KEEP_GRID) and abs(o.kv["pi2.ffn.default_keep"] - profile.DEFAULT_KEEP) < 1e-6
     s = GGUFFile(src)
     for k, v in s.kv.items():
@@ -129,8 +133,8 @@ def test_lossless_down(tmp_path, ffn_type):
 def test_gud_layout_other_archs(tmp_path, arch):
     src = write_model(tmp_path / "m.gguf", arch=arch, wtype="Q8_0", n_embd=64, n_ff=128)
     rep = run(src, tmp_path / "o.gguf", ffn_layout="bundle-gud")
-    assert set(rep.down_types) == {"Q8_0"}
-    check_bundles(src, rep.output, down_bound=0.01)
+    assert set(rep.down_types) == {"I8"}
+    check_bundles(src, rep.output, down_bound=0.02)
 
 
 def test_pwri_keeps_predictors(tmp_path):
@@ -255,7 +259,7 @@ def test_smollm2_statistics(tmp_path):
     t0 = time.perf_counter()
     rep = convert(src, tmp_path / "s.pi2.gguf", calib_tokens=512, progress=False)
     o = GGUFFile(rep.output)
-    assert o.kv["pi2.calib.tokens"] == 512 and rep.down_types == ["Q8_0"] * 30
+    assert o.kv["pi2.calib.tokens"] == 512 and rep.down_types == ["I8"] * 30
     assert max(rep.down_err) < 0.05
     for il in range(30):
         f = o.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel()

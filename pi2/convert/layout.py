@@ -15,9 +15,10 @@ FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "f32", "f16")
 BUNDLE_ALIGN = 32
 I8 = TYPE_IDS["I8"]      # --ffn-type i8: int8 rows, float scales per row and column (blk.L.ffn_down_(col)scale)
 # source type of ffn_down -> row type of the transposed rows (elementwise types transpose exactly). Quantized
-# sources become Q8_0: its requantization error (~0.6 % relative) costs SmolLM2 +0.2 % perplexity, where Q5_1
-# from a Q4_1 source (4 % error) cost +3.3 % (pydoc topics, -c 512, 8 chunks). `--ffn-type q5_1` trades that for
-# 30 % fewer down bytes (flash streaming).
+# sources become I8 by default (`auto`): int8 with per-row and per-column float scales, 8.0 bits a weight,
+# summed in integers (pi2/down_i8.py); SmolLM2 at keep 1 costs +0.23 % perplexity over the source, Q8_0 rows
+# (8.5 bits, summed in float, about 3x slower) +0.18 %, Q5_1 from a Q4_1 source (4 % error) +3.3 % (pydoc topics,
+# -c 512, 8 chunks). `--ffn-type q5_1` trades that for 30 % fewer down bytes (flash streaming).
 _DOWN_ROW = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 _DOWN_Q5 = {"Q4_0": "Q5_0", "IQ4_NL": "Q5_0", "IQ4_XS": "Q5_0", "Q4_1": "Q5_1", "Q4_K": "Q5_1", "Q3_K": "Q5_1",
             "Q2_K": "Q5_1", "Q5_0": "Q8_0", "Q5_1": "Q8_0", "Q5_K": "Q8_0", "Q6_K": "Q8_0", "Q8_0": "Q8_0"}
@@ -30,8 +31,6 @@ def permutation(freq: np.ndarray) -> np.ndarray:
 
 def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed: bool = True) -> int:
     """ggml type of the down rows. A source already stored as rows (PWRI ffn_down_t) keeps its type."""
-    if ffn_type == "i8":
-        return I8
     if ffn_type == "f32":
         return TYPE_IDS["F32"]
     if ffn_type == "f16":
@@ -39,8 +38,10 @@ def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed
     name = GGML_TYPES[src_type][0]
     if not transposed:
         return src_type
-    if name in _DOWN_ROW:
+    if name in _DOWN_ROW and ffn_type != "i8":
         row = _DOWN_ROW[name]
+    elif ffn_type in ("auto", "i8") and (name in _DOWN_Q5 or ffn_type == "i8"):
+        return I8
     elif name not in _DOWN_Q5:
         raise UnsupportedError(f"cannot choose a row type for ffn_down of type {name}; use --ffn-type f32 or f16")
     else:

@@ -34,7 +34,6 @@ typedef struct {
     int64_t n_ff, n_embd;
     const pi2_type_traits *up_tr;
     pi2_vec_dot_rows4_fn up_rows4;     /* four up rows x one token in vec_dot's order, or NULL */
-    pi2_vec_dot_rows4p_fn up_rows4p;   /* the same on any four rows, or NULL */
     size_t xq_row;
     int64_t slice;               /* down rows: output values per task */
     size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
@@ -204,8 +203,7 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
         const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3;
-        const int32_t step = four || (j->up_rows4p && i + 4 <= k) ? 4 : 1;
-        for (const int32_t end = i + step + PREFETCH < k ? i + step + PREFETCH : k; pf < end; pf++) {
+        for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
             const uint8_t *u = up->data + (size_t)idx[pf] * up->row_bytes;   /* scattered rows defeat the */
             const uint8_t *d = down->data + (size_t)idx[pf] * down->row_bytes; /* hardware prefetcher: ask */
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);      /* PREFETCH ahead */
@@ -215,14 +213,6 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
         if (four) {   /* four neighbours: the four-row kernel */
             float u4[4];
             j->up_rows4(up->n_in, u4, row, up->row_bytes, c->ffn_xq);
-            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * u4[r];
-            continue;
-        }
-        if (j->up_rows4p && i + 4 <= k) {   /* any four: the same kernel on scattered rows */
-            const void *r4[4];
-            float u4[4];
-            for (int r = 0; r < 4; r++) r4[r] = up->data + (size_t)idx[i + r] * up->row_bytes;
-            j->up_rows4p(up->n_in, u4, r4, c->ffn_xq);
             for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * u4[r];
             continue;
         }
@@ -348,8 +338,7 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     const int full_up = !one_rows && (n > 1 || c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
     const int32_t threads = pi2_pool_n_threads(c->pool);
     ffn_job j = {.c = c, .L = L, .il = il, .n_tok = n, .n_ff = hp->n_ff, .n_embd = hp->n_embd,
-                 .up_tr = pi2_traits(L->up.type, c->p.impl), .up_rows4 = pi2_kernels_dot_rows4(L->up.type, c->p.impl),
-                 .up_rows4p = pi2_kernels_dot_rows4p(L->up.type, c->p.impl)};
+                 .up_tr = pi2_traits(L->up.type, c->p.impl), .up_rows4 = pi2_kernels_dot_rows4(L->up.type, c->p.impl)};
     const pi2_type_traits *a = pi2_traits(j.up_tr->vec_dot_type, c->p.impl);
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
     const int npu = one_rows && pi2_npu_ffn_start(c, il);   /* the hot prefix on NNAPI meanwhile (npu_ffn.c) */

@@ -56,8 +56,6 @@ typedef void (*pi2_vec_dot4x2_fn)(int64_t n, float *out, size_t out_stride, cons
 /* vec_dot on four weight rows (w + k·w_stride bytes, k < 4) and one activation row: s[k] = row k · x_q,
  * each in vec_dot's float order, each activation block loaded once for the four rows. */
 typedef void (*pi2_vec_dot_rows4_fn)(int64_t n, float *s, const void *w, size_t w_stride, const void *x_q);
-/* the same on four rows at rows[0..3] (anywhere): s[k] = rows[k] · x_q in vec_dot's order */
-typedef void (*pi2_vec_dot_rows4p_fn)(int64_t n, float *s, const void *const *rows, const void *x_q);
 /* The grouped row sum of the sparse FFN (axpy.c): y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) for
  * j < n, v_i the values of the row at rows + idx[i]·row_bytes (to_float's), one product and one sum per
  * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary.
@@ -126,7 +124,6 @@ pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl);
 /* The four-row one-token kernel of `type` in table `impl` (x86.c), NULL where there is none; kept like
  * pi2_kernels_dot4x2. */
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl);
-pi2_vec_dot_rows4p_fn pi2_kernels_dot_rows4p(int32_t type, int32_t impl);
 /* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels (install
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);

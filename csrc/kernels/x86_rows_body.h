@@ -60,13 +60,12 @@ static inline X86_TARGET void X86_FN(q4_K_row_lanes)(const blk_q4_K *x, const __
     *msum = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));   /* mn_j·bsum 2j, 2j+1 */
 }
 
-/* twin: q4_K_vec_dot in ref_k.h, on rows r[0..3]: s[k] = row k · the activation row. Lane k of the
- * accumulators is row k's acc (lanes 0-3) and accm (lanes 4-7): per 256-block acc = fma((float)Σ isb, d_y·d_x,
- * acc), accm likewise with dmin; s[k] = acc − accm. pf (stride pf_stride) is where prefetch_group asks ahead
- * (NULL: nowhere). */
-static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_rows4_body)(
-        int64_t n, float *s, const uint8_t *const r[4], const void *xq, const uint8_t *pf, size_t pf_stride) {
+/* twin: q4_K_vec_dot in ref_k.h, on rows w, w + w_stride, w + 2·w_stride, w + 3·w_stride: s[k] = row k ·
+ * the activation row. Lane k of the accumulators is row k's acc (lanes 0-3) and accm (lanes 4-7): per
+ * 256-block acc = fma((float)Σ isb, d_y·d_x, acc), accm likewise with dmin; s[k] = acc − accm. */
+static X86_TARGET void X86_FN(q4_K_vec_dot_rows4)(int64_t n, float *s, const void *w, size_t w_stride, const void *xq) {
     const blk_q8_K *y = xq;
+    const uint8_t *row = w;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const __m512i ya = _mm512_loadu_si512((const void *)y[i].qs), yb = _mm512_loadu_si512((const void *)(y[i].qs + 64));
@@ -74,12 +73,12 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_rows4_b
         const __m512i ylo[2] = {_mm512_shuffle_i64x2(ya, yb, 0x44), _mm512_shuffle_i64x2(yc, yd, 0x44)};
         const __m512i yhi[2] = {_mm512_shuffle_i64x2(ya, yb, 0xEE), _mm512_shuffle_i64x2(yc, yd, 0xEE)};
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        if (pf) X86_FN(prefetch_group)(pf, pf_stride, i, sizeof(blk_q4_K));
+        X86_FN(prefetch_group)(row, w_stride, i, sizeof(blk_q4_K));
         __m256i is[4], ms[4];
         uint32_t dmin[4];
         PI2_UNROLL
         for (int k = 0; k < 4; k++) {
-            const blk_q4_K *x = (const blk_q4_K *)r[k] + i;
+            const blk_q4_K *x = (const blk_q4_K *)(row + k * w_stride) + i;
             X86_FN(q4_K_row_lanes)(x, ylo, yhi, bsums, &is[k], &ms[k]);
             memcpy(&dmin[k], &x->d, 4);   /* d, dmin */
         }
@@ -94,19 +93,6 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_rows4_b
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
     }
     _mm_storeu_ps(s, _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
-}
-
-/* rows w + k·w_stride (k < 4), asking for the rows two groups further on as it goes */
-static X86_TARGET void X86_FN(q4_K_vec_dot_rows4)(int64_t n, float *s, const void *w, size_t w_stride, const void *xq) {
-    const uint8_t *row = w;
-    const uint8_t *const r[4] = {row, row + w_stride, row + 2 * w_stride, row + 3 * w_stride};
-    X86_FN(q4_K_rows4_body)(n, s, r, xq, row, w_stride);
-}
-
-/* four rows anywhere (the sparse FFN's active up rows; their caller prefetches them) */
-static X86_TARGET void X86_FN(q4_K_vec_dot_rows4p)(int64_t n, float *s, const void *const *rows, const void *xq) {
-    const uint8_t *const r[4] = {rows[0], rows[1], rows[2], rows[3]};
-    X86_FN(q4_K_rows4_body)(n, s, r, xq, NULL, 0);
 }
 
 /* Q6_K block, 64 values per step: the 8 int32 lanes of q6_K_lanes (x86_body.h), bit for bit. */

@@ -188,7 +188,7 @@ static int same_bits(const float *a, const float *b, int64_t n) { return !memcmp
 static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *ref, const uint8_t *w, size_t row_bytes,
                              const uint8_t *xq, size_t xrow, int64_t n, int rows, int size, pi2_vec_dot4x2_fn d42,
                              pi2_vec_dot4x2_fn d44, pi2_vec_dot4x2_fn d84, pi2_act_prep_fn p84, size_t wrow,
-                             pi2_vec_dot4_fn b8, pi2_vec_dot_rows4_fn rows4, pi2_vec_dot_rows4p_fn rows4p) {
+                             pi2_vec_dot4_fn b8, pi2_vec_dot_rows4_fn rows4) {
     uint8_t *x4 = malloc(4 * xrow), *x8 = malloc(8 * xrow);
     for (int k = 0; k < 4; k++) memcpy(x4 + k * xrow, xq, xrow);
     for (int k = 0; k < 8; k++) memcpy(x8 + k * xrow, xq, xrow);
@@ -236,17 +236,6 @@ static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *re
             for (int k = 0; k < 4; k++) t->vec_dot(n, &want4[k], w + k * row_bytes, xq);
             rows4(n, got, w, row_bytes, xq);
             check(same_bits(got, want4, 4), "rows4-vs-dot", ref->name, t->vec_dot_impl, size, nmse(got, want4, 4));
-        }
-        if (rows4p && r == 0 && rows >= 4) {   /* rows 3, 0, 2, 1 through pointers, each == its vec_dot */
-            const int order[4] = {3, 0, 2, 1};
-            const void *ptr[4];
-            float got[4], want4[4];
-            for (int k = 0; k < 4; k++) {
-                ptr[k] = w + order[k] * row_bytes;
-                t->vec_dot(n, &want4[k], ptr[k], xq);
-            }
-            rows4p(n, got, ptr, xq);
-            check(same_bits(got, want4, 4), "rows4p-vs-dot", ref->name, t->vec_dot_impl, size, nmse(got, want4, 4));
         }
         if (t->vec_dot_batch && t->vec_dot_batch4) {
             t->vec_dot_batch(n, &want, row, xq);
@@ -318,7 +307,7 @@ static void test_vec_dot(int type, int size) {
         test_multi_token(t, ref, w, row_bytes, xq, xrow, n, ROWS, size, pi2_kernels_dot4x2(type, impl),
                          pi2_kernels_dot4x4(type, impl), pi2_kernels_dot8x4(type, impl),
                          p84, (size_t)(n / 32) * (size_t)p84_bytes, pi2_kernels_batch8(type, impl),
-                         pi2_kernels_dot_rows4(type, impl), pi2_kernels_dot_rows4p(type, impl));
+                         pi2_kernels_dot_rows4(type, impl));
     }
     free(w); free(xq); free(x); free(wf); free(xf);
 }

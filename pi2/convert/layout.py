@@ -82,7 +82,7 @@ def encode_rows(x: np.ndarray, qtype: int) -> np.ndarray:
 
 
 def down_rows(src_raw: np.ndarray, src_type: int, n_embd: int, n_ff: int, perm: np.ndarray,
-              row_type: int, transposed: bool = True) -> tuple[np.ndarray, np.ndarray | None, float]:
+              row_type: int, transposed: bool = True) -> tuple[np.ndarray, tuple | None, float]:
     """Down as rows in the new neuron order: (bytes (n_ff, row_bytes), the (row, column) float32 scales of I8
     rows (None for other types), relative L2 error of the stored values against the source's)."""
     if not transposed:                                  # already rows (PWRI ffn_down_t)

@@ -22,6 +22,19 @@ from pi2.sparse import act_values
 GRID = (0.1, 0.25, 0.5, 0.75, 1.0)
 
 
+def writer_like(r: GGUFReader, dst) -> GGUFWriter:
+    """A GGUFWriter to dst (alignment 4096) holding every key of the file r reads, tensors still to add."""
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = GGUFWriter(str(dst), arch)
+    w.add_custom_alignment(4096)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment"):
+            continue
+        vt = f.types[0]
+        w.add_key_value(f.name, f.contents(), vt, f.types[-1] if vt == GGUFValueType.ARRAY else None)
+    return w
+
+
 def _row_bytes(data: np.ndarray, n_rows: int) -> np.ndarray:
     return np.ascontiguousarray(data).view(np.uint8).reshape(n_rows, -1)
 
@@ -55,14 +68,7 @@ def write_pi2(src, dst, *, down_type: str = "F32", layout: str = "bundle-ud", to
     tokens = list(tokens) if tokens is not None else [(7 * i + 3) % 500 for i in range(48)]
     calib, act = profile(src, tokens)
     r = GGUFReader(str(src))
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = GGUFWriter(str(dst), arch)
-    w.add_custom_alignment(4096)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment"):
-            continue
-        vt = f.types[0]
-        w.add_key_value(f.name, f.contents(), vt, f.types[-1] if vt == GGUFValueType.ARRAY else None)
+    w = writer_like(r, dst)
     tensors = {t.name: t for t in r.tensors}
     n_layer = sum(1 for n in tensors if n.endswith(".ffn_gate.weight"))
     w.add_uint32("pi2.version", 1)

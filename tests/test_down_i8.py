@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 from clirun import cli
+from decode_seq import run
 from fixtures import write_model
 from pi2file import write_pi2
 
@@ -19,9 +20,6 @@ from pi2.engine import CContext, CModel
 from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
 from pi2.reference import ReferenceContext
-
-TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99]
-
 
 def scalar_part(p, q):
     """The definition, one value at a time in float32 (numpy scalars) and Python integers."""
@@ -68,15 +66,14 @@ def test_i8_sum_close_to_float_sum():
 def both(path, keep=None, threads=(1, 3)):
     m = load_model(path)
     ref = ReferenceContext(m, 32, keep=keep)
-    out = [ref.decode(TOKENS[:8], all_logits=True)] + [ref.decode([t], all_logits=True) for t in TOKENS[8:11]]
+    want = run(ref)
     spec = sparse.choose_rule(m, keep, False)
     got = []
     for nt in threads:
         c = CContext(CModel.from_model(m), 32, nt)
         c.set_ffn(spec)
-        o = [c.decode(TOKENS[:8], all_logits=True)] + [c.decode([t], all_logits=True) for t in TOKENS[8:11]]
-        got.append((np.concatenate(o), c.bench_stats()))
-    return np.concatenate(out), ref.bench_stats(), got
+        got.append((run(c), c.bench_stats()))
+    return want, ref.bench_stats(), got
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 from clirun import cli
+from decode_seq import run
 from fixtures import write_model
 from pi2file import write_pi2
 
@@ -19,15 +20,6 @@ from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
 from pi2.reference import ReferenceContext
 
-TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99]
-
-
-def run(ctx) -> np.ndarray:
-    """A prompt batch of 8, then 3 single tokens, then a batch of 3: logits of every token."""
-    out = [ctx.decode(TOKENS[:8], all_logits=True)]
-    out += [ctx.decode([t], all_logits=True) for t in TOKENS[8:11]]
-    out.append(ctx.decode(TOKENS[11:], all_logits=True))
-    return np.concatenate(out)
 
 
 def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto"))):

@@ -8,7 +8,6 @@ rounding), so results are compared by NMSE <= 1e-5 against float64 numpy.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import time
@@ -19,7 +18,7 @@ import pytest
 
 from clirun import cli
 from fixtures import write_model
-from standin import build_standin
+from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
 from pi2 import engine, npu
 from pi2.engine import CContext, CModel, NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
@@ -32,43 +31,6 @@ NMSE_F16 = 1e-5
 FC, LOGISTIC, MUL, RELU, BMM = 9, 14, 18, 19, 102
 T_F32, T_F16, S_INT32, S_BOOL = 3, 8, 1, 6
 LEVEL_6 = 1000006
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.sum((a - b) ** 2) / max(np.sum(b ** 2), 1e-30))
-
-
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    """Paths of the stand-in library and of a build without ANeuralNetworksEvent_wait."""
-    d = tmp_path_factory.mktemp("nnapi")
-    return {"full": build_standin(d / "full"), "no_wait": build_standin(d / "no_wait", "-DSTANDIN_NO_EVENT_WAIT")}
-
-
-@pytest.fixture
-def standin(libs):
-    """The stand-in's control functions (the same loaded copy the delegate opens), reset."""
-    so = ctypes.CDLL(libs["full"])
-    so.standin_set.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    so.standin_graph.restype = ctypes.c_char_p
-    so.standin_reset()
-
-    class S:
-        path = libs["full"]
-
-        @staticmethod
-        def set(**kw):
-            for k, v in kw.items():
-                assert so.standin_set(k.encode(), v) == 0, k
-
-        @staticmethod
-        def graphs() -> list:
-            return [json.loads(so.standin_graph(i)) for i in range(so.standin_graph_count())]
-
-        executions = staticmethod(lambda: so.standin_executions())
-    yield S
-    so.standin_reset()
 
 
 @pytest.fixture(scope="module")

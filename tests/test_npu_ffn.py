@@ -11,7 +11,6 @@ Tolerance against the reference (logits and each layer's FFN output, NMSE):
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 
@@ -21,7 +20,7 @@ import pytest
 from clirun import cli
 from fixtures import write_model
 from pi2file import write_pi2
-from standin import build_standin
+from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
 from pi2 import sparse
 from pi2.engine import CContext, CModel, NnapiDelegate, ctx_npu_ffn_stats, ctx_set_npu_ffn
 from pi2.errors import EngineError
@@ -38,41 +37,6 @@ def budget() -> int:
     """A --memory-budget with 400 MiB above what this process holds now (the suite's earlier tests grow it)."""
     from pi2.plan.budget import runtime_rss
     return runtime_rss() + (400 << 20)
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.sum((a - b) ** 2) / max(np.sum(b ** 2), 1e-30))
-
-
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("nnffn")
-    return {"full": build_standin(d / "full"), "no_wait": build_standin(d / "no_wait", "-DSTANDIN_NO_EVENT_WAIT")}
-
-
-@pytest.fixture
-def standin(libs):
-    so = ctypes.CDLL(libs["full"])
-    so.standin_set.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    so.standin_graph.restype = ctypes.c_char_p
-    so.standin_reset()
-
-    class S:
-        path = libs["full"]
-
-        @staticmethod
-        def set(**kw):
-            for k, v in kw.items():
-                assert so.standin_set(k.encode(), v) == 0, k
-
-        @staticmethod
-        def graphs() -> list:
-            return [json.loads(so.standin_graph(i)) for i in range(so.standin_graph_count())]
-
-        executions = staticmethod(lambda: so.standin_executions())
-    yield S
-    so.standin_reset()
 
 
 @pytest.fixture(scope="module")

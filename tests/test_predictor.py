@@ -6,10 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader
 
 from conftest import model_file
 from fixtures import write_model
+from pi2file import writer_like
 from pi2.convert import convert, layerwise, predictor, profile
 from pi2.errors import ModelFormatError, UsageError
 from pi2.model.gguf_file import GGUFFile
@@ -153,14 +154,7 @@ def test_predicted_rule_masks_and_bytes(files):
 def _rewrite(src: Path, dst: Path, drop=(), replace=None) -> Path:
     """Copy a pi2 file, dropping tensors named in `drop` and replacing {name: array}."""
     r = GGUFReader(str(src))
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = GGUFWriter(str(dst), arch)
-    w.add_custom_alignment(4096)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment"):
-            continue
-        vt = f.types[0]
-        w.add_key_value(f.name, f.contents(), vt, f.types[-1] if vt == GGUFValueType.ARRAY else None)
+    w = writer_like(r, dst)
     for t in r.tensors:
         if t.name in drop:
             continue

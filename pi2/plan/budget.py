@@ -193,14 +193,19 @@ def _per_layer(hot) -> str:
     return f"{int(hot.min())}..{int(hot.max())}"
 
 
-def streamable(model) -> str:
-    """Why `model` cannot run under a budget ("" when it can)."""
+def bundle_ud_gap(model, what: str) -> str:
+    """Why `what` cannot use `model`'s FFN bundles ("" when the model is a pi2 file in the bundle-ud layout)."""
     cfg = model.config
     if not cfg.pi2:
-        return "--memory-budget needs a pi2 file (made by pi2 convert)"
+        return f"{what} needs a pi2 file (made by pi2 convert)"
     if cfg.ffn_layout != "bundle-ud":
-        return f"--memory-budget needs the bundle-ud layout; this file is {cfg.ffn_layout}"
+        return f"{what} needs the bundle-ud layout; this file is {cfg.ffn_layout}"
     return ""
+
+
+def streamable(model) -> str:
+    """Why `model` cannot run under a budget ("" when it can)."""
+    return bundle_ud_gap(model, "--memory-budget")
 
 
 def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,

@@ -75,11 +75,11 @@ class NpuDecision:
 
 def supported(model) -> str:
     """Why a pi2 file's hot prefix cannot go to NNAPI ("" when it can)."""
+    from pi2.plan.budget import bundle_ud_gap
     cfg = model.config
-    if not cfg.pi2:
-        return "the hot prefix on NNAPI needs a pi2 file"
-    if cfg.ffn_layout != "bundle-ud":
-        return f"the hot prefix on NNAPI needs the bundle-ud layout; this file is {cfg.ffn_layout}"
+    why = bundle_ud_gap(model, "the hot prefix on NNAPI")
+    if why:
+        return why
     if cfg.ffn_act not in ("silu", "relu"):
         return f"NNAPI has no graph for the {cfg.ffn_act} activation (SiLU and ReLU have)"
     if "blk.0.ffn_down_scale.weight" in model.file.tensors:

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 # sparse_quality.py — the sparse FFN's quality table for one model: `pi2 perplexity -c 512` on a held-out text
-# (CPython's Lib/pydoc_data/topics.py from the local Python install; never calibrate on it) for the source
-# GGUF (dense), the pi2 file at keep 1.0, 0.7, 0.5, 0.35 (calibrated thresholds, no predictor) and with the
-# file's pi2-made predictor at its default keep; with mean keep, predicted share and FFN bytes per token.
+# (the help topics of CPython's pydoc_data/topics.py, sorted by name and joined by blank lines, from the local
+# Python install; never calibrate on it) for the source GGUF (dense) and the pi2 file at keep 1.0, 0.8, 0.7,
+# 0.5, 0.35, by the threshold rule and with the file's pi2-made predictor; C engine unless --engine reference;
+# with mean keep, predicted share and FFN bytes per token (in memory: the gate rule reads every gate row).
 # Owns: converting the model when given a plain GGUF (with --predictor), running the settings, the markdown.
 # Usage: python3 scripts/sparse_quality.py MODEL.gguf [--pi2 FILE.pi2.gguf | -o OUT.pi2.gguf] [--predictor lowbit]
-#        [--chunks N]
+#        [--chunks N] [--keeps 1,0.8,0.7,0.5,0.35] [--write-text FILE]
 import argparse
 import math
 import sys
@@ -19,13 +20,15 @@ from pi2.errors import Pi2Error  # noqa: E402
 from pi2.perplexity import perplexity  # noqa: E402
 from pi2.runtime import RunConfig, open_context, open_model  # noqa: E402
 
-KEEPS = (1.0, 0.7, 0.5, 0.35)
+KEEPS = "1,0.8,0.7,0.5,0.35"
 
 
 def held_out_text() -> tuple[str, str]:
+    """The text `pi2 perplexity -f` scores in the README's tables (write it with --write-text)."""
     import pydoc_data.topics as topics
     p = Path(topics.__file__)
-    return p.read_text(encoding="utf-8"), f"{p.parent.parent.name}/pydoc_data/topics.py"
+    t = topics.topics
+    return "\n\n".join(t[k] for k in sorted(t)), f"{p.parent.parent.name}/pydoc_data/topics.py (topics sorted)"
 
 
 def measure(path: Path, text: str, n_ctx: int, chunks: int, threads: int, **run) -> dict:
@@ -64,8 +67,15 @@ def main() -> int:
     ap.add_argument("-c", "--ctx-size", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument("--calib-tokens", type=int, default=2048)
+    ap.add_argument("--keeps", default=KEEPS, help="comma-separated keeps to score")
+    ap.add_argument("--engine", default="auto", help="auto (the C engine) | reference")
+    ap.add_argument("--write-text", help="write the held-out text to this file and exit")
     a = ap.parse_args()
+    if a.write_text:
+        Path(a.write_text).write_text(held_out_text()[0], encoding="utf-8")
+        return 0
     src = Path(a.model)
+    keeps = [float(k) for k in a.keeps.split(",")]
     try:
         pi2 = Path(a.pi2) if a.pi2 else None
         if pi2 is None:
@@ -77,8 +87,9 @@ def main() -> int:
         text, name = held_out_text()
         rows = [("source GGUF, dense", src, {"engine": "auto"})]
         rows += [(f"keep {k:g}" + (" (dense)" if k >= 1 else ""), pi2,
-                  {"engine": "reference", "keep": k, "dense": k >= 1, "predictor": False}) for k in KEEPS]
-        rows += [("predictor, default keep", pi2, {"engine": "reference"})]
+                  {"engine": a.engine, "keep": k, "dense": k >= 1, "predictor": False}) for k in keeps]
+        rows += [(f"predictor, keep {k:g}", pi2, {"engine": a.engine, "keep": k, "predictor": True})
+                 for k in keeps if k < 1]
         out = []
         for label, path, run in rows:
             r = measure(path, text, a.ctx_size, a.chunks, a.threads, **run)

@@ -133,6 +133,18 @@ def test_cli_runs_predictor_files_in_c(files):
         assert "pi2_ffn_predicted" not in json.loads(nop.out)[0]
 
 
+def test_info_shows_the_predictor(files):
+    lb = cli("info", files["lowbit1"])
+    assert lb.code == 0, lb.err
+    text = " ".join(lb.out.split())
+    recall = load_model(files["lowbit1"]).file.kv["pi2.predictor.recall"]
+    assert "lowbit (1-bit gate copy, input attn_input)" in text, text
+    assert f"mean {float(np.mean(recall)):.3f}, min {float(np.min(recall)):.3f}" in text, text
+    assert any(ln.split("│")[1].strip() == "predictor" for ln in lb.out.splitlines() if ln.count("│") > 2), lb.out
+    lr = cli("info", files["lowrank"])
+    assert lr.code == 0 and "lowrank (rank 32, input attn_input)" in " ".join(lr.out.split()), lr.out
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_smollm2_lowbit_predicted_c_equals_reference(tmp_path):

@@ -12,8 +12,9 @@ from rich.table import Table
 from pi2.model.loader import load_model
 
 _GROUPS = [("embedding", r"^token_embd\."), ("output", r"^output\."), ("attention", r"\.attn_(q|k|v|output|qkv)\."),
-           ("ffn", r"\.ffn_(gate|up|down|down_t|bundle)\."), ("pi2 statistics", r"\.ffn_(perm|freq|thresh|err)\."),
-           ("predictor", r"\.fc[12]\."), ("norms", r"norm"),
+           ("ffn", r"\.ffn_(gate|up|down|down_t|bundle|down_scale|down_colscale)\."),
+           ("pi2 statistics", r"\.ffn_(perm|freq|thresh|err)\."),
+           ("predictor", r"\.(fc[12]|ffn_gate_pred|ffn_pred_margin)\."), ("norms", r"norm"),
            ("other", r".")]
 
 
@@ -50,6 +51,17 @@ def _pi2_rows(m) -> list:
     from pi2.model.gguf_file import GGML_TYPES
     types = sorted({GGML_TYPES[int(t)][0] for t in kv.get("pi2.ffn.down_types", [])})
     k = np.asarray(keep10)
+    pred = []
+    if "pi2.predictor.kind" in kv:   # a pi2-made predictor: its kind and held-out recall per layer
+        rec = np.asarray(kv.get("pi2.predictor.recall", []), np.float64)
+        kind = str(kv["pi2.predictor.kind"])
+        size = f"{int(kv.get('pi2.predictor.bits', 0))}-bit gate copy" if kind == "lowbit" else \
+            f"rank {int(kv.get('pi2.predictor.rank', 0))}"
+        pred = [("predictor", f"{kind} ({size}, input {kv.get('pi2.predictor.input')}), target recall "
+                              f"{float(kv.get('pi2.predictor.target_recall', 0)):.2f}"
+                              + (f"; held-out recall at keep {float(kv.get('pi2.ffn.default_keep', 0)):.2f}: mean "
+                                 f"{rec.mean():.3f}, min {rec.min():.3f}" if rec.size else "")
+                              + " (used with --predictor)")]
     return [
         ("pi2 file", f"v{kv['pi2.version']}, layout {kv.get('pi2.ffn.layout')}, down rows {', '.join(types)}, "
                      f"score {kv.get('pi2.ffn.score')}, default keep {kv.get('pi2.ffn.default_keep', 0):.2f}"),
@@ -57,8 +69,9 @@ def _pi2_rows(m) -> list:
                         f"from {kv.get('pi2.source.file')}"),
         ("keep @10% err", f"mean {k.mean():.2f} (layers {k.min():.2f}..{k.max():.2f}): "
                           + " ".join(f"{x:.2f}" for x in k)),
+        ("keep by layer", f"uniform: every layer at the run's --keep (default {kv.get('pi2.ffn.default_keep', 0):.2f})"),
         ("hot80", f"{np.mean(hot80):.2f} of neurons carry 80% of activations (uniform 0.80)"),
-    ]
+    ] + pred
 
 
 def describe(path, list_tensors: bool = False, console: Console | None = None) -> None:

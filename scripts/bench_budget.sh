@@ -5,11 +5,14 @@
 # With SOURCE (the GGUF the pi2 file was converted from) llama.cpp's llama-bench runs on it in a cgroup of each
 # size too ($LLAMA_BENCH, default ~/.cache/pi2/lcpp/build/bin/llama-bench, as scripts/bench_vs_llamacpp.sh builds).
 # usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO] [SOURCE.gguf]
+# env: PI2_FLAGS (more `pi2 bench` flags for every pi2 run, e.g. "--predictor"), ROUNDS (repeat the whole
+# sequence, interleaved, default 1), MAPPED=0 (skip the fully mapped runs).
 # needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
 # every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens.
 set -euo pipefail
 MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}; SOURCE=${6:-}
 LLAMA_BENCH=${LLAMA_BENCH:-$HOME/.cache/pi2/lcpp/build/bin/llama-bench}
+read -r -a EXTRA <<< "${PI2_FLAGS:-}"; ROUNDS=${ROUNDS:-1}; MAPPED=${MAPPED:-1}
 PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 [ -d "$PARENT" ] || { echo "bench_budget.sh: no cgroup v1 memory controller at $PARENT" >&2; exit 1; }
 
@@ -23,7 +26,7 @@ run() {
     [ "$limit" != 0 ] && echo "$limit" > "$cg/memory.limit_in_bytes"
     sync; echo 1 > /proc/sys/vm/drop_caches || true
     out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec python3 -m pi2 bench -m \"\$0\" -p 0 -n $NGEN -r 1 -t $THREADS -o json \"\$@\"" \
-          "$MODEL" "$@" 2>/tmp/bench_budget.$$.err) || { echo "$label: failed: $(tail -1 /tmp/bench_budget.$$.err)"; }
+          "$MODEL" "$@" ${EXTRA[@]+"${EXTRA[@]}"} 2>/tmp/bench_budget.$$.err) || { echo "$label: failed: $(tail -1 /tmp/bench_budget.$$.err)"; }
     local peak fail
     peak=$(cat "$cg/memory.max_usage_in_bytes"); fail=$(cat "$cg/memory.failcnt")
     rmdir "$cg"
@@ -60,10 +63,12 @@ run_llama() {
     fi
 }
 
-run 0 "mapped, no limit"
-for b in $BUDGETS; do
-    lim=$(bytes "$b")
-    run "$lim" "streamed --memory-budget $b" --memory-budget "$b" --io "$IO"
-    run "$lim" "mapped in a $b cgroup"
-    if [ -n "$SOURCE" ]; then run_llama "$lim" "llama.cpp in a $b cgroup"; fi
+for _ in $(seq "$ROUNDS"); do
+    if [ "$MAPPED" = 1 ]; then run 0 "mapped, no limit"; fi
+    for b in $BUDGETS; do
+        lim=$(bytes "$b")
+        run "$lim" "streamed --memory-budget $b" --memory-budget "$b" --io "$IO"
+        if [ "$MAPPED" = 1 ]; then run "$lim" "mapped in a $b cgroup"; fi
+        if [ -n "$SOURCE" ]; then run_llama "$lim" "llama.cpp in a $b cgroup"; fi
+    done
 done

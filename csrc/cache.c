@@ -3,12 +3,13 @@
  *       arena (hot prefixes, then slots); read the hot prefixes at creation; per token and layer, look up the
  *       needed clusters, submit the misses (reads land in the slots) and reap them; read whole layers for
  *       batches; advise the kernel away from the mapped bundle range; count hits, misses, bytes and waits.
- * Does not: compute (ffn_sparse.c) or choose sizes (the planner, in Python).
+ * Does not: keep the LRU of slots (cache_pool.c), compute (ffn_sparse.c) or choose sizes (the planner, in Python).
  * Invariants: slots in use by the current layer are never evicted (n_slots >= the largest layer's clusters);
  *       nothing is written back; arena offsets < 2 GiB. */
 #define _GNU_SOURCE
 #include "cache.h"
 
+#include "cache_pool.h"
 #include "internal.h"
 #include "kernels/traits.h"
 
@@ -26,7 +27,6 @@ typedef struct {
     int64_t bb;                      /* record stride */
     int32_t n_cl, hot_cl;            /* clusters; of which resident */
     int64_t hot_delta;               /* arena + hot_delta + file offset = the byte, for hot clusters */
-    int32_t *slot_of;                /* [n_cl] slot holding the cluster, or -1 */
 } layer_t;
 
 struct pi2_cache {
@@ -36,8 +36,7 @@ struct pi2_cache {
     uint8_t *arena;
     pi2_io *io;
     layer_t *L;
-    int32_t *s_layer, *s_cl, *prev, *next;   /* slot owner; LRU list (head = most recent) */
-    int32_t head, tail;
+    pi2_slots slots;                         /* which cold cluster each slot holds */
     int64_t *delta;                          /* [max n_cl] the current layer's cluster deltas */
     pi2_io_request *reqs;                    /* [max n_cl] the current layer's misses */
     int32_t n_req, n_sub, n_wait;            /* misses, of which submitted, of which reaped */
@@ -113,9 +112,8 @@ pi2_status pi2_stream_query(const pi2_model *m, int32_t cluster, int32_t layer, 
 void pi2_cache_free(pi2_cache *k) {
     if (!k) return;
     pi2_io_close(k->io);
-    if (k->L)
-        for (int32_t il = 0; il < k->n_layer; il++) free(k->L[il].slot_of);
-    void *bufs[] = {k->L, k->s_layer, k->s_cl, k->prev, k->next, k->delta, k->reqs, k->g_pending};
+    pi2_slots_free(&k->slots);
+    void *bufs[] = {k->L, k->delta, k->reqs, k->g_pending};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(k->arena);
     free(k);
@@ -200,18 +198,13 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
     k->n_layer = hp->n_layer;
     k->n_ff = hp->n_ff;
     k->slot_bytes = (size_t)q.slot_bytes;
-    k->head = k->tail = -1;
     k->cur = -1;
     const int32_t n_cl = (hp->n_ff + k->C - 1) / k->C, S = k->n_slots;
     k->L = calloc((size_t)hp->n_layer, sizeof *k->L);
-    k->s_layer = malloc((size_t)S * sizeof(int32_t));
-    k->s_cl = malloc((size_t)S * sizeof(int32_t));
-    k->prev = malloc((size_t)S * sizeof(int32_t));
-    k->next = malloc((size_t)S * sizeof(int32_t));
     k->delta = malloc((size_t)n_cl * sizeof(int64_t));
     k->reqs = malloc((size_t)n_cl * sizeof(pi2_io_request));
     k->g_pending = calloc((size_t)hp->n_ff / PI2_FFN_GROUP + 1, sizeof(int32_t));
-    if (!k->g_pending || !k->L || !k->s_layer || !k->s_cl || !k->prev || !k->next || !k->delta || !k->reqs) goto nomem;
+    if (!k->g_pending || !k->L || !k->delta || !k->reqs || pi2_slots_init(&k->slots, S, hp->n_layer, n_cl)) goto nomem;
     size_t off = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         layer_t *l = &k->L[il];
@@ -223,8 +216,6 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
             return pi2_set_error(PI2_ERR_INVALID, "layer %d: %d hot neurons of %d", (int)il, (int)h, (int)hp->n_ff);
         }
         l->hot_cl = h == hp->n_ff ? n_cl : h / k->C;
-        if (!(l->slot_of = malloc((size_t)n_cl * sizeof(int32_t)))) goto nomem;
-        for (int32_t c = 0; c < n_cl; c++) l->slot_of[c] = -1;
         if (l->hot_cl) {
             int64_t fs, fe;
             span(k, l, 0, l->hot_cl, &fs, &fe);
@@ -240,13 +231,6 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
         return pi2_set_error(PI2_ERR_INVALID, "a neuron cache of %zu bytes: at most 2 GiB", k->arena_bytes);
     }
     if (posix_memalign((void **)&k->arena, A, k->arena_bytes)) { k->arena = NULL; goto nomem; }
-    for (int32_t i = 0; i < S; i++) {   /* every slot free, in LRU order */
-        k->s_layer[i] = k->s_cl[i] = -1;
-        k->prev[i] = i - 1;
-        k->next[i] = i + 1 < S ? i + 1 : -1;
-    }
-    k->head = 0;
-    k->tail = S - 1;
     pi2_io_params iop = pi2_io_default_params();
     iop.backend = p->backend;
     iop.queue_depth = p->queue_depth;
@@ -286,26 +270,6 @@ nomem:
 
 static void drain(pi2_cache *k, pi2_status why);
 
-/* ---- the LRU ---- */
-
-static void unlink_slot(pi2_cache *k, int32_t i) {
-    if (k->prev[i] >= 0) k->next[k->prev[i]] = k->next[i]; else k->head = k->next[i];
-    if (k->next[i] >= 0) k->prev[k->next[i]] = k->prev[i]; else k->tail = k->prev[i];
-}
-
-static void to_front(pi2_cache *k, int32_t i) {
-    unlink_slot(k, i);
-    k->prev[i] = -1;
-    k->next[i] = k->head;
-    if (k->head >= 0) k->prev[k->head] = i; else k->tail = i;
-    k->head = i;
-}
-
-static void forget(pi2_cache *k, int32_t i) {
-    if (k->s_layer[i] >= 0) k->L[k->s_layer[i]].slot_of[k->s_cl[i]] = -1;
-    k->s_layer[i] = k->s_cl[i] = -1;
-}
-
 pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready) {
     layer_t *l = &k->L[il];
     const int32_t n_groups = (k->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP;
@@ -318,17 +282,11 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t
         const int32_t cl = idx[i] / k->C;
         while (i < n && idx[i] / k->C == cl) i++;
         if (cl < l->hot_cl) { k->delta[cl] = l->hot_delta; k->st.hot++; continue; }
-        int32_t s = l->slot_of[cl];
+        int32_t s = pi2_slots_find(&k->slots, il, cl);
         if (s >= 0) {
-            to_front(k, s);
             k->st.hits++;
         } else {   /* the LRU's tail was not used by this layer: the needed set is smaller than n_slots */
-            s = k->tail;
-            forget(k, s);
-            to_front(k, s);
-            k->s_layer[s] = il;
-            k->s_cl[s] = cl;
-            l->slot_of[cl] = s;
+            s = pi2_slots_take(&k->slots, il, cl);
             k->st.misses++;
             int64_t fs, fe;
             span(k, l, cl, cl + 1, &fs, &fe);
@@ -362,7 +320,8 @@ static pi2_status check_done(pi2_cache *k, const pi2_io_completion *c) {
     k->st.reads++;
     k->st.bytes_read += fe - fs;
     if ((c->error && c->error != ENODATA) || c->nbytes < need) {
-        if (l->slot_of[cl] >= 0) forget(k, l->slot_of[cl]);
+        const int32_t s = pi2_slots_holding(&k->slots, k->cur, cl);
+        if (s >= 0) pi2_slots_forget(&k->slots, s);
         return pi2_set_error(PI2_ERR_IO, "reading the bundles of layer %d cluster %d at offset %lld: %s", (int)k->cur,
                              (int)cl, (long long)fs, c->error ? strerror(c->error) : "short read");
     }
@@ -376,8 +335,8 @@ static void drain(pi2_cache *k, pi2_status why) {
     int32_t got;
     while (pi2_io_in_flight(k->io) > 0 && !pi2_io_reap(k->io, done, 64, 1, &got)) {}
     for (int32_t i = 0; i < k->n_req; i++) {
-        const int32_t cl = (int32_t)k->reqs[i].user, s = k->L[k->cur].slot_of[cl];
-        if (s >= 0) forget(k, s);
+        const int32_t s = pi2_slots_holding(&k->slots, k->cur, (int32_t)k->reqs[i].user);
+        if (s >= 0) pi2_slots_forget(&k->slots, s);
     }
     k->n_req = k->n_sub = k->n_wait = 0;
 }
@@ -421,7 +380,7 @@ pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t il, pi2_layer *view) {
         view->down_rows.data = k->arena + l->hot_delta + l->down_off;
         return PI2_OK;
     }
-    for (int32_t i = 0; i < k->n_slots; i++) forget(k, i);
+    pi2_slots_clear(&k->slots);
     if ((size_t)(fe - fs) > (size_t)k->n_slots * k->slot_bytes)
         return pi2_set_error(PI2_ERR_INVALID, "layer %d's bundles (%lld bytes) do not fit the cluster slots", (int)il,
                              (long long)(fe - fs));

@@ -3,13 +3,17 @@ streamed context also serves its gate rows from the neuron cache (a hot prefix a
 read by the flash I/O backend): one token reads the gate clusters of its predicted set P, a batch reads a layer's
 gate region whole. Logits are bit-identical to the mapped run with the same predictor and keep for any hot count,
 cluster size and thread count, with the four-row kernel on Q4_K gate rows; reads happen only for P's cold
-clusters; a short gate read is a clean PI2_ERR_IO (the slot LRU itself: test_cache_pool.py)."""
+clusters; a short gate read is a clean PI2_ERR_IO; the planner drops the gate
+rows from the fixed region and the floor, and `pi2 plan --predictor` prints the gate split (the LRU itself:
+test_cache_pool.py)."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import pytest
+from clirun import cli
 from decode_seq import TOKENS, run
 from fixtures import write_model
 from gguf import GGMLQuantizationType as QT
@@ -21,6 +25,7 @@ from pi2.convert import convert, predictor
 from pi2.engine import CContext, CModel, ffi, lib, stream_sizes
 from pi2.errors import EngineError
 from pi2.model.loader import load_model
+from pi2.plan.budget import fixed_bytes, make_plan
 
 
 def _rewrite(src, dst, replace=None, last=()):
@@ -181,3 +186,72 @@ def test_bad_gate_slots_are_refused(files):
         c.set_stream(cluster=16, n_slots=n, stream_gate=True, n_gate_slots=n, n_gate_hot=[-1] * m.config.n_layer)
     c.set_stream(cluster=16, n_slots=n, stream_gate=False, n_gate_slots=0)    # not streamed: the count is unused
     assert c.cache_stats()["gate_arena_bytes"] == 0
+
+
+# ---- the planner and the CLI ----
+
+def test_plan_streams_the_gate_rows(files):
+    m = load_model(files["q41"])
+    cm = CModel.from_model(m)
+    rule = sparse.choose_rule(m)
+    L, F = m.config.n_layer, m.config.n_ff
+    kw = dict(io="pread", cluster=64, runtime=50 << 20)   # 64 rows of 60 bytes: slots smaller than the regions
+    mapped = make_plan(m, cm, 1 << 40, 64, 1, **kw)
+    gated = make_plan(m, cm, 1 << 40, 64, 1, rule=rule, **kw)
+    gate_region = sum(m.tensor(f"blk.{il}.ffn_gate.weight").nbytes for il in range(L))
+    assert not mapped.gate and gated.gate
+    thr = make_plan(m, cm, 1 << 40, 64, 1, rule=sparse.choose_rule(m, use_predictor=False), **kw)
+    assert not thr.gate and thr.floor == mapped.floor and "rule is threshold" in thr.gate_lines()[0]
+    assert mapped.fixed - gated.fixed == gate_region == fixed_bytes(m, 64) - fixed_bytes(m, 64, gate=True)
+    assert gated.floor < mapped.floor
+    assert gated.floor == mapped.floor - gate_region + gated.min_slots * gated.gate_slot_bytes
+    assert sum(gated.n_gate_hot) == F * L and gated.gate_flash_bytes == 0    # all fits: everything hot
+    assert 0.5 < gated.pred_share <= 1.0
+    args = gated.stream_args()
+    assert args["stream_gate"] and args["n_gate_slots"] >= gated.min_slots and args["n_gate_hot"] == gated.n_gate_hot
+    from pi2.errors import UsageError
+    with pytest.raises(UsageError, match="below the minimum of"):
+        make_plan(m, cm, gated.floor - 4096, 64, 1, rule=rule, **kw)
+    low = make_plan(m, cm, gated.floor + 100, 64, 1, rule=rule, **kw)         # nothing hot: every read expected
+    assert sum(low.n_gate_hot) == sum(low.n_hot) == 0 and low.gate_flash_bytes > 0
+    assert low.flash_bytes > low.gate_flash_bytes > 0
+    gb = stream_sizes(cm, 64)["gate_row_bytes"]
+    some = make_plan(m, cm, gated.floor + 16384 * L + 3 * 64 * gb + 100, 64, 1, rule=rule, **kw)
+    assert sum(some.n_gate_hot) == 3 * 64 and sum(some.n_hot) == 0           # gate clusters first: worth more
+    assert 0 < some.gate_flash_bytes < low.gate_flash_bytes
+    assert some.floor + some.hot_bytes + some.gate_hot_bytes <= some.budget
+    # the plan streams bit-identically
+    want = run(ctx_for(files["q41"], 1))
+    c = ctx_for(files["q41"], 2, some.stream_args())
+    assert np.array_equal(run(c), want)
+    assert c.stream_stats()["gate_hit_rate"] < 1.0
+
+
+def test_cli_plan_and_run_with_predictor(files):
+    path = str(files["q41"])
+    m = load_model(files["q41"])
+    plain = cli("plan", "-m", path, "--memory-budget", "1G", "-c", "64", "--io", "pread", "--npu", "off", "--json")
+    pred = cli("plan", "-m", path, "--memory-budget", "1G", "-c", "64", "--io", "pread", "--npu", "off", "--json",
+               "--predictor")
+    assert plain.code == pred.code == 0, pred.err
+    a, b = json.loads(plain.out), json.loads(pred.out)
+    assert not a["gate"] and b["gate"] and b["n_gate_hot"] == [m.config.n_ff] * m.config.n_layer
+    text = cli("plan", "-m", path, "--memory-budget", "1G", "-c", "64", "--io", "pread", "--npu", "off", "--predictor")
+    assert text.code == 0 and "gate rows" in text.out and "streamed with the predictor" in text.out, text.err
+    assert "(mapped: attention, norms, embeddings, output, predictor" in text.out
+    low = cli("plan", "-m", path, "--memory-budget", "1M", "-c", "64", "--predictor")
+    assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
+    assert len([ln for ln in low.err.splitlines() if ln.startswith("pi2: ")]) == 1
+    budget = f"{(b['floor'] >> 20) + 40}M"
+    base = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--predictor")
+    res = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--predictor",
+              "--memory-budget", budget, "--io", "pread", "--verbose", "--npu", "off")
+    assert base.code == res.code == 0, res.err
+    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
+    assert "pi2: cache: gate rows" in res.err
+    bench = cli("bench", path, "-p", "4", "-n", "4", "-r", "1", "-o", "json", "--memory-budget", budget, "--io",
+                "pread", "--predictor", "--npu", "off", timeout=120)
+    assert bench.code == 0, bench.err
+    tg = [r for r in json.loads(bench.out) if r["n_gen"] == 4][0]
+    assert 0 <= tg["pi2_gate_hit_rate"] <= 1 and tg["pi2_gate_flash_bytes_per_token"] >= 0
+    assert tg["pi2_gate_cache_bytes"] > 0

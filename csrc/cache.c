@@ -61,18 +61,26 @@ pi2_status pi2_stream_query(const pi2_model *m, int32_t cluster, int32_t layer, 
                              (int)PI2_FFN_GROUP);
     if (layer < 0 || layer >= m->hp.n_layer) return pi2_set_error(PI2_ERR_INVALID, "no layer %d", (int)layer);
     memset(out, 0, sizeof *out);
+    int gate_ok = 1;   /* gate figures only when every layer's gate rows can stream (0 otherwise) */
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         region_t b, g;
         pi2_status s = layout(m, PI2_PART_BUNDLES, il, &b);
-        if (s || (s = layout(m, PI2_PART_GATE, il, &g))) return s;
+        if (s) return s;
+        gate_ok = gate_ok && !layout(m, PI2_PART_GATE, il, &g);
         if (slot_need(cluster, b.bb) > out->slot_bytes) out->slot_bytes = slot_need(cluster, b.bb);
-        if (slot_need(cluster, g.bb) > out->gate_slot_bytes) out->gate_slot_bytes = slot_need(cluster, g.bb);
+        if (gate_ok && slot_need(cluster, g.bb) > out->gate_slot_bytes) out->gate_slot_bytes = slot_need(cluster, g.bb);
         if (il == layer) {
             region_bytes(m, &b, cluster, n_hot, &out->hot_bytes, &out->layer_bytes);
-            region_bytes(m, &g, cluster, n_hot, &out->gate_hot_bytes, &out->gate_layer_bytes);
             out->bundle_bytes = b.bb;
+        }
+        if (il == layer && gate_ok) {
+            region_bytes(m, &g, cluster, n_hot, &out->gate_hot_bytes, &out->gate_layer_bytes);
             out->gate_row_bytes = g.bb;
         }
+    }
+    if (!gate_ok) {   /* not an error of the query: the message was layout()'s */
+        out->gate_slot_bytes = out->gate_hot_bytes = out->gate_row_bytes = out->gate_layer_bytes = 0;
+        pi2_clear_error();
     }
     out->min_slots = (m->hp.n_ff + cluster - 1) / cluster;
     return PI2_OK;
@@ -110,7 +118,7 @@ static pi2_status part_init(pi2_cache *k, int32_t part, const int32_t *n_hot, in
     size_t off = 0;
     for (int32_t il = 0; il < k->n_layer; il++) {
         region_t *l = &q->L[il];
-        layout(k->m, part, il, l);
+        if ((s = layout(k->m, part, il, l))) return s;
         const int32_t h = n_hot ? n_hot[il] : 0;
         if (h < 0 || h > F)
             return pi2_set_error(PI2_ERR_INVALID, "layer %d: %d hot neurons of %d (%s)", (int)il, (int)h, (int)F, q->what);

@@ -517,8 +517,8 @@ typedef struct {
     int64_t gate_layer_bytes;  /* bytes of `layer`'s gate region, 4 KiB-aligned */
 } pi2_stream_sizes;
 
-/* Sizes of a streamed context's cache. PI2_ERR_INVALID: bad cluster or layer; PI2_ERR_UNSUPPORTED: the
- * model's FFN is not in streamable bundles, or its gate rows are not packed rows outside them. */
+/* Sizes of a streamed context's cache (the gate_* sizes 0 when the gate rows cannot stream: not packed rows).
+ * PI2_ERR_INVALID: bad cluster or layer; PI2_ERR_UNSUPPORTED: the model's FFN is not in streamable bundles. */
 pi2_status pi2_stream_query(const pi2_model *model, int32_t cluster, int32_t layer, int32_t n_hot,
                             pi2_stream_sizes *out);
 /* Stream the context's FFN bundles as `params` says (NULL: back to reading through the mapping), and

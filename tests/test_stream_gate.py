@@ -255,3 +255,20 @@ def test_cli_plan_and_run_with_predictor(files):
     tg = [r for r in json.loads(bench.out) if r["n_gen"] == 4][0]
     assert 0 <= tg["pi2_gate_hit_rate"] <= 1 and tg["pi2_gate_flash_bytes_per_token"] >= 0
     assert tg["pi2_gate_cache_bytes"] > 0
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_smollm2_streamed_gate_equals_mapped():
+    """~/.cache/pi2/conv/smollm2-lowbit.pi2.gguf (`pi2 convert --predictor lowbit`) when it is there: a tiny cache
+    (cluster 16, a quarter of the gate rows hot, no bundle hot prefix) gives the mapped run's logits."""
+    from pathlib import Path
+    path = Path.home() / ".cache" / "pi2" / "conv" / "smollm2-lowbit.pi2.gguf"
+    if not path.exists():
+        pytest.skip("no converted SmolLM2 with a low-bit predictor (pi2 convert --predictor lowbit)")
+    m = load_model(path)
+    want = run(ctx_for(path, 2))
+    c = ctx_for(path, 2, gate_stream(m, 16, 0, m.config.n_ff // 4))
+    assert np.array_equal(run(c), want)
+    st = c.cache_stats()
+    assert st["gate_misses"] > 0 and st["gate_hot"] > 0 and st["misses"] > 0

@@ -121,7 +121,8 @@ static pi2_status part_init(pi2_cache *k, int32_t part, const int32_t *n_hot, in
         if ((s = layout(k->m, part, il, l))) return s;
         const int32_t h = n_hot ? n_hot[il] : 0;
         if (h < 0 || h > F)
-            return pi2_set_error(PI2_ERR_INVALID, "layer %d: %d hot neurons of %d (%s)", (int)il, (int)h, (int)F, q->what);
+            return pi2_set_error(PI2_ERR_INVALID, "layer %d: %d hot neurons of %d (%s)", (int)il, (int)h, (int)F,
+                                 q->what);
         l->hot_cl = h == F ? n_cl : h / k->C;
         if (l->hot_cl) {
             int64_t fs, fe;

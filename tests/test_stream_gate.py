@@ -3,9 +3,9 @@ streamed context also serves its gate rows from the neuron cache (a hot prefix a
 read by the flash I/O backend): one token reads the gate clusters of its predicted set P, a batch reads a layer's
 gate region whole. Logits are bit-identical to the mapped run with the same predictor and keep for any hot count,
 cluster size and thread count, with the four-row kernel on Q4_K gate rows; reads happen only for P's cold
-clusters; a short gate read is a clean PI2_ERR_IO; the planner drops the gate
-rows from the fixed region and the floor, and `pi2 plan --predictor` prints the gate split (the LRU itself:
-test_cache_pool.py)."""
+clusters; the gate pages stay out of the page cache; a short gate read is a clean PI2_ERR_IO; the planner drops
+the gate rows from the fixed region and the floor, and `pi2 plan --predictor` prints the gate split (the slot LRU
+itself: test_cache_pool.py)."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,7 @@ from decode_seq import TOKENS, run
 from fixtures import write_model
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
+from pagecache import resident_pages
 from pi2file import writer_like
 
 from pi2 import sparse
@@ -174,6 +175,38 @@ def test_truncated_file_is_a_gate_read_error(files, tmp_path):
     assert "gate rows of layer" in ffi.string(lib.pi2_last_error()).decode()
     with pytest.raises(EngineError, match="gate rows"):
         c.decode([TOKENS[1]])
+
+
+def test_streamed_gate_rows_stay_out_of_the_page_cache(files, tmp_path):
+    """Streamed gate rows are read with O_DIRECT and never through the mapping, nor read ahead: after single tokens
+    and a batch, the pages wholly inside the gate regions are not in the page cache (with the gate rows mapped,
+    they are)."""
+    import shutil
+    import subprocess
+    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() in (
+            "tmpfs", "ramfs"):
+        pytest.skip("on tmpfs the page cache is the file")
+    p = tmp_path / "cold.pi2.gguf"
+    shutil.copy(files["q4k"], p)
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)                                           # clean pages, so that they can be dropped
+    os.close(fd)
+    m = load_model(p)
+    ranges = []
+    for il in range(m.config.n_layer):
+        t = m.tensor(f"blk.{il}.ffn_gate.weight")
+        ranges.append((-(-t.offset // 4096) * 4096, (t.offset + t.nbytes) // 4096 * 4096))
+    assert all(e - s >= 8 * 4096 for s, e in ranges)
+    c = ctx_for(p, 1, gate_stream(m, 16, 0, 0))
+    for t in TOKENS[:4]:
+        c.decode([t])
+    c.decode(TOKENS[4:8])
+    assert c.cache_stats()["gate_misses"] > 0 and c.cache_stats()["gate_layer_loads"] > 0
+    assert sum(resident_pages(p, s, e) for s, e in ranges) == 0
+    n = stream_sizes(CModel.from_model(m), 16)["min_slots"]
+    d = ctx_for(p, 1, dict(cluster=16, n_slots=n, io="pread"))   # bundles streamed, gate rows mapped
+    d.decode([TOKENS[0]])
+    assert sum(resident_pages(p, s, e) for s, e in ranges) > 0
 
 
 def test_bad_gate_slots_are_refused(files):

@@ -136,7 +136,8 @@ class Plan:
     n_ff: int = 0
     ffn_bytes: int = 0      # every layer's bundle region
     npu_bytes: int = 0      # the NPU's copies of the hot prefix (npu_plan.copy_bytes), part of `fixed`
-    flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq) + gate_flash_bytes
+    flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq),
+                            # and gate_flash_bytes
     read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
     profile_note: str = ""
     gate: bool = False      # the gate rows stream too (two-phase loading with the file's predictor)

@@ -263,19 +263,21 @@ def test_plan_streams_the_gate_rows(files):
 def test_cli_plan_and_run_with_predictor(files):
     path = str(files["q41"])
     m = load_model(files["q41"])
-    plain = cli("plan", "-m", path, "--memory-budget", "1G", "-c", "64", "--io", "pread", "--npu", "off", "--json")
-    pred = cli("plan", "-m", path, "--memory-budget", "1G", "-c", "64", "--io", "pread", "--npu", "off", "--json",
+    need = make_plan(m, CModel.from_model(m), 1 << 40, 64, 1).floor   # this process's (the CLI runs in it)
+    budget = f"{(need >> 20) + 40}M"
+    plain = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread", "--npu", "off", "--json")
+    pred = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread", "--npu", "off", "--json",
                "--predictor")
     assert plain.code == pred.code == 0, pred.err
     a, b = json.loads(plain.out), json.loads(pred.out)
     assert not a["gate"] and b["gate"] and b["n_gate_hot"] == [m.config.n_ff] * m.config.n_layer
-    text = cli("plan", "-m", path, "--memory-budget", "1G", "-c", "64", "--io", "pread", "--npu", "off", "--predictor")
+    text = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread", "--npu", "off",
+               "--predictor")
     assert text.code == 0 and "gate rows" in text.out and "streamed with the predictor" in text.out, text.err
     assert "(mapped: attention, norms, embeddings, output, predictor" in text.out
     low = cli("plan", "-m", path, "--memory-budget", "1M", "-c", "64", "--predictor")
     assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
     assert len([ln for ln in low.err.splitlines() if ln.startswith("pi2: ")]) == 1
-    budget = f"{(b['floor'] >> 20) + 40}M"
     base = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--predictor")
     res = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--predictor",
               "--memory-budget", budget, "--io", "pread", "--verbose", "--npu", "off")

@@ -1,7 +1,9 @@
-/* cache.h — the neuron cache of a streamed context (cache.c), used by context.c and ffn_sparse.c.
- * Bundles of a layer live in one arena: a resident hot prefix per layer, then cold cluster slots (LRU).
- * A row of neuron i of layer il at file offset f is at arena + delta(cluster of i) + f while its
- * cluster is present; arena offsets stay below 2 GiB so they fit the int32 index of axpy_group. */
+/* cache.h — the neuron cache of a streamed context (cache.c, cache_read.c), used by context.c, ffn_sparse.c
+ * (the bundles) and ffn_predict.c (the gate rows of a predicted set).
+ * Each part (bundles, gate rows) of a layer lives in its part's arena: a resident hot prefix per layer, then
+ * cold cluster slots (LRU). A row of neuron i of layer il at file offset f is at arena + delta(cluster of i) + f
+ * while its cluster is present; the bundles' arena offsets stay below 2 GiB so they fit the int32 index of
+ * axpy_group. One part's reads are in flight at a time. */
 #ifndef PI2_CACHE_H
 #define PI2_CACHE_H
 #include <stdint.h>
@@ -11,25 +13,29 @@
 
 typedef struct pi2_cache pi2_cache;
 
-/* Open the file, size the arena, read every hot prefix (PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID,
+enum { PI2_PART_BUNDLES = 0, PI2_PART_GATE = 1 };
+
+/* Open the file, size the arenas, read every hot prefix (PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID,
  * PI2_ERR_UNSUPPORTED: a layout the cache cannot stream). */
 pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_cache **out);
 void pi2_cache_free(pi2_cache *k);
+/* 1 when the gate rows stream too (part PI2_PART_GATE exists). */
+int pi2_cache_streams_gate(const pi2_cache *k);
 
-/* Make present the clusters of layer il holding the n ascending neurons idx: hot and cached ones at
- * once, misses submitted. ready[g] (per group of PI2_FFN_GROUP) = 1 when every needed cluster of
- * group g is present now, 0 when it waits on a read. */
-pi2_status pi2_cache_begin(pi2_cache *k, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready);
-/* Wait for the layer's next reads and list the groups whose clusters have now all arrived (*n_groups; 0 when
+/* Make present the clusters of `part` of layer il holding the n ascending neurons idx: hot and cached ones at
+ * once, misses submitted. ready[g] (per group of PI2_FFN_GROUP) = 1 when every needed cluster of group g is
+ * present now, 0 when it waits on a read. */
+pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready);
+/* Wait for the part's next reads and list the groups whose clusters have now all arrived (*n_groups; 0 when
  * every read has been reaped). PI2_ERR_IO: a failed or short read (the layer's reads are drained first). */
-pi2_status pi2_cache_next(pi2_cache *k, int32_t *groups, int32_t *n_groups);
-/* The arena and, after begin/finish, the offset to add to a file offset inside cluster cl. */
-const uint8_t *pi2_cache_arena(const pi2_cache *k);
-int64_t pi2_cache_delta(const pi2_cache *k, int32_t cl);
+pi2_status pi2_cache_next(pi2_cache *k, int32_t part, int32_t *groups, int32_t *n_groups);
+/* The part's arena and, after begin, the offset to add to a file offset inside cluster cl. */
+const uint8_t *pi2_cache_arena(const pi2_cache *k, int32_t part);
+int64_t pi2_cache_delta(const pi2_cache *k, int32_t part, int32_t cl);
 int32_t pi2_cache_cluster(const pi2_cache *k);
-/* Read layer il's whole bundle region with large sequential reads into the slot region (forgetting
- * the cached clusters) and point view->up / view->down_rows at it. */
-pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t il, pi2_layer *view);
+/* Read layer il's whole region of `part` with large sequential reads into the part's slots (forgetting the
+ * cached clusters) and point view->up / view->down_rows (bundles) or view->gate (gate rows) at it. */
+pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view);
 void pi2_cache_get_stats(const pi2_cache *k, pi2_cache_stats *out);
 
 #endif

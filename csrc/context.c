@@ -1,5 +1,5 @@
 /* context.c — pi2_ctx_init / free / reset, parameters, abort flag, trace hook, and switching a context
- * to streamed FFN bundles (the neuron cache itself is cache.c).
+ * to streamed FFN bundles and gate rows (the neuron cache itself is cache.c).
  * Does: size and allocate the KV cache and every scratch buffer once (decode never allocates);
  *       start the thread pool.
  * Does not: compute (forward.c). */

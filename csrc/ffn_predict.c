@@ -3,11 +3,15 @@
  * Does: the rule's parameters and buffers; the predictor's input (ffn_norm(h), or attn_norm of the layer's input
  *       kept by forward.c); ĝ = the low-bit gate copy · Q8_0(z) (kernels/lowbit.c) or fc2·(fc1·z) (pi2_matmul);
  *       P = {|act(ĝ_i)| > t_L − m_L}; the gate rows of P; the active set; |P| per layer for the statistics.
+ *       In a streamed context whose gate rows stream (cache.c, two-phase loading), one token's gate rows of P come
+ *       from the neuron cache: the groups of P whose gate clusters are present are computed while the others are
+ *       read, each as soon as its reads land.
  * Does not: up rows, h or down (ffn_sparse.c computes them for the active set as for every rule).
  * Float order: pi2/sparse.py (rule `predicted`) and pi2/convert/predictor.py, bit for bit; every value is
  *       computed by one task whichever thread runs it. */
 #include "ffn_predict.h"
 
+#include "cache.h"
 #include "context.h"
 #include "internal.h"
 #include "kernels/lowbit.h"
@@ -179,13 +183,70 @@ static void gate_task(void *arg, int32_t task, int32_t thread) {
     }
 }
 
-static void one_token(pi2_ctx *c, const pred_job *j) {
+/* gate_task over the neuron cache: P's entries in one group of PI2_FFN_GROUP neurons, each row found through its
+ * cluster's delta; the four-row kernel on four neighbours of one cluster (consecutive rows of its slot). Every
+ * value in vec_dot's order, as gate_task computes it. */
+static void gate_task_stream(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const pred_job *j = arg;
+    const pi2_ctx *c = j->c;
+    const struct pi2_ffn_pred *p = c->ffn_pred;
+    const pi2_weight *w = &j->L->gate;
+    const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
+    const pi2_vec_dot_rows4_fn rows4 = pi2_kernels_dot_rows4(w->type, c->p.impl);
+    const int32_t g = c->ffn_task_group[task], k1 = c->ffn_group_start[g + 1], C = pi2_cache_cluster(c->cache);
+    const uint8_t *arena = pi2_cache_arena(c->cache, PI2_PART_GATE);
+    const int64_t row0 = w->data - c->m->map, rb = (int64_t)w->row_bytes;   /* row 0's file offset */
+    const int32_t *P = p->P;
+    for (int32_t k = c->ffn_group_start[g]; k < k1;) {
+        const uint8_t *row = arena + pi2_cache_delta(c->cache, PI2_PART_GATE, P[k] / C) + row0 + (int64_t)P[k] * rb;
+        if (rows4 && k + 4 <= k1 && P[k + 3] == P[k] + 3 && P[k] / C == P[k + 3] / C) {
+            rows4(w->n_in, &p->gc[k], row, w->row_bytes, p->gq);
+            k += 4;
+        } else {
+            tr->vec_dot(w->n_in, &p->gc[k], row, p->gq);
+            k++;
+        }
+    }
+}
+
+/* Groups with predicted neurons whose gate clusters are all present before the reads. */
+static int32_t ready_groups(pi2_ctx *c, int32_t n_groups) {
+    int32_t n = 0;
+    for (int32_t g = 0; g < n_groups; g++)
+        if (c->ffn_group_start[g + 1] > c->ffn_group_start[g] && c->ffn_ready[g]) c->ffn_task_group[n++] = g;
+    return n;
+}
+
+/* Phase 1 of two-phase loading: P's gate rows, hot and cached groups while the misses are read, then each group
+ * as its reads land. */
+static pi2_status gate_rows_streamed(pi2_ctx *c, const pred_job *j) {
+    const struct pi2_ffn_pred *p = c->ffn_pred;
+    const int32_t n = p->n_P[0], n_groups = (int32_t)((c->m->hp.n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
+    for (int32_t g = 0, k = 0; g <= n_groups; g++) {   /* where each group's predicted neurons start */
+        while (k < n && p->P[k] < g * PI2_FFN_GROUP) k++;
+        c->ffn_group_start[g] = k;
+    }
+    pi2_status s = pi2_cache_begin(c->cache, PI2_PART_GATE, j->il, p->P, n, c->ffn_ready);
+    if (s) return s;
+    pi2_pool_run(c->pool, gate_task_stream, (void *)j, ready_groups(c, n_groups));
+    for (int32_t ready; !(s = pi2_cache_next(c->cache, PI2_PART_GATE, c->ffn_task_group, &ready)) && ready;)
+        pi2_pool_run(c->pool, gate_task_stream, (void *)j, ready);
+    return s;
+}
+
+static pi2_status one_token(pi2_ctx *c, const pred_job *j) {
     struct pi2_ffn_pred *p = c->ffn_pred;
     const pi2_layer *L = j->L;
     const int64_t F = c->m->hp.n_ff;
     const int32_t n = p->n_P[0];
     pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl)->quantize_act(c->xn, p->gq, L->gate.n_in);
-    pi2_pool_run(c->pool, gate_task, (void *)j, (n + GATE_CHUNK - 1) / GATE_CHUNK);
+    if (c->cache && pi2_cache_streams_gate(c->cache)) {
+        const pi2_status s = gate_rows_streamed(c, j);
+        if (s) return s;
+    } else {
+        pi2_pool_run(c->pool, gate_task, (void *)j, (n + GATE_CHUNK - 1) / GATE_CHUNK);
+    }
     float *a = p->ghat;   /* act(gc), in P's order (ĝ is not needed any more) */
     pi2_ffn_act_values(a, p->gc, n, c->m->hp.ffn_act, c->m->gelu_table);
     const float thr = c->ffn.thresholds[j->il];
@@ -200,9 +261,10 @@ static void one_token(pi2_ctx *c, const pred_job *j) {
         memset(c->gate, 0, (size_t)F * sizeof *c->gate);
         for (int32_t k = 0; k < n; k++) c->gate[p->P[k]] = p->gc[k];
     }
+    return PI2_OK;
 }
 
-int pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+pi2_status pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, int *done) {
     struct pi2_ffn_pred *p = c->ffn_pred;
     const int64_t E = c->m->hp.n_embd, F = c->m->hp.n_ff;
     const float *z = p->input == 1 ? p->z : c->xn;
@@ -217,9 +279,8 @@ int pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     }
     pi2_pool_run(c->pool, select_p_task, &j, n);
     for (int32_t t = 0; t < n; t++) p->predicted[il] += p->n_P[t];
-    if (n > 1) return 0;
-    one_token(c, &j);
-    return 1;
+    *done = n == 1;
+    return n == 1 ? one_token(c, &j) : PI2_OK;
 }
 
 int32_t pi2_ffn_pred_select(const pi2_ctx *c, int32_t il, int32_t t, const float *s, int32_t *idx) {

@@ -17,10 +17,11 @@ void pi2_ffn_pred_free(struct pi2_ffn_pred *pred);
 /* forward.c, after attn_norm: keep c->xn [n][n_embd] when the predictor reads the layer's input. */
 void pi2_ffn_pred_note_input(pi2_ctx *c, int32_t n);
 
-/* P of each of the n tokens of layer il from its predictor; for one token also the gate rows of P only and the
- * active set: c->ffn_idx / ffn_n_active[0] / ffn_score[active] as select_task leaves them (returns 1); for a
- * batch 0: the caller computes every gate row and calls pi2_ffn_pred_select per token. */
-int pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+/* P of each of the n tokens of layer il from its predictor; for one token also the gate rows of P only (from the
+ * neuron cache when the gate rows stream) and the active set: c->ffn_idx / ffn_n_active[0] / ffn_score[active] as
+ * select_task leaves them (*done = 1); for a batch *done = 0: the caller computes every gate row and calls
+ * pi2_ffn_pred_select per token. PI2_ERR_IO: a streamed gate read failed. */
+pi2_status pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, int *done);
 
 /* Token t of a batch: its active neurons P ∩ {|s_i| > t_L} (s = act(gate)) into idx, ascending; their count. */
 int32_t pi2_ffn_pred_select(const pi2_ctx *c, int32_t il, int32_t t, const float *s, int32_t *idx);

@@ -7,7 +7,7 @@
  *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
  *       In a streamed context (cache.c) the bundles come from the neuron cache: one token computes the
  *       groups whose clusters are present while the misses are read, then the rest; a batch reads each
- *       layer's bundles whole and runs the same code on them.
+ *       layer's bundles whole and runs the same code on them (and streamed gate rows, whenever all are needed).
  * Determinism: every up value is computed in vec_dot's order (vec_dot, the four-row kernel, or the tiled
  *       product for batches, which keep it), every output element one fixed sequence of float operations,
  *       whichever thread runs it, wherever the bytes live. */
@@ -236,17 +236,17 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
     const int32_t k0 = c->ffn_group_start[g], k = c->ffn_group_start[g + 1] - k0;
     const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
     const int32_t *idx = c->ffn_idx + k0, C = pi2_cache_cluster(c->cache);
-    const uint8_t *arena = pi2_cache_arena(c->cache), *map = c->m->map;
+    const uint8_t *arena = pi2_cache_arena(c->cache, PI2_PART_BUNDLES), *map = c->m->map;
     const int64_t up0 = up->data - map, down0 = down->data - map, bb = (int64_t)up->row_bytes;
     const float *s = c->ffn_score;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     int32_t off[PI2_FFN_GROUP];
     for (int32_t i = 0, pf = 0; i < k;) {
-        const int64_t d = pi2_cache_delta(c->cache, idx[i] / C) + (int64_t)idx[i] * bb;
+        const int64_t d = pi2_cache_delta(c->cache, PI2_PART_BUNDLES, idx[i] / C) + (int64_t)idx[i] * bb;
         const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / C == idx[i + 3] / C;
         for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
             const int32_t a = idx[pf];     /* as group_task: every row PREFETCH neurons ahead */
-            const uint8_t *r = arena + pi2_cache_delta(c->cache, a / C) + (int64_t)a * bb;
+            const uint8_t *r = arena + pi2_cache_delta(c->cache, PI2_PART_BUNDLES, a / C) + (int64_t)a * bb;
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(r + up0 + o);
             for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(r + down0 + o);
         }
@@ -308,10 +308,10 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     j->up_bytes = (size_t)(j->n_embd / ut->block_size) * (size_t)ut->type_size;
     j->down_bytes = (size_t)(j->n_embd / dt->block_size) * (size_t)dt->type_size;
     if (c->cache) {   /* hits and the hot prefix while the misses are read, then groups as their reads land */
-        pi2_status s = pi2_cache_begin(c->cache, j->il, idx, n, c->ffn_ready);
+        pi2_status s = pi2_cache_begin(c->cache, PI2_PART_BUNDLES, j->il, idx, n, c->ffn_ready);
         if (s) return s;
         pi2_pool_run(c->pool, group_task_stream, j, task_list(c, n_groups, 1));
-        for (int32_t ready; !(s = pi2_cache_next(c->cache, c->ffn_task_group, &ready)) && ready;)
+        for (int32_t ready; !(s = pi2_cache_next(c->cache, PI2_PART_BUNDLES, c->ffn_task_group, &ready)) && ready;)
             pi2_pool_run(c->pool, group_task_stream, j, ready);   /* each group as soon as its reads are in */
         if (s) return s;
     } else {
@@ -326,10 +326,12 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
 pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* one pass over the bundles */
-    pi2_layer view;
-    if (c->cache && !one_rows) {   /* a batch: the layer's bundles read whole, then computed as if mapped */
-        view = *L;
-        pi2_status s = pi2_cache_load_layer(c->cache, il, &view);
+    const int pred_one = c->ffn.rule == PI2_FFN_PREDICTED && n == 1;   /* gate rows of P only (ffn_predict.c) */
+    pi2_layer view = *L;
+    if (c->cache) {   /* the bundles of a batch, and streamed gate rows all needed, read whole: then as if mapped */
+        pi2_status s = one_rows ? PI2_OK : pi2_cache_load_layer(c->cache, PI2_PART_BUNDLES, il, &view);
+        if (!s && !pred_one && pi2_cache_streams_gate(c->cache))
+            s = pi2_cache_load_layer(c->cache, PI2_PART_GATE, il, &view);
         if (s) return s;
         L = &view;
     }
@@ -345,7 +347,14 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
 
     /* gate rows of every neuron (and every up row when the rule needs them); the predicted rule on one token:
      * gate rows of its predicted neurons only, and the active set */
-    const int predicted = c->ffn.rule == PI2_FFN_PREDICTED && pi2_ffn_predict(c, L, il, n);
+    int predicted = 0;
+    if (c->ffn.rule == PI2_FFN_PREDICTED) {
+        const pi2_status s = pi2_ffn_predict(c, L, il, n, &predicted);
+        if (s) {
+            if (npu) pi2_npu_ffn_finish(c, s);
+            return s;
+        }
+    }
     if (full_up)
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
     else if (!predicted)

@@ -478,7 +478,7 @@ typedef struct {
  * pipe failed. */
 pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, int32_t *chosen);
 
-/* ---- streamed FFN bundles (cache.c): the neuron cache of a context ----
+/* ---- streamed FFN bundles and gate rows (cache.c): the neuron cache of a context ----
  * For files whose down rows and up rows are strided views of one bundle region per layer (pi2 files in
  * the bundle-ud layout), a context can stop reading the bundles through the mapping: each layer's first
  * n_hot neurons (whole clusters) are read once into resident memory, the others are served from an LRU
@@ -486,7 +486,12 @@ pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, in
  * allowed) straight into the slots. The bundle range of the mapping gets MADV_RANDOM and MADV_DONTNEED
  * and is not touched again. Decode of one token computes hot and cached clusters while the misses are
  * read; a batch reads each layer's whole bundle region sequentially into the slots (dropping the cached
- * clusters). Results are bit-identical to the mapped run. Gate rows and every other tensor stay mapped. */
+ * clusters). Results are bit-identical to the mapped run.
+ * With stream_gate the gate rows (one region of packed rows per layer) are streamed the same way, in their
+ * own hot prefixes and slots (two-phase loading): one token under PI2_FFN_PREDICTED reads the gate clusters
+ * of its predicted set P and computes each group of P's gate rows as soon as its reads land, then the
+ * bundle clusters of its active set; every other FFN computation (batches, other rules) reads the layer's
+ * gate region whole into the gate slots first. Without it the gate rows stay mapped (the fixed region). */
 typedef struct {
     const char *path;      /* the model's file (its size must equal the mapping's) */
     int32_t backend;       /* pi2_io_backend, not PI2_IO_AUTO */
@@ -495,6 +500,9 @@ typedef struct {
     int32_t cluster;       /* neurons per cluster: 8, 16, 32 or 64 (divides PI2_FFN_GROUP) */
     int32_t n_slots;       /* cold cluster slots, >= pi2_stream_query's min_slots */
     const int32_t *n_hot;  /* [n_layer] resident prefix per layer, rounded down to whole clusters; NULL: none */
+    int32_t stream_gate;   /* 1: the gate rows stream too (then the two fields below count) */
+    int32_t n_gate_slots;  /* cold gate-cluster slots, >= min_slots (one layer's gate region fits them) */
+    const int32_t *n_gate_hot; /* [n_layer] resident gate rows per layer, rounded down to whole clusters; NULL: none */
 } pi2_stream_params;
 
 typedef struct {
@@ -503,10 +511,14 @@ typedef struct {
     int64_t hot_bytes;     /* bytes of `layer`'s resident prefix of n_hot neurons */
     int64_t bundle_bytes;  /* bytes from one neuron's record to the next in `layer` */
     int64_t layer_bytes;   /* bytes of `layer`'s bundle region */
+    int64_t gate_slot_bytes;   /* bytes of one cold gate-cluster slot (min_slots of them at least) */
+    int64_t gate_hot_bytes;    /* bytes of `layer`'s resident prefix of n_hot gate rows */
+    int64_t gate_row_bytes;    /* bytes of one gate row of `layer` */
+    int64_t gate_layer_bytes;  /* bytes of `layer`'s gate region, 4 KiB-aligned */
 } pi2_stream_sizes;
 
-/* Sizes of a streamed context's cache. PI2_ERR_INVALID: bad cluster or layer; PI2_ERR_UNSUPPORTED: the
- * model's FFN is not in streamable bundles. */
+/* Sizes of a streamed context's cache (the gate_* sizes 0 when the gate rows cannot stream: not packed rows).
+ * PI2_ERR_INVALID: bad cluster or layer; PI2_ERR_UNSUPPORTED: the model's FFN is not in streamable bundles. */
 pi2_status pi2_stream_query(const pi2_model *model, int32_t cluster, int32_t layer, int32_t n_hot,
                             pi2_stream_sizes *out);
 /* Stream the context's FFN bundles as `params` says (NULL: back to reading through the mapping), and
@@ -516,16 +528,23 @@ pi2_status pi2_ctx_set_stream(pi2_ctx *ctx, const pi2_stream_params *params);
 
 typedef struct {
     int64_t tokens;        /* single tokens computed by clusters since pi2_ctx_set_stream */
-    int64_t hot;           /* needed clusters found in the hot prefix (per token and layer) */
-    int64_t hits;          /* needed cold clusters found in a slot */
-    int64_t misses;        /* needed cold clusters read */
-    int64_t reads;         /* read requests (misses + the large reads of batches) */
-    int64_t bytes_read;    /* bytes those requests asked for */
-    int64_t layer_loads;   /* whole layers read for batches */
+    int64_t hot;           /* needed bundle clusters found in the hot prefix (per token and layer) */
+    int64_t hits;          /* needed cold bundle clusters found in a slot */
+    int64_t misses;        /* needed cold bundle clusters read */
+    int64_t reads;         /* read requests, bundles and gate rows (misses + the large reads of whole layers) */
+    int64_t bytes_read;    /* bytes those requests asked for (gate rows included) */
+    int64_t layer_loads;   /* whole bundle regions read for batches */
     double io_wait_s;      /* time the decoding thread waited for reads (not hidden by computing) */
     double read_s;         /* time from submitting a layer's reads to the last completion */
-    int64_t arena_bytes;   /* resident hot prefixes + slots */
-    int64_t hot_bytes;     /* of which hot prefixes */
+    int64_t arena_bytes;   /* resident hot prefixes + slots, bundles and gate rows */
+    int64_t hot_bytes;     /* of which hot prefixes (gate rows included) */
+    int64_t gate_hot;      /* stream_gate: needed gate clusters (of P, per token and layer) in the hot prefix */
+    int64_t gate_hits;     /* ... found in a gate slot */
+    int64_t gate_misses;   /* ... read */
+    int64_t gate_bytes_read;   /* of bytes_read: gate rows (clusters and whole regions) */
+    int64_t gate_layer_loads;  /* whole gate regions read (batches; single tokens of rules other than predicted) */
+    int64_t gate_arena_bytes;  /* of arena_bytes: gate hot prefixes + gate slots */
+    int64_t gate_hot_bytes;    /* of hot_bytes: gate hot prefixes */
 } pi2_cache_stats;
 
 /* The statistics of a streamed context. PI2_ERR_INVALID: NULL arguments or the context is not streamed. */

@@ -36,7 +36,8 @@ NpuGbpsOpt = typer.Option(None, "--npu-gbps", envvar="PI2_NPU_GBPS",
                                "(default: measured on the NNAPI device)", show_default=False)
 PredOpt = typer.Option(False, "--predictor/--no-predictor",
                          help="use a pi2 file's own predictor (gate rows of predicted neurons only); off by default: "
-                              "with the gate rows in memory it reads and costs more than the gate it skips")
+                              "with the gate rows in memory it reads and costs more than the gate it skips; with "
+                              "--memory-budget the gate rows leave memory and the predicted ones are read")
 
 
 def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
@@ -257,13 +258,14 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          ctx_size: int = typer.Option(4096, "-c", "--ctx-size", help="context size the plan holds a KV cache for"),
          threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
          io: str = IoOpt, npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
-         npu_gbps: Optional[float] = NpuGbpsOpt,
+         npu_gbps: Optional[float] = NpuGbpsOpt, use_predictor: bool = PredOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON")):
-    """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, I/O, and
-    whether the NPU computes the hot prefix (with the memory its copies take and the predicted gain)."""
+    """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
+    --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
+    predicted gain)."""
     from pi2 import commands
     commands.plan(_model_path(model, model_opt), _budget(memory_budget), ctx_size, max(threads, 0),
-                  parse_io(io), json_out, npu, nnapi_lib, _gbps(npu_gbps))
+                  parse_io(io), json_out, npu, nnapi_lib, _gbps(npu_gbps), use_predictor)
 
 
 def _click_exceptions():

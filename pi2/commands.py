@@ -122,18 +122,24 @@ def cache_report(ctx) -> None:
     print(f"pi2: cache: hit rate {st['cache_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), "
           f"flash {st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, "
           f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
+    if "gate_hit_rate" in st:   # two-phase loading: the gate rows' share of the figures above
+        print(f"pi2: cache: gate rows hot {st['gate_hot_bytes'] / 2**20:.1f} MiB, {plan.n_gate_slots} x "
+              f"{plan.gate_slot_bytes // 1024} KiB slots, hit rate {st['gate_hit_rate']:.1%}, flash "
+              f"{st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)", file=sys.stderr)
 
 
 def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_out: bool, npu: str = "auto",
-         nnapi_lib: Optional[str] = None, npu_gbps: Optional[float] = None) -> None:
+         nnapi_lib: Optional[str] = None, npu_gbps: Optional[float] = None, predictor: bool = False) -> None:
     """pi2 plan: the split of a memory budget for a pi2 file (pi2/plan/budget.py) and whether the NPU computes
-    the hot prefix (pi2/plan/npu_plan.py, the decision `pi2 run` takes), on stdout."""
+    the hot prefix (pi2/plan/npu_plan.py, the decision `pi2 run` takes), on stdout. predictor: as `pi2 run
+    --predictor` (the file's predictor at its default keep: its gate rows stream too)."""
     from pi2 import flash_io
     from pi2.engine import CModel, _default_threads
     from pi2.npu import check_gbps, check_mode, open_delegate
     from pi2.plan.budget import make_plan, streamable
     from pi2.plan.npu_plan import decide
     from pi2.runtime import open_model, resolve_ctx
+    from pi2.sparse import choose_rule
     check_mode(npu)
     check_gbps(npu_gbps)
     model = open_model(model_path)
@@ -143,11 +149,12 @@ def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_
     backend, _ = flash_io.resolve(io, model.path)
     model.tokenizer      # as a run holds it
     cm, n_ctx, threads = CModel.from_model(model), resolve_ctx(model, n_ctx), threads or _default_threads()
-    p = make_plan(model, cm, budget, n_ctx, threads, io=backend)
+    rule = choose_rule(model, use_predictor=True) if predictor else None
+    p = make_plan(model, cm, budget, n_ctx, threads, io=backend, rule=rule)
     d, reason = open_delegate(npu, nnapi_lib)
     dec = decide(model, npu, d, reason, threads, room=budget - p.floor, npu_gbps=npu_gbps)
     if dec.use:
-        p = make_plan(model, cm, budget, n_ctx, threads, io=backend, runtime=p.runtime, npu=dec)
+        p = make_plan(model, cm, budget, n_ctx, threads, io=backend, runtime=p.runtime, npu=dec, rule=rule)
     if json_out:
         print(json.dumps({**p.as_dict(), "npu": dec.as_dict()}))
     else:

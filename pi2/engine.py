@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 try:
     from pi2._pi2 import ffi, lib
@@ -267,10 +267,12 @@ class CModel:
 
 
 def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:
-    """pi2_stream_query: slot_bytes, min_slots, and layer's hot_bytes (n_hot neurons), bundle_bytes, layer_bytes."""
+    """pi2_stream_query: slot_bytes, min_slots, and layer's hot_bytes (n_hot neurons), bundle_bytes, layer_bytes; the
+    same for its gate rows: gate_slot_bytes, gate_hot_bytes, gate_row_bytes, gate_layer_bytes."""
     out = ffi.new("pi2_stream_sizes *")
     check(lib.pi2_stream_query(cmodel._h, cluster, layer, n_hot, out))
-    return {k: getattr(out, k) for k in ("slot_bytes", "min_slots", "hot_bytes", "bundle_bytes", "layer_bytes")}
+    return {k: getattr(out, k) for k in ("slot_bytes", "min_slots", "hot_bytes", "bundle_bytes", "layer_bytes",
+                                         "gate_slot_bytes", "gate_hot_bytes", "gate_row_bytes", "gate_layer_bytes")}
 
 
 def _default_threads() -> int:
@@ -360,24 +362,32 @@ class CContext:
         return {**self._ffn_stats(), **self.stream_stats()}
 
     def stream_stats(self) -> dict:
-        """Streamed contexts: cache_hit_rate (needed clusters found hot or cached), cold_hit_rate, flash bytes per
-        token decoded, io_wait_share (of decode time), read_mbps (bytes read / time reads were outstanding),
-        since the previous call. {} when not streamed."""
+        """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes
+        per token decoded (gate rows included), io_wait_share (of decode time), read_mbps (bytes read / time reads
+        were outstanding), since the previous call; with streamed gate rows also gate_hit_rate (P's gate clusters
+        found hot or cached), gate_flash_bytes_per_token, gate_cache_bytes and gate_hot_bytes. {} when not
+        streamed."""
         st = self.cache_stats()
         if not st:
             return {}
         st["decode_s"], st["decoded"] = getattr(self, "_decode_s", 0.0), getattr(self, "_decoded", 0)
         prev = getattr(self, "_stream_prev", None) or {k: 0 for k in st}
         self._stream_prev = dict(st)
-        d = {k: st[k] - prev[k] for k in st if k not in ("arena_bytes", "hot_bytes")}
+        d = {k: st[k] - prev[k] for k in st if not k.endswith(("arena_bytes", "hot_bytes"))}
         need, cold = d["hot"] + d["hits"] + d["misses"], d["hits"] + d["misses"]
-        return {"cache_hit_rate": round((d["hot"] + d["hits"]) / need, 4) if need else 1.0,
-                "cold_hit_rate": round(d["hits"] / cold, 4) if cold else 1.0,
-                "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
-                "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
-                "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
-                "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
-                "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
+        out = {"cache_hit_rate": round((d["hot"] + d["hits"]) / need, 4) if need else 1.0,
+               "cold_hit_rate": round(d["hits"] / cold, 4) if cold else 1.0,
+               "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
+               "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
+               "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
+               "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
+               "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
+        if self.stream.get("stream_gate"):   # two-phase loading: the gate rows' share (included above)
+            gneed = d["gate_hot"] + d["gate_hits"] + d["gate_misses"]
+            out.update(gate_hit_rate=round((d["gate_hot"] + d["gate_hits"]) / gneed, 4) if gneed else 1.0,
+                       gate_flash_bytes_per_token=int(d["gate_bytes_read"] / d["decoded"]) if d["decoded"] else 0,
+                       gate_cache_bytes=st["gate_arena_bytes"], gate_hot_bytes=st["gate_hot_bytes"])
+        return out
 
     def _ffn_stats(self) -> dict:
         """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
@@ -404,21 +414,31 @@ class CContext:
         return out
 
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
-                   direct: bool = True) -> None:
+                   direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache.c): n_hot[L] resident neurons per layer, n_slots
-        cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto)."""
+        cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
+        gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots."""
         from pi2.flash_io import _IDS
-        hot = np.ascontiguousarray(np.zeros(self.cfg.n_layer) if n_hot is None else n_hot, np.int32)
-        self._stream_hot = hot
+        L = self.cfg.n_layer
+        hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
+        ghot = np.ascontiguousarray(np.zeros(L) if n_gate_hot is None else n_gate_hot, np.int32)
+        self._stream_hot, self._stream_gate_hot = hot, ghot
         self._stream_path = ffi.new("char[]", self.cmodel.path.encode())
         p = ffi.new("pi2_stream_params *", {"backend": _IDS[io], "queue_depth": queue_depth, "direct": int(direct),
-                                            "cluster": cluster, "n_slots": n_slots})
+                                            "cluster": cluster, "n_slots": n_slots, "stream_gate": int(stream_gate),
+                                            "n_gate_slots": n_gate_slots})
         p.path = self._stream_path
         p.n_hot = ffi.from_buffer("int32_t[]", hot)
+        p.n_gate_hot = ffi.from_buffer("int32_t[]", ghot)
         check(lib.pi2_ctx_set_stream(self._h, p))
-        self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth}
+        self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth,
+                       "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0}
         self._stream_prev = None
         self.stream_stats()      # the figures start after the hot prefixes were read
+
+    _CACHE_STATS = ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads", "io_wait_s", "read_s",
+                    "arena_bytes", "hot_bytes", "gate_hot", "gate_hits", "gate_misses", "gate_bytes_read",
+                    "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""
@@ -426,8 +446,7 @@ class CContext:
             return {}
         st = ffi.new("pi2_cache_stats *")
         check(lib.pi2_ctx_cache_stats(self._h, st))
-        return {k: getattr(st, k) for k in ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads",
-                                            "io_wait_s", "read_s", "arena_bytes", "hot_bytes")}
+        return {k: getattr(st, k) for k in self._CACHE_STATS}
 
     def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
         """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or

@@ -99,8 +99,9 @@ def open_context(model: Model, cfg: RunConfig):
 
 
 def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
-    """A C context whose FFN bundles come from the neuron cache the budget leaves room for; with the NPU on,
-    its copies of the hot prefix are part of the fixed region and the cache keeps no hot prefix of its own."""
+    """A C context whose FFN bundles come from the neuron cache the budget leaves room for (and its gate rows, when
+    the run uses the file's predictor: two-phase loading); with the NPU on, its copies of the hot prefix are part of
+    the fixed region and the cache keeps no hot prefix of its own."""
     from pi2 import flash_io, npu
     from pi2.engine import CContext, CModel, _default_threads
     from pi2.plan.budget import make_plan, streamable
@@ -113,13 +114,13 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
     rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)
     cm = CModel.from_model(model)
     threads = cfg.n_threads if cfg.n_threads > 0 else _default_threads()
-    plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend)
+    plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, rule=rule)
     ctx = CContext(cm, n_ctx, threads)
     ctx.set_ffn(rule)
     npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps, room=cfg.memory_budget - plan.floor)
     if ctx.npu_state == "nnapi":
         plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, runtime=plan.runtime,
-                         npu=ctx.npu_plan)
+                         npu=ctx.npu_plan, rule=rule)
     ctx.set_stream(**plan.stream_args())
     ctx.plan = plan
     return ctx

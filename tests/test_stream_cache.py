@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 from fixtures import write_model
+from pagecache import resident_pages
 from pi2file import write_pi2
 
 from pi2 import sparse
@@ -197,27 +198,6 @@ def test_plan_flash_bytes_follow_the_hot_prefix(files):
     assert none.flash_bytes == int(p_need * min(none.slot_bytes, 64 * bb + 4096))
 
 
-def _resident_pages(path, start: int, end: int) -> int:
-    """Pages of path's [start, end) (4 KiB-aligned) in the page cache, by mincore(2) on a fresh mapping."""
-    import ctypes
-    import mmap
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        n = end - start
-        addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
-        vec = ctypes.create_string_buffer(n // 4096)
-        assert libc.mincore(addr, n, vec) == 0, ctypes.get_errno()
-        libc.munmap(addr, n)
-        return sum(b & 1 for b in vec.raw)
-    finally:
-        os.close(fd)
-
-
 def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     """A streamed context reads its bundles with O_DIRECT and never through the mapping: after decoding, the pages
     wholly inside the bundle regions are not in the page cache (the mapped run puts them there)."""
@@ -244,8 +224,8 @@ def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
         c.decode([t])
     c.decode(TOKENS[4:8])                                  # a batch: whole layers read, still not mapped
     assert c.cache_stats()["misses"] > 0
-    assert sum(_resident_pages(p, s, e) for s, e in ranges) == 0
+    assert sum(resident_pages(p, s, e) for s, e in ranges) == 0
     d = CContext(CModel.from_model(load_model(p)), 32, 1)  # the mapped run reads them through the mapping
     d.set_ffn(sparse.choose_rule(m, 1.0))
     d.decode(TOKENS[:4])
-    assert sum(_resident_pages(p, s, e) for s, e in ranges) > 0
+    assert sum(resident_pages(p, s, e) for s, e in ranges) > 0

@@ -4,8 +4,15 @@ Owns: parsing sizes (500M, 1.5G), the measured floor (the process's RSS with the
 fixed region the forward pass maps, with the NPU's copies when it computes the hot prefix + KV cache +
 scratch + a margin + the fewest cold slots the neuron cache needs), and the split of the rest: the hot
 prefix of each layer (clusters taken in descending activation frequency, `blk.L.ffn_freq`, so hot is
-always a prefix) and the cold cluster slots; the cluster size, queue depth and I/O backend. Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py
-measures the device).
+always a prefix) and the cold cluster slots; the cluster size, queue depth and I/O backend.
+With the file's predictor (the `predicted` rule) the gate rows stream too (two-phase loading): they leave the
+fixed region (the low-bit predictor stays), one layer's gate clusters of slots join the floor, and gate clusters
+compete with bundle clusters for the hot prefixes. Rule: every cluster, gate or bundle, is worth its chance of
+being read per token per byte it holds, i.e. the mean frequency of its neurons: ffn_freq for bundles, the
+predicted frequency for gate rows (ffn_freq scaled, capped at 1, to the layer's predicted share: the keep at which
+the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L − m_L); clusters are taken in
+descending worth while they fit, each kind's choice staying a prefix per layer.
+Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py measures the device).
 """
 from __future__ import annotations
 
@@ -71,16 +78,18 @@ def runtime_rss(model=None) -> int:
     return rss
 
 
-def fixed_bytes(model, n_ctx: int) -> int:
+def fixed_bytes(model, n_ctx: int, gate: bool = False) -> int:
     """Bytes of the tensors the forward pass reads through the mapping in a streamed run: all but the up and down
-    rows of the bundles (a tied output counted once); token embeddings that are not also the output are read a
-    row per token (with no read-ahead, csrc/cache.c), so they count n_ctx rows of whole pages at most."""
+    rows of the bundles (and the gate rows when they stream too: `gate`) (a tied output counted once); token
+    embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache.c), so they
+    count n_ctx rows of whole pages at most."""
     from pi2.engine import _FFN_DOWN_ROWS, tensor_descs
     descs = tensor_descs(model)
     out_offset = next(t.offset for role, _l, t in descs if role == 2)
+    streamed = (17, _FFN_DOWN_ROWS) + ((16,) if gate else ())   # FFN_UP, FFN_DOWN_ROWS (, FFN_GATE)
     seen = {}
     for role, _layer, t in descs:
-        if role in (17, _FFN_DOWN_ROWS):       # FFN_UP, FFN_DOWN_ROWS: streamed
+        if role in streamed:
             continue
         n = t.nbytes
         if role == 0 and t.offset != out_offset:
@@ -127,27 +136,42 @@ class Plan:
     n_ff: int = 0
     ffn_bytes: int = 0      # every layer's bundle region
     npu_bytes: int = 0      # the NPU's copies of the hot prefix (npu_plan.copy_bytes), part of `fixed`
-    flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq)
+    flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq),
+                            # and gate_flash_bytes
     read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
     profile_note: str = ""
+    gate: bool = False      # the gate rows stream too (two-phase loading with the file's predictor)
+    gate_note: str = ""     # why they do not, when the predictor was asked for
+    gate_bytes: int = 0     # every layer's gate region
+    gate_slot_bytes: int = 0
+    n_gate_slots: int = 0
+    n_gate_hot: list = field(default_factory=list)
+    gate_hot_bytes: int = 0
+    gate_flash_bytes: int = 0   # of flash_bytes: cold gate clusters with a predicted neuron
+    pred_share: float = 0.0     # mean predicted share of the neurons (P / n_ff), from the thresholds and cuts
 
     @property
     def floor(self) -> int:
-        return self.runtime + self.fixed + self.kv + self.scratch + self.margin + self.min_slots * self.slot_bytes
+        return (self.runtime + self.fixed + self.kv + self.scratch + self.margin + self.min_slots * self.slot_bytes
+                + (self.min_slots * self.gate_slot_bytes if self.gate else 0))
 
     @property
     def cold_bytes(self) -> int:
         return self.n_slots * self.slot_bytes
 
     def stream_args(self) -> dict:
-        return {"cluster": self.cluster, "n_slots": self.n_slots, "n_hot": self.n_hot, "io": self.io,
+        args = {"cluster": self.cluster, "n_slots": self.n_slots, "n_hot": self.n_hot, "io": self.io,
                 "queue_depth": self.queue_depth}
+        if self.gate:
+            args.update(stream_gate=True, n_gate_slots=self.n_gate_slots, n_gate_hot=self.n_gate_hot)
+        return args
 
     def lines(self) -> list:
         hot = np.asarray(self.n_hot)
         return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
-                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, gate rows"
+                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, "
+                + ("predictor" if self.gate else "gate rows")
                 + (f"; NPU copies {fmt(self.npu_bytes)})" if self.npu_bytes else ")"),
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
@@ -155,11 +179,22 @@ class Plan:
                 f"hot prefix         {fmt(self.hot_bytes)}: {int(hot.sum())} of {self.n_ff * len(hot)} neurons "
                 f"({hot.sum() / max(self.n_ff * len(hot), 1):.1%}), per layer {_per_layer(hot)}",
                 f"cold cache         {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)} "
-                f"(cluster {self.cluster} neurons; at least {self.min_slots} slots)",
+                f"(cluster {self.cluster} neurons; at least {self.min_slots} slots)"] + self.gate_lines() + [
                 f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT",
                 f"flash per token    {fmt(self.flash_bytes)} expected (cold clusters with an active neuron, by "
-                f"ffn_freq; the cold LRU assumed to miss)",
+                f"ffn_freq" + (f"; of which gate rows {fmt(self.gate_flash_bytes)}: cold gate clusters with a "
+                               f"predicted neuron" if self.gate else "") + "; the cold LRU assumed to miss)",
                 self.predicted_line()]
+
+    def gate_lines(self) -> list:
+        if not self.gate:
+            return [f"gate rows          mapped ({self.gate_note})"] if self.gate_note else []
+        hot = np.asarray(self.n_gate_hot)
+        return [f"gate rows          {fmt(self.gate_bytes)} on flash, streamed with the predictor (predicted share "
+                f"{self.pred_share:.1%}): hot {fmt(self.gate_hot_bytes)}, {int(hot.sum())} of "
+                f"{self.n_ff * len(hot)} rows ({hot.sum() / max(self.n_ff * len(hot), 1):.1%}), per layer "
+                f"{_per_layer(hot)}; cold {self.n_gate_slots} slots of {self.gate_slot_bytes // 1024} KiB = "
+                f"{fmt(self.n_gate_slots * self.gate_slot_bytes)}"]
 
     @property
     def io_bound_tps(self) -> float | None:
@@ -181,9 +216,13 @@ class Plan:
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("budget", "runtime", "fixed", "kv", "scratch", "margin", "cluster",
                                            "slot_bytes", "min_slots", "n_slots", "hot_bytes", "io", "queue_depth",
-                                           "ffn_bytes", "npu_bytes")}
+                                           "ffn_bytes", "npu_bytes", "gate")}
         d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
                  flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
+        if self.gate:
+            d.update({k: getattr(self, k) for k in ("gate_bytes", "gate_slot_bytes", "n_gate_slots", "gate_hot_bytes",
+                                                    "gate_flash_bytes", "pred_share")})
+            d["n_gate_hot"] = [int(h) for h in self.n_gate_hot]
         return d
 
 
@@ -208,12 +247,36 @@ def streamable(model) -> str:
     return bundle_ud_gap(model, "--memory-budget")
 
 
+def predicted_share(model, rule) -> np.ndarray:
+    """Per layer, the expected share of neurons the `predicted` rule's P holds: the keep at which the file's
+    calibrated threshold curve (`blk.L.ffn_thresh` over pi2.ffn.keep_grid) crosses the layer's cut t_L − m_L."""
+    grid = np.asarray(model.file.kv["pi2.ffn.keep_grid"], np.float64)
+    out = []
+    for il, cut in enumerate(np.asarray(rule.cuts, np.float64)):
+        thr = np.asarray(model.raw(f"blk.{il}.ffn_thresh.weight")).view(np.float32).reshape(-1).astype(np.float64)
+        out.append(1.0 if cut <= thr[-1] else float(np.interp(-cut, -thr, grid)))   # thresholds fall as keep grows
+    return np.asarray(out)
+
+
+def _take_hot(items: list, left: int, n_layer: int) -> tuple:
+    """Greedy hot prefixes: items (key, kind, layer, cluster, cost) in ascending key (descending worth); each
+    kind's clusters of a layer taken in order while they fit. ({kind: hot clusters per layer}, bytes left)."""
+    hot = {kind: [0] * n_layer for kind in {it[1] for it in items}}
+    for _key, kind, il, c, cost in sorted(items):
+        if c != hot[kind][il] or cost > left:      # keep prefixes; stop a layer at its first cluster not taken
+            continue
+        hot[kind][il] += 1
+        left -= cost
+    return hot, left
+
+
 def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
-              cluster: int | None = None, runtime: int | None = None, npu=None) -> Plan:
+              cluster: int | None = None, runtime: int | None = None, npu=None, rule=None) -> Plan:
     """The split of `budget` for `model` (a loader.Model) loaded as `cmodel`; UsageError below the floor.
     runtime: the process's own bytes (default: measured now, runtime_rss). npu: the NPU's decision
     (npu_plan.NpuDecision) when it computes the hot prefix: its copies join the fixed region, the cache keeps
-    no hot prefix (the CPU reads those neurons only after an NPU failure) and they are not expected reads."""
+    no hot prefix (the CPU reads those neurons only after an NPU failure) and they are not expected reads.
+    rule: the run's sparse.FFNRule; under `predicted` the gate rows stream too (the module's rule)."""
     npu = npu if npu is not None and npu.use else None
     from pi2.engine import stream_sizes
     why = streamable(model)
@@ -221,49 +284,65 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         raise UsageError(why)
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
+    gate = rule is not None and rule.rule == "predicted"
     bb = stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]
     cluster = cluster or cluster_for(bb)
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
     p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime,
-             fixed=fixed_bytes(model, n_ctx) + (npu.bytes if npu else 0), kv=kv, scratch=scratch, margin=MARGIN,
+             fixed=fixed_bytes(model, n_ctx, gate) + (npu.bytes if npu else 0), kv=kv, scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
-             ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0)
+             ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0, gate=gate)
+    if rule is not None and not gate:   # the predictor was asked for
+        p.gate_note = ("the file has no pi2 predictor" if "pi2.predictor.kind" not in model.file.kv
+                       else f"the run's rule is {rule.rule}, not the file's predictor")
+    if gate:
+        p.gate_bytes = sum(s["gate_layer_bytes"] for s in sizes)
+        p.gate_slot_bytes = sizes[0]["gate_slot_bytes"]
+        p.n_gate_slots, p.n_gate_hot = p.min_slots, [0] * L
     if budget < p.floor:
         raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(p.floor)} for this model "
-                         f"at a context of {n_ctx}", hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
+                         f"at a context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
+                         hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
                          + (" or a smaller -c" if kv > p.floor // 4 else ""))
-    left = budget - p.floor - 8192 * L             # room for the hot prefixes (+ their 4 KiB alignment)
+    left = budget - p.floor - 8192 * L * (2 if gate else 1)   # room for the hot prefixes (+ their 4 KiB alignment)
+    share = predicted_share(model, rule) if gate else None
     # hot clusters in descending mean activation frequency: within a layer frequencies descend, so each
-    # layer's choice is a prefix
-    scores, need = [], []
+    # layer's choice is a prefix; gate clusters (kind 0) by their predicted frequency, before bundles on a tie
+    items, need, gneed = [], [], []
+    n_cl = (F + cluster - 1) // cluster
     for il in range(L):
         freq = np.asarray(model.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1)[:F]
-        n_cl = (F + cluster - 1) // cluster
         pad = np.zeros(n_cl * cluster, np.float32)
         pad[:F] = np.clip(freq, 0.0, 1.0)
+        if gate:
+            gpad = np.minimum(pad * (share[il] / max(float(pad[:F].mean()), 1e-9)), 1.0).reshape(n_cl, cluster)
+            gneed.append(1.0 - np.prod(1.0 - gpad.astype(np.float64), axis=1))   # P(a cluster has a predicted one)
+            items += [(-float(s), 0, il, c, min(cluster, F - c * cluster) * sizes[il]["gate_row_bytes"])
+                      for c, s in enumerate(gpad.mean(axis=1))]
         if npu:
             pad[:npu.n_hot[il]] = 0.0              # the NPU's neurons: never read by the CPU
         per = pad.reshape(n_cl, cluster)
         need.append(1.0 - np.prod(1.0 - per.astype(np.float64), axis=1))   # P(a cluster has an active neuron)
-        for c, s in enumerate(per.mean(axis=1)):
-            scores.append((-float(s), il, c))
-    scores.sort()
-    hot_cl = [0] * L
-    for _s, il, c in scores:
-        cost = min(cluster, F - c * cluster) * sizes[il]["bundle_bytes"]
-        if npu or c != hot_cl[il] or cost > left:  # keep prefixes; stop a layer at its first cluster not taken
-            continue
-        hot_cl[il] += 1
-        left -= cost
+        if not npu:
+            items += [(-float(s), 1, il, c, min(cluster, F - c * cluster) * sizes[il]["bundle_bytes"])
+                      for c, s in enumerate(per.mean(axis=1))]
+    hot, left = _take_hot(items, left, L)
+    hot_cl = hot.get(1, [0] * L)
     p.n_hot = [min(h * cluster, F) for h in hot_cl]
     p.hot_bytes = sum(stream_sizes(cmodel, cluster, il, p.n_hot[il])["hot_bytes"] for il in range(L))
     read = min(p.slot_bytes, cluster * sizes[0]["bundle_bytes"] + 4096)
     p.flash_bytes = int(sum(need[il][hot_cl[il]:].sum() for il in range(L)) * read)
+    if gate:
+        p.n_gate_hot = [min(h * cluster, F) for h in hot[0]]
+        p.gate_hot_bytes = sum(stream_sizes(cmodel, cluster, il, p.n_gate_hot[il])["gate_hot_bytes"] for il in range(L))
+        gread = min(p.gate_slot_bytes, cluster * sizes[0]["gate_row_bytes"] + 4096)
+        p.gate_flash_bytes = int(sum(gneed[il][hot[0][il]:].sum() for il in range(L)) * gread)
+        p.flash_bytes += p.gate_flash_bytes
+        p.pred_share = float(np.mean(share))
     p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
-    n_cold = sum((F + cluster - 1) // cluster - h - (npu.n_hot[il] // cluster if npu else 0)
-                 for il, h in enumerate(hot_cl))
+    n_cold = sum(n_cl - h - (npu.n_hot[il] // cluster if npu else 0) for il, h in enumerate(hot_cl))
     if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as
         p.n_slots = max(p.min_slots, min(p.n_slots + int(left // p.slot_bytes), n_cold))   # there are cold clusters
     return p

@@ -1,0 +1,172 @@
+/* cache_read.c — the neuron cache at work (cache_parts.h): per token and layer, look up a part's needed clusters,
+ *       submit the misses (reads land in the part's slots) and reap them group by group; whole-layer reads for
+ *       batches; the hits, misses, bytes and waits they add up to.
+ * Does not: create or size the cache (cache.c), keep the LRU (cache_pool.c) or compute (ffn_sparse.c,
+ *       ffn_predict.c).
+ * Invariants: one part's reads are in flight at a time (each layer's reads are reaped or drained before the next
+ *       begin); a slot whose read failed holds nothing. */
+#define _GNU_SOURCE
+#include "cache_parts.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define LOAD_CHUNK (1u << 20)   /* bytes per request of a whole-layer read */
+
+pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, int64_t need, uint8_t *dst) {
+    enum { BATCH = 64 };
+    pi2_io_request r[BATCH];
+    pi2_io_completion c[BATCH];
+    const double t0 = pi2_now();
+    for (int64_t off = s; off < e;) {
+        int32_t n = 0;
+        for (; n < BATCH && off < e; n++, off += LOAD_CHUNK) {
+            const int64_t len = e - off < LOAD_CHUNK ? e - off : LOAD_CHUNK;
+            r[n] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len, .dest = dst + (off - s)};
+        }
+        pi2_status st = pi2_io_read_all(k->io, r, n, c);
+        if (st) return st;
+        for (int32_t i = 0; i < n; i++) {
+            const int64_t want = (int64_t)r[i].offset + (int64_t)r[i].length <= need ? (int64_t)r[i].length
+                                                                                      : need - (int64_t)r[i].offset;
+            k->st.reads++;
+            q->bytes_read += (int64_t)r[i].length;
+            if ((c[i].error && c[i].error != ENODATA) || c[i].nbytes < want)
+                return pi2_set_error(PI2_ERR_IO, "reading %lld bytes of %s at offset %lld: %s", (long long)r[i].length,
+                                     q->what, (long long)r[i].offset, c[i].error ? strerror(c[i].error) : "short read");
+        }
+    }
+    const double dt = pi2_now() - t0;
+    k->st.io_wait_s += dt;
+    k->st.read_s += dt;
+    return PI2_OK;
+}
+
+/* After an error: wait for what is still in flight, forget the clusters of the layer not read. */
+static void drain(pi2_cache *k, part_t *q) {
+    pi2_io_completion done[64];
+    int32_t got;
+    while (pi2_io_in_flight(k->io) > 0 && !pi2_io_reap(k->io, done, 64, 1, &got)) {}
+    for (int32_t i = 0; i < q->n_req; i++) {
+        const int32_t s = pi2_slots_holding(&q->slots, q->cur, (int32_t)q->reqs[i].user);
+        if (s >= 0) pi2_slots_forget(&q->slots, s);
+    }
+    q->n_req = q->n_sub = q->n_wait = 0;
+}
+
+pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready) {
+    part_t *q = &k->part[part];
+    const region_t *l = &q->L[il];
+    const int32_t n_groups = (k->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP;
+    memset(ready, 1, (size_t)n_groups);
+    memset(q->g_pending, 0, (size_t)n_groups * sizeof(int32_t));
+    q->cur = il;
+    q->n_req = q->n_sub = q->n_wait = 0;
+    if (il == 0 && part == PI2_PART_BUNDLES) k->st.tokens++;
+    for (int32_t i = 0; i < n;) {   /* each needed cluster once, ascending; the LRU's front is the needed set */
+        const int32_t cl = idx[i] / k->C;
+        while (i < n && idx[i] / k->C == cl) i++;
+        if (cl < l->hot_cl) { q->delta[cl] = l->hot_delta; q->hot++; continue; }
+        int64_t fs, fe;
+        span(k, l, cl, cl + 1, &fs, &fe, NULL);
+        int32_t s = pi2_slots_find(&q->slots, il, cl);
+        if (s >= 0) {
+            q->hits++;
+        } else {   /* the LRU's tail was not used by this layer: the needed set is smaller than n_slots */
+            s = pi2_slots_take(&q->slots, il, cl);
+            q->misses++;
+            q->reqs[q->n_req++] = (pi2_io_request){.offset = (uint64_t)fs, .length = (uint64_t)(fe - fs),
+                                                   .dest = q->arena + q->slots_off + (size_t)s * q->slot_bytes,
+                                                   .user = (uint64_t)cl};
+            ready[cl * k->C / PI2_FFN_GROUP] = 0;
+            q->g_pending[cl * k->C / PI2_FFN_GROUP]++;
+        }
+        q->delta[cl] = (int64_t)(q->slots_off + (size_t)s * q->slot_bytes) - fs;
+    }
+    if (!q->n_req) return PI2_OK;
+    q->t_submit = pi2_now();
+    int32_t acc = 0;
+    pi2_status st = pi2_io_submit(k->io, q->reqs, q->n_req, &acc);
+    q->n_sub = acc;
+    if (st) drain(k, q);
+    return st;
+}
+
+/* Check one completion of the current layer; forget its slot when it failed. */
+static pi2_status check_done(pi2_cache *k, part_t *q, const pi2_io_completion *c) {
+    const int32_t cl = (int32_t)c->user;
+    int64_t fs, fe, need;
+    span(k, &q->L[q->cur], cl, cl + 1, &fs, &fe, &need);
+    k->st.reads++;
+    q->bytes_read += fe - fs;
+    if ((c->error && c->error != ENODATA) || c->nbytes < need - fs) {
+        const int32_t s = pi2_slots_holding(&q->slots, q->cur, cl);
+        if (s >= 0) pi2_slots_forget(&q->slots, s);
+        return pi2_set_error(PI2_ERR_IO, "reading the %s of layer %d cluster %d at offset %lld: %s", q->what,
+                             (int)q->cur, (int)cl, (long long)fs, c->error ? strerror(c->error) : "short read");
+    }
+    return PI2_OK;
+}
+
+pi2_status pi2_cache_next(pi2_cache *k, int32_t part, int32_t *groups, int32_t *n_groups) {
+    part_t *q = &k->part[part];
+    *n_groups = 0;
+    pi2_io_completion done[64];
+    while (!*n_groups && q->n_wait < q->n_req) {
+        if (q->n_sub < q->n_req) {   /* the queue was full at begin: top it up */
+            int32_t acc = 0;
+            pi2_status s = pi2_io_submit(k->io, q->reqs + q->n_sub, q->n_req - q->n_sub, &acc);
+            q->n_sub += acc;
+            if (s) { drain(k, q); return s; }
+        }
+        int32_t got = 0;
+        const double t0 = pi2_now();
+        pi2_status s = pi2_io_reap(k->io, done, 64, 1, &got);
+        k->st.io_wait_s += pi2_now() - t0;
+        if (s) { drain(k, q); return s; }
+        for (int32_t i = 0; i < got; i++) {
+            if ((s = check_done(k, q, &done[i]))) { q->n_wait += got; drain(k, q); return s; }
+            const int32_t g = (int32_t)done[i].user * k->C / PI2_FFN_GROUP;
+            if (--q->g_pending[g] == 0) groups[(*n_groups)++] = g;
+        }
+        q->n_wait += got;
+        if (q->n_wait == q->n_req) k->st.read_s += pi2_now() - q->t_submit;
+    }
+    return PI2_OK;
+}
+
+const uint8_t *pi2_cache_arena(const pi2_cache *k, int32_t part) { return k->part[part].arena; }
+int64_t pi2_cache_delta(const pi2_cache *k, int32_t part, int32_t cl) { return k->part[part].delta[cl]; }
+int32_t pi2_cache_cluster(const pi2_cache *k) { return k->C; }
+
+/* Point the view's rows of `part` at arena + delta + their file offset. */
+static void point(pi2_layer *view, int32_t part, const region_t *l, const uint8_t *arena, int64_t delta) {
+    if (part == PI2_PART_GATE) {
+        view->gate.data = arena + (delta + l->row_off[0]);
+        return;
+    }
+    view->up.data = arena + (delta + l->row_off[0]);
+    view->down_rows.data = arena + (delta + l->row_off[1]);
+}
+
+pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view) {
+    part_t *q = &k->part[part];
+    const region_t *l = &q->L[il];
+    int64_t fs, fe, need;
+    span(k, l, 0, k->n_cl, &fs, &fe, &need);
+    if (l->hot_cl == k->n_cl) {   /* all resident: the hot region is the layer's whole region */
+        point(view, part, l, q->arena, l->hot_delta);
+        return PI2_OK;
+    }
+    pi2_slots_clear(&q->slots);
+    if ((size_t)(fe - fs) > (size_t)q->slots.n_slots * q->slot_bytes)
+        return pi2_set_error(PI2_ERR_INVALID, "layer %d's %s (%lld bytes) do not fit the cluster slots", (int)il,
+                             q->what, (long long)(fe - fs));
+    pi2_status s = pi2_cache_read_range(k, q, fs, fe, need, q->arena + q->slots_off);
+    if (s) return s;
+    q->layer_loads++;
+    point(view, part, l, q->arena, (int64_t)q->slots_off - fs);
+    return PI2_OK;
+}

@@ -75,9 +75,10 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     const float *g = c->gate + (size_t)t * F, *u = c->up + (size_t)t * F;
     float *s = c->ffn_score + (size_t)t * F, *keys = c->gate + (size_t)t * F;   /* g is not needed after s */
     int32_t *idx = c->ffn_idx + (size_t)t * F, n = 0;
-    pi2_ffn_act_values(s, g, F, c->m->hp.ffn_act, c->m->gelu_table);
+    const int32_t act = c->m->hp.ffn_act;
+    pi2_ffn_act_values(s, g, F, act, c->m->gelu_table);
     if (c->ffn.score_up)
-        for (int64_t i = 0; i < F; i++) s[i] = s[i] * u[i];   /* h, as pi2_ffn_activate computes it */
+        for (int64_t i = 0; i < F; i++) s[i] = s[i] * pi2_ffn_up_factor(u[i], act);   /* h, as pi2_ffn_activate */
     switch (c->ffn.rule) {
     case PI2_FFN_DENSE:
         for (int64_t i = 0; i < F; i++) idx[n++] = (int32_t)i;
@@ -148,11 +149,11 @@ static void combine_task(void *arg, int32_t t, int32_t thread) {
     const int32_t *idx = c->ffn_idx + (size_t)t * F;
     float *h = c->gate + (size_t)t * F;
     memset(h, 0, (size_t)F * sizeof *h);
-    const int32_t n = c->ffn_n_active[t];
+    const int32_t n = c->ffn_n_active[t], act = c->m->hp.ffn_act;
     if (c->ffn.score_up)
         for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]];
     else
-        for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]] * u[idx[k]];
+        for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]] * pi2_ffn_up_factor(u[idx[k]], act);
 }
 
 /* ---- down as rows: y = Σ over groups of (Σ over the group's active neurons of h_i·row_i) ---- */
@@ -200,6 +201,7 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
     const int32_t *idx = c->ffn_idx + k0;
     const float *s = c->ffn_score;
+    const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
         const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3;
@@ -213,12 +215,12 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
         if (four) {   /* four neighbours: the four-row kernel */
             float u4[4];
             j->up_rows4(up->n_in, u4, row, up->row_bytes, c->ffn_xq);
-            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * u4[r];
+            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
             continue;
         }
         float u;
         j->up_tr->vec_dot(up->n_in, &u, row, c->ffn_xq);
-        hg[i] = s[idx[i]] * u;
+        hg[i] = s[idx[i]] * pi2_ffn_up_factor(u, act);
         i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
@@ -239,6 +241,7 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
     const uint8_t *arena = pi2_cache_arena(c->cache), *map = c->m->map;
     const int64_t up0 = up->data - map, down0 = down->data - map, bb = (int64_t)up->row_bytes;
     const float *s = c->ffn_score;
+    const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     int32_t off[PI2_FFN_GROUP];
     for (int32_t i = 0, pf = 0; i < k;) {
@@ -254,14 +257,14 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
             float u4[4];   /* four neighbours in one cluster: consecutive records of its slot */
             j->up_rows4(up->n_in, u4, arena + d + up0, (size_t)bb, c->ffn_xq);
             for (int r = 0; r < 4; r++, i++) {
-                hg[i] = s[idx[i]] * u4[r];
+                hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
                 off[i] = (int32_t)(d + (int64_t)r * bb + down0);
             }
             continue;
         }
         float u;
         j->up_tr->vec_dot(up->n_in, &u, arena + d + up0, c->ffn_xq);
-        hg[i] = s[idx[i]] * u;
+        hg[i] = s[idx[i]] * pi2_ffn_up_factor(u, act);
         off[i] = (int32_t)(d + down0);
         i++;
     }

@@ -70,9 +70,9 @@ static pi2_status check_params(const pi2_model_params *p) {
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] <= 0 || dims[i] > (1 << 24))
             return pi2_set_error(PI2_ERR_INVALID, "hyper-parameter %zu out of range: %d", i, (int)dims[i]);
-    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_GEMMA3)
+    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_BAMBOO)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown architecture id %d", (int)p->arch);
-    if (p->ffn_act < PI2_ACT_SILU || p->ffn_act > PI2_ACT_RELU)
+    if (p->ffn_act < PI2_ACT_SILU || p->ffn_act > PI2_ACT_DRELU)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown FFN activation id %d", (int)p->ffn_act);
     if (p->n_head % p->n_head_kv || p->n_rot % 2 || p->n_rot > p->head_dim || p->n_layer > 65536 ||
         p->head_dim > 4096 || p->head_dim_v > 4096 || p->sliding_window < 0 || p->swa_period < 0)

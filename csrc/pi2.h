@@ -82,8 +82,10 @@ pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_r
  * pi2_tensor_desc; C maps the file read-only and checks each descriptor (role, layer, type,
  * shape, offset, size) against the hyper-parameters and the file size before touching it. */
 
-typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2 } pi2_arch;
-typedef enum { PI2_ACT_SILU = 0, PI2_ACT_GELU = 1, PI2_ACT_RELU = 2 } pi2_ffn_act;
+/* PI2_ARCH_BAMBOO: PowerInfer's Bamboo / TurboSparse-Mistral, llama's forward pass with its own FFN activation */
+typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2, PI2_ARCH_BAMBOO = 3 } pi2_arch;
+/* h = act(gate)·up; PI2_ACT_DRELU (bamboo PWRI files): h = relu(gate)·relu(up) */
+typedef enum { PI2_ACT_SILU = 0, PI2_ACT_GELU = 1, PI2_ACT_RELU = 2, PI2_ACT_DRELU = 3 } pi2_ffn_act;
 
 /* What a tensor is. Per-layer roles (ATTN_NORM..POST_FFW_NORM) need 0 <= layer < n_layer; the
  * others take layer -1. For a tied output, describe OUTPUT with token_embd's offset and size. */

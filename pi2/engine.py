@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 try:
     from pi2._pi2 import ffi, lib
@@ -133,8 +133,8 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
 
 # ---- the forward pass: models and contexts ------------------------------------------------------
 
-_ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2}
-_ACTS = {"silu": 0, "gelu": 1, "relu": 2}
+_ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2, "bamboo": 3}
+_ACTS = {"silu": 0, "gelu": 1, "relu": 2, "drelu": 3}
 _GLOBAL_ROLES = {"token_embd.weight": 0, "output_norm.weight": 1, "output.weight": 2, "rope_freqs.weight": 3}
 _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
     "attn_norm.weight": (4, None), "attn_q.weight": (5, None), "attn_k.weight": (6, None),
@@ -326,7 +326,7 @@ class CContext:
 
     def set_ffn(self, spec) -> None:
         """Compute FFN layers by `spec` (a sparse.FFNRule); zeroes the statistics."""
-        if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act != "relu"):
+        if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act not in ("relu", "drelu")):
             raise UnsupportedError(f"the C engine has no '{spec.rule}' FFN rule for this model yet")
         predicted = spec.rule == "predicted"
         zeros = np.zeros(self.cfg.n_layer)

@@ -1,7 +1,8 @@
 /* ffn_sparse.c — the FFN of one layer when a token computes only its active neurons, or when the
  * layer's down projection is stored as rows (pi2 bundles, PowerInfer's ffn_down_t).
- * Does: gate rows for every neuron (the predicted rule: of the predicted ones only, ffn_predict.c);
- *       the active set of each token by the context's rule (threshold, top-k, ReLU, all, predicted);
+ * Does: gate rows for every neuron (one token under the predicted rule: of the predicted ones only,
+ *       ffn_predict.c; under PowerInfer's predictor: of the active ones only, ffn_pwri.c);
+ *       the active set of each token by the context's rule (threshold, top-k, ReLU, all, predicted, predictor);
  *       up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
  *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
  *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
@@ -16,6 +17,7 @@
 #include "cache.h"
 #include "context.h"
 #include "ffn_predict.h"
+#include "ffn_pwri.h"
 #include "internal.h"
 #include "npu_ffn.h"
 #include "ops.h"
@@ -107,6 +109,9 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     }
     case PI2_FFN_PREDICTED:   /* a batch: every gate row was computed; P from ffn_predict.c */
         n = pi2_ffn_pred_select(c, j->il, t, s, idx);
+        break;
+    case PI2_FFN_PREDICTOR:   /* a batch: ffn_pwri.c chose the active neurons before the gate rows */
+        n = c->ffn_n_active[t];
         break;
     }
     c->ffn_n_active[t] = n;
@@ -346,17 +351,18 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
     const int npu = one_rows && pi2_npu_ffn_start(c, il);   /* the hot prefix on NNAPI meanwhile (npu_ffn.c) */
 
-    /* gate rows of every neuron (and every up row when the rule needs them); the predicted rule on one token:
-     * gate rows of its predicted neurons only, and the active set */
-    const int predicted = c->ffn.rule == PI2_FFN_PREDICTED && pi2_ffn_predict(c, L, il, n);
+    /* gate rows of every neuron (and every up row when the rule needs them); one token under the predicted
+     * rule or PowerInfer's predictor: its active set first, and the gate rows of its chosen neurons only */
+    const int chosen = c->ffn.rule == PI2_FFN_PREDICTED ? pi2_ffn_predict(c, L, il, n)
+                     : c->ffn.rule == PI2_FFN_PREDICTOR ? pi2_ffn_pwri(c, L, il, n) : 0;
     if (full_up)
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
-    else if (!predicted)
+    else if (!chosen)
         pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
     if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);
 
     /* the active set, then the up rows it needs, then h */
-    if (!predicted) pi2_pool_run(c->pool, select_task, &j, n);
+    if (!chosen) pi2_pool_run(c->pool, select_task, &j, n);
     if (one_rows) {
         c->ffn_active[il] += c->ffn_n_active[0];
         if (il == 0) c->ffn_tokens += 1;

@@ -2,7 +2,7 @@
  * Does: validate hyper-parameters; mmap the file read-only; check every descriptor (role, layer,
  *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
  *       the file size) before making a view of it; require every tensor the architecture reads (the
- *       pi2-made predictors are optional: a low-rank one needs fc1 and fc2 of matching rank).
+ *       predictors are optional: fc1 and fc2, pi2-made or PowerInfer's, come together, of matching width).
  * Does not: parse GGUF (Python describes the tensors) or compute. */
 #define _GNU_SOURCE
 #include "model.h"
@@ -247,7 +247,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
             goto fail;
         }
         if (!L->fc1.data != !L->fc2.data || (L->fc1.data && L->fc1.n_out != L->fc2.n_in)) {
-            s = pi2_set_error(PI2_ERR_FORMAT, "layer %d: a low-rank predictor needs fc1 [r][n_embd] and fc2 [n_ff][r]",
+            s = pi2_set_error(PI2_ERR_FORMAT, "layer %d: a predictor needs fc1 [r][n_embd] and fc2 [n_ff][r]",
                               (int)il);
             goto fail;
         }

@@ -6,6 +6,7 @@
 #include "context.h"
 #include "cache.h"
 #include "ffn_predict.h"
+#include "ffn_pwri.h"
 #include "internal.h"
 #include "npu.h"
 #include "npu_ffn.h"
@@ -97,6 +98,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     pi2_npu_ffn_free(c->npu_ffn);
     pi2_cache_free(c->cache);
     pi2_ffn_pred_free(c->ffn_pred);
+    pi2_ffn_pwri_free(c->ffn_pwri);
     free(c->ffn_ready);
     free(c->ffn_task_group);
     pi2_pool_free(c->pool);
@@ -125,7 +127,7 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
     if (!c || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL context or FFN parameters");
     const pi2_ffn_params p = *params;
     const pi2_model_params *hp = &c->m->hp;
-    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_PREDICTED)
+    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_PREDICTOR)
         return pi2_set_error(PI2_ERR_INVALID, "unknown FFN rule %d", (int)p.rule);
     if (p.rule == PI2_FFN_TOPK && !(p.keep > 0.0f && p.keep <= 1.0f))
         return pi2_set_error(PI2_ERR_INVALID, "keep %g is not a fraction in (0, 1]", (double)p.keep);
@@ -134,6 +136,7 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
     if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
     pi2_status ps;
     if (p.rule == PI2_FFN_PREDICTED && (ps = pi2_ffn_pred_set(c, &p))) return ps;
+    if (p.rule == PI2_FFN_PREDICTOR && (ps = pi2_ffn_pwri_set(c, &p))) return ps;
     const size_t B = (size_t)c->p.n_batch, F = (size_t)hp->n_ff, L = (size_t)hp->n_layer;
     if (!c->ffn_idx) {   /* sized once; the dense rule over FFN_DOWN_ROWS uses them too */
         size_t xq = 0;
@@ -166,7 +169,8 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
             return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the sparse FFN");
         }
     }
-    if (p.rule == PI2_FFN_THRESHOLD || p.rule == PI2_FFN_PREDICTED) memcpy(c->ffn_thresholds, p.thresholds, L * sizeof(float));
+    if (p.rule == PI2_FFN_THRESHOLD || p.rule == PI2_FFN_PREDICTED || p.rule == PI2_FFN_PREDICTOR)
+        memcpy(c->ffn_thresholds, p.thresholds, L * sizeof(float));
     c->ffn = p;
     c->ffn.thresholds = c->ffn_thresholds;
     c->ffn_tokens = 0;

@@ -46,6 +46,7 @@ struct pi2_ctx {
     uint8_t *ffn_ready;          /* [n_ff/GROUP + 1] streamed: group's clusters present before the reads */
     int32_t *ffn_task_group;     /* [n_ff/GROUP + 1] streamed: the groups one pool run computes */
     struct pi2_ffn_pred *ffn_pred; /* PI2_FFN_PREDICTED's parameters and buffers (ffn_predict.c), or NULL */
+    struct pi2_ffn_pwri *ffn_pwri; /* PI2_FFN_PREDICTOR's buffers (ffn_pwri.c), or NULL */
     int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
     int64_t *ffn_active;         /* [n_layer] */
     struct pi2_npu_ffn *npu_ffn; /* a single token's hot prefix on NNAPI (npu_ffn.c), or NULL: CPU only */

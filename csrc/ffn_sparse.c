@@ -1,7 +1,8 @@
 /* ffn_sparse.c — the FFN of one layer when a token computes only its active neurons, or when the
  * layer's down projection is stored as rows (pi2 bundles, PowerInfer's ffn_down_t).
- * Does: gate rows for every neuron (the predicted rule: of the predicted ones only, ffn_predict.c);
- *       the active set of each token by the context's rule (threshold, top-k, ReLU, all, predicted);
+ * Does: gate rows for every neuron (one token under the predicted rule: of the predicted ones only,
+ *       ffn_predict.c; under PowerInfer's predictor: of the active ones only, ffn_pwri.c);
+ *       the active set of each token by the context's rule (threshold, top-k, ReLU, all, predicted, predictor);
  *       up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
  *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
  *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
@@ -16,6 +17,7 @@
 #include "cache.h"
 #include "context.h"
 #include "ffn_predict.h"
+#include "ffn_pwri.h"
 #include "internal.h"
 #include "npu_ffn.h"
 #include "ops.h"
@@ -75,9 +77,10 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     const float *g = c->gate + (size_t)t * F, *u = c->up + (size_t)t * F;
     float *s = c->ffn_score + (size_t)t * F, *keys = c->gate + (size_t)t * F;   /* g is not needed after s */
     int32_t *idx = c->ffn_idx + (size_t)t * F, n = 0;
-    pi2_ffn_act_values(s, g, F, c->m->hp.ffn_act, c->m->gelu_table);
+    const int32_t act = c->m->hp.ffn_act;
+    pi2_ffn_act_values(s, g, F, act, c->m->gelu_table);
     if (c->ffn.score_up)
-        for (int64_t i = 0; i < F; i++) s[i] = s[i] * u[i];   /* h, as pi2_ffn_activate computes it */
+        for (int64_t i = 0; i < F; i++) s[i] = s[i] * pi2_ffn_up_factor(u[i], act);   /* h, as pi2_ffn_activate */
     switch (c->ffn.rule) {
     case PI2_FFN_DENSE:
         for (int64_t i = 0; i < F; i++) idx[n++] = (int32_t)i;
@@ -106,6 +109,9 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     }
     case PI2_FFN_PREDICTED:   /* a batch: every gate row was computed; P from ffn_predict.c */
         n = pi2_ffn_pred_select(c, j->il, t, s, idx);
+        break;
+    case PI2_FFN_PREDICTOR:   /* a batch: ffn_pwri.c chose the active neurons before the gate rows */
+        n = c->ffn_n_active[t];
         break;
     }
     c->ffn_n_active[t] = n;
@@ -148,11 +154,11 @@ static void combine_task(void *arg, int32_t t, int32_t thread) {
     const int32_t *idx = c->ffn_idx + (size_t)t * F;
     float *h = c->gate + (size_t)t * F;
     memset(h, 0, (size_t)F * sizeof *h);
-    const int32_t n = c->ffn_n_active[t];
+    const int32_t n = c->ffn_n_active[t], act = c->m->hp.ffn_act;
     if (c->ffn.score_up)
         for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]];
     else
-        for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]] * u[idx[k]];
+        for (int32_t k = 0; k < n; k++) h[idx[k]] = s[idx[k]] * pi2_ffn_up_factor(u[idx[k]], act);
 }
 
 /* ---- down as rows: y = Σ over groups of (Σ over the group's active neurons of h_i·row_i) ---- */
@@ -200,6 +206,7 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
     const int32_t *idx = c->ffn_idx + k0;
     const float *s = c->ffn_score;
+    const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
         const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3;
@@ -213,12 +220,12 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
         if (four) {   /* four neighbours: the four-row kernel */
             float u4[4];
             j->up_rows4(up->n_in, u4, row, up->row_bytes, c->ffn_xq);
-            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * u4[r];
+            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
             continue;
         }
         float u;
         j->up_tr->vec_dot(up->n_in, &u, row, c->ffn_xq);
-        hg[i] = s[idx[i]] * u;
+        hg[i] = s[idx[i]] * pi2_ffn_up_factor(u, act);
         i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
@@ -239,6 +246,7 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
     const uint8_t *arena = pi2_cache_arena(c->cache, PI2_PART_BUNDLES), *map = c->m->map;
     const int64_t up0 = up->data - map, down0 = down->data - map, bb = (int64_t)up->row_bytes;
     const float *s = c->ffn_score;
+    const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
     int32_t off[PI2_FFN_GROUP];
     for (int32_t i = 0, pf = 0; i < k;) {
@@ -254,14 +262,14 @@ static void group_task_stream(void *arg, int32_t task, int32_t thread) {
             float u4[4];   /* four neighbours in one cluster: consecutive records of its slot */
             j->up_rows4(up->n_in, u4, arena + d + up0, (size_t)bb, c->ffn_xq);
             for (int r = 0; r < 4; r++, i++) {
-                hg[i] = s[idx[i]] * u4[r];
+                hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
                 off[i] = (int32_t)(d + (int64_t)r * bb + down0);
             }
             continue;
         }
         float u;
         j->up_tr->vec_dot(up->n_in, &u, arena + d + up0, c->ffn_xq);
-        hg[i] = s[idx[i]] * u;
+        hg[i] = s[idx[i]] * pi2_ffn_up_factor(u, act);
         off[i] = (int32_t)(d + down0);
         i++;
     }
@@ -345,24 +353,26 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
     const int npu = one_rows && pi2_npu_ffn_start(c, il);   /* the hot prefix on NNAPI meanwhile (npu_ffn.c) */
 
-    /* gate rows of every neuron (and every up row when the rule needs them); the predicted rule on one token:
-     * gate rows of its predicted neurons only, and the active set */
-    int predicted = 0;
+    /* gate rows of every neuron (and every up row when the rule needs them); one token under the predicted
+     * rule or PowerInfer's predictor: its active set first, and the gate rows of its chosen neurons only */
+    int chosen = 0;
     if (c->ffn.rule == PI2_FFN_PREDICTED) {
-        const pi2_status s = pi2_ffn_predict(c, L, il, n, &predicted);
+        const pi2_status s = pi2_ffn_predict(c, L, il, n, &chosen);
         if (s) {
             if (npu) pi2_npu_ffn_finish(c, s);
             return s;
         }
+    } else if (c->ffn.rule == PI2_FFN_PREDICTOR) {
+        chosen = pi2_ffn_pwri(c, L, il, n);
     }
     if (full_up)
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
-    else if (!predicted)
+    else if (!chosen)
         pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
     if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);
 
     /* the active set, then the up rows it needs, then h */
-    if (!predicted) pi2_pool_run(c->pool, select_task, &j, n);
+    if (!chosen) pi2_pool_run(c->pool, select_task, &j, n);
     if (one_rows) {
         c->ffn_active[il] += c->ffn_n_active[0];
         if (il == 0) c->ffn_tokens += 1;

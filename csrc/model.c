@@ -2,7 +2,7 @@
  * Does: validate hyper-parameters; mmap the file read-only; check every descriptor (role, layer,
  *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
  *       the file size) before making a view of it; require every tensor the architecture reads (the
- *       pi2-made predictors are optional: a low-rank one needs fc1 and fc2 of matching rank).
+ *       predictors are optional: fc1 and fc2, pi2-made or PowerInfer's, come together, of matching width).
  * Does not: parse GGUF (Python describes the tensors) or compute. */
 #define _GNU_SOURCE
 #include "model.h"
@@ -70,9 +70,9 @@ static pi2_status check_params(const pi2_model_params *p) {
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] <= 0 || dims[i] > (1 << 24))
             return pi2_set_error(PI2_ERR_INVALID, "hyper-parameter %zu out of range: %d", i, (int)dims[i]);
-    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_GEMMA3)
+    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_BAMBOO)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown architecture id %d", (int)p->arch);
-    if (p->ffn_act < PI2_ACT_SILU || p->ffn_act > PI2_ACT_RELU)
+    if (p->ffn_act < PI2_ACT_SILU || p->ffn_act > PI2_ACT_DRELU)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown FFN activation id %d", (int)p->ffn_act);
     if (p->n_head % p->n_head_kv || p->n_rot % 2 || p->n_rot > p->head_dim || p->n_layer > 65536 ||
         p->head_dim > 4096 || p->head_dim_v > 4096 || p->sliding_window < 0 || p->swa_period < 0)
@@ -247,7 +247,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
             goto fail;
         }
         if (!L->fc1.data != !L->fc2.data || (L->fc1.data && L->fc1.n_out != L->fc2.n_in)) {
-            s = pi2_set_error(PI2_ERR_FORMAT, "layer %d: a low-rank predictor needs fc1 [r][n_embd] and fc2 [n_ff][r]",
+            s = pi2_set_error(PI2_ERR_FORMAT, "layer %d: a predictor needs fc1 [r][n_embd] and fc2 [n_ff][r]",
                               (int)il);
             goto fail;
         }

@@ -21,7 +21,7 @@ typedef struct {
     const float *down_colscale;               /* [n_embd] their column scales, else NULL */
     const float *post_ffw_norm;               /* [n_embd] or NULL */
     pi2_weight gate_pred;                     /* pi2-made predictor: low-bit gate copy [n_ff] rows, or data NULL */
-    pi2_weight fc1, fc2;                      /* pi2-made predictor: low-rank [r] and [n_ff] rows, or data NULL */
+    pi2_weight fc1, fc2;                      /* predictor (pi2-made low-rank, or PowerInfer's): [r] and [n_ff] rows, or data NULL */
     int32_t swa;                              /* 1: sliding-window layer */
     int32_t rope_local;                       /* 1: RoPE with rope_base_local, else rope_base */
 } pi2_layer;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "kernels/traits.h"
+#include "pi2.h"
 #include "threadpool.h"
 
 /* y = x / sqrt(mean(x^2) + eps) (float squares summed in double), times w when w is not NULL. y may be x. */
@@ -23,10 +24,18 @@ void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const 
 /* ggml's GELU table: out[h] = fp16(gelu(fp16 value h)) for every fp16 bit pattern h. */
 void pi2_gelu_table(pi2_fp16 *table /* [65536] */);
 
-/* a[i] = act(g[i]), the factor pi2_ffn_activate multiplies up[i] by (bit for bit). */
+/* a[i] = act(g[i]), the factor pi2_ffn_activate multiplies up[i] (pi2_ffn_up_factor of it) by, bit for bit
+ * (PI2_ACT_DRELU: relu(g[i]), as PI2_ACT_RELU). */
 void pi2_ffn_act_values(float *a, const float *g, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 
-/* gate[i] = act(gate[i]) * up[i] for n values. gelu_table is needed for PI2_ACT_GELU. */
+/* What up[i] enters h = act(gate)·up with: itself, or for PI2_ACT_DRELU relu(up) = up <= 0 ? 0 : up
+ * (numpy's maximum(up, 0): +0 for -0, NaN kept). */
+static inline float pi2_ffn_up_factor(float u, int32_t act) {
+    return act == PI2_ACT_DRELU && u <= 0.0f ? 0.0f : u;
+}
+
+/* gate[i] = act(gate[i]) * up[i] (PI2_ACT_DRELU: relu(gate[i]) * relu(up[i])) for n values. gelu_table is
+ * needed for PI2_ACT_GELU. */
 void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 
 /* Causal multi-head attention over one layer's cache of F16 values, with grouped K/V heads, in

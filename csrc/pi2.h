@@ -82,8 +82,10 @@ pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_r
  * pi2_tensor_desc; C maps the file read-only and checks each descriptor (role, layer, type,
  * shape, offset, size) against the hyper-parameters and the file size before touching it. */
 
-typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2 } pi2_arch;
-typedef enum { PI2_ACT_SILU = 0, PI2_ACT_GELU = 1, PI2_ACT_RELU = 2 } pi2_ffn_act;
+/* PI2_ARCH_BAMBOO: PowerInfer's Bamboo / TurboSparse-Mistral, llama's forward pass with its own FFN activation */
+typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2, PI2_ARCH_BAMBOO = 3 } pi2_arch;
+/* h = act(gate)·up; PI2_ACT_DRELU (bamboo PWRI files): h = relu(gate)·relu(up) */
+typedef enum { PI2_ACT_SILU = 0, PI2_ACT_GELU = 1, PI2_ACT_RELU = 2, PI2_ACT_DRELU = 3 } pi2_ffn_act;
 
 /* What a tensor is. Per-layer roles (ATTN_NORM..POST_FFW_NORM) need 0 <= layer < n_layer; the
  * others take layer -1. For a tied output, describe OUTPUT with token_embd's offset and size. */
@@ -111,7 +113,8 @@ typedef enum {
     PI2_TENSOR_FFN_DOWN_ROWS = 20, /* [n_ff][n_embd]: row i = neuron i's output (ffn_down transposed; pi2
                                       bundles, PowerInfer's ffn_down_t); a layer has this or FFN_DOWN */
     PI2_TENSOR_FFN_GATE_PRED = 21, /* [n_ff][n_embd] PI2_T_LOWBIT1/2: a pi2-made low-bit gate copy, optional */
-    PI2_TENSOR_FFN_PRED_FC1 = 22,  /* [r][n_embd] a pi2-made low-rank predictor's fc1, optional (with FC2) */
+    PI2_TENSOR_FFN_PRED_FC1 = 22,  /* [r][n_embd] a predictor's fc1, optional (with FC2): a pi2-made low-rank one
+                                      (PI2_PRED_LOWRANK) or PowerInfer's (PI2_FFN_PREDICTOR) */
     PI2_TENSOR_FFN_PRED_FC2 = 23,  /* [n_ff][r] its fc2 */
     PI2_TENSOR_FFN_DOWN_SCALE = 24,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
     PI2_TENSOR_FFN_DOWN_COLSCALE = 25, /* [n_embd] F32: column scales of those I8 rows (value = col·row·q) */
@@ -203,9 +206,9 @@ void pi2_abort(pi2_ctx *ctx);
  * unused, it costs one test per checkpoint.
  * A sparse FFN (pi2_ctx_set_ffn, or FFN_DOWN_ROWS) traces "ffn_gate", "ffn_out" and "l_out" only. */
 /* ---- the sparse FFN ----
- * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED: see
- * there); up rows only for the
- * active ones; h_i = act(gate_i)·up_i is 0 for the others. Down as FFN_DOWN: the dense product of h
+ * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED and
+ * PI2_FFN_PREDICTOR: see there); up rows only for the active ones; h_i = act(gate_i)·up_i (PI2_ACT_DRELU:
+ * relu(gate_i)·relu(up_i), one float product) is 0 for the others. Down as FFN_DOWN: the dense product of h
  * (zeros included, so every rule with all neurons active is the dense FFN bit for bit). Down as
  * FFN_DOWN_ROWS: y = Σ h_i·row_i in groups of PI2_FFN_GROUP neurons: each element of a group's
  * partial sum starts at +0 and adds h_i·v_ij (v = the row's values as pi2_dequantize_rows gives
@@ -221,8 +224,12 @@ typedef enum {
     PI2_FFN_THRESHOLD = 1,  /* |score_i| > thresholds[layer] */
     PI2_FFN_TOPK = 2,       /* the ceil(keep·n_ff) largest |score_i| of each token, ties to the lower index */
     PI2_FFN_RELU = 3,       /* gate_i > 0 */
-    PI2_FFN_PREDICTED = 4   /* a pi2-made predictor ĝ: P = {|act(ĝ_i)| > pred_cuts[layer]}; gate rows of P only
+    PI2_FFN_PREDICTED = 4,  /* a pi2-made predictor ĝ: P = {|act(ĝ_i)| > pred_cuts[layer]}; gate rows of P only
                                (one token; a batch computes them all); active = P ∩ {|act(gate_i)| > thresholds[layer]} */
+    PI2_FFN_PREDICTOR = 5   /* PowerInfer's predictor (PWRI files): s = FC2 · relu(FC1 · h), h the residual before
+                               ffn_norm, each a matrix product like the model's own, relu(v) = v <= 0 ? 0 : v;
+                               active = {s_i >= thresholds[layer]}; gate rows of the active neurons only (one token;
+                               a batch computes them all); every layer needs FC1 and FC2; not with score_up */
 } pi2_ffn_rule;
 
 typedef enum {
@@ -235,7 +242,7 @@ typedef struct {
     int32_t score_up;         /* 0: score = act(gate); 1: score = act(gate)·up (every up row computed; not
                                  with PI2_FFN_PREDICTED) */
     float keep;               /* PI2_FFN_TOPK: fraction in (0, 1] */
-    const float *thresholds;  /* PI2_FFN_THRESHOLD, PI2_FFN_PREDICTED: [n_layer], copied */
+    const float *thresholds;  /* PI2_FFN_THRESHOLD, PI2_FFN_PREDICTED, PI2_FFN_PREDICTOR: [n_layer], copied */
     int32_t pred_kind;        /* PI2_FFN_PREDICTED: pi2_pred_kind; every layer needs its tensors */
     int32_t pred_input;       /* PI2_FFN_PREDICTED: z = 0 ffn_norm(h), 1 attn_norm of the layer's input */
     const float *pred_cuts;   /* PI2_FFN_PREDICTED: [n_layer] t_L − m_L, copied */

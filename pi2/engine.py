@@ -133,8 +133,8 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
 
 # ---- the forward pass: models and contexts ------------------------------------------------------
 
-_ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2}
-_ACTS = {"silu": 0, "gelu": 1, "relu": 2}
+_ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2, "bamboo": 3}
+_ACTS = {"silu": 0, "gelu": 1, "relu": 2, "drelu": 3}
 _GLOBAL_ROLES = {"token_embd.weight": 0, "output_norm.weight": 1, "output.weight": 2, "rope_freqs.weight": 3}
 _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
     "attn_norm.weight": (4, None), "attn_q.weight": (5, None), "attn_k.weight": (6, None),
@@ -148,8 +148,8 @@ _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig fla
 
 def model_params(cfg) -> dict:
     """pi2_model_params fields from a ModelConfig."""
-    if cfg.arch not in _ARCHS or cfg.sparse:
-        raise UnsupportedError(f"the C engine does not run {'sparse ' if cfg.sparse else ''}{cfg.arch} models yet")
+    if cfg.arch not in _ARCHS:
+        raise UnsupportedError(f"the C engine does not run {cfg.arch} models yet")
     return dict(arch=_ARCHS[cfg.arch], n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_ff=cfg.n_ff,
                 n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v,
                 n_rot=cfg.n_rot, rms_eps=cfg.rms_eps, rope_base=cfg.rope_base, rope_base_local=cfg.rope_base_local,
@@ -209,7 +209,8 @@ def _predictor_descs(model, il: int) -> list:
 
 def tensor_descs(model) -> list:
     """(role, layer, TensorInfo or RowView) of every tensor the forward pass reads; a tied output reuses
-    token_embd; pi2 files describe their FFN rows inside the bundles, and their pi2-made predictor."""
+    token_embd; pi2 files describe their FFN rows inside the bundles, and their pi2-made predictor; PowerInfer
+    files (and pi2 files made from them) their ffn_down_t as down rows and their predictor fc1/fc2."""
     cfg = model.config
     out = [(0, -1, model.tensor("token_embd.weight")), (1, -1, model.tensor("output_norm.weight")),
            (2, -1, model.tensor(model.output_name))]
@@ -218,7 +219,9 @@ def tensor_descs(model) -> list:
     for il in range(cfg.n_layer):
         views = _bundle_views(model, il) if cfg.pi2 else {}
         for name, (role, flag) in _LAYER_ROLES.items():
-            if cfg.pi2 and name == "ffn_down.weight":
+            if cfg.ffn_down_t and name == "ffn_down.weight":          # PowerInfer: [n_ff] rows of n_embd
+                out.append((_FFN_DOWN_ROWS, il, model.tensor(f"blk.{il}.ffn_down_t.weight")))
+            elif cfg.pi2 and name == "ffn_down.weight":
                 out.append((_FFN_DOWN_ROWS, il, views["ffn_down_rows"]))
                 for suffix, role in (("scale", _FFN_DOWN_SCALE), ("colscale", _FFN_DOWN_COLSCALE)):
                     name = f"blk.{il}.ffn_down_{suffix}.weight"          # int8 rows' scales
@@ -228,7 +231,10 @@ def tensor_descs(model) -> list:
                 out.append((role, il, views[name]))
             elif flag is None or getattr(cfg, flag):
                 out.append((role, il, model.tensor(f"blk.{il}.{name}")))
-        if cfg.pi2:
+        if cfg.sparse:                                                 # PowerInfer's predictor
+            out += [(_PRED_ROLES[n], il, model.file.tensors[f"blk.{il}.{n}"]) for n in ("fc1.weight", "fc2.weight")
+                    if f"blk.{il}.{n}" in model.file.tensors]
+        elif cfg.pi2:
             out += _predictor_descs(model, il)
     return out
 
@@ -322,17 +328,20 @@ class CContext:
         self._trace_cb = ffi.callback("pi2_trace_fn", tramp)
         lib.pi2_set_trace(self._h, self._trace_cb, ffi.NULL)
 
-    _RULES = {"dense": 0, "threshold": 1, "topk": 2, "relu": 3, "predicted": 4}
+    _RULES = {"dense": 0, "threshold": 1, "topk": 2, "relu": 3, "predicted": 4, "predictor": 5}
     _PRED_KINDS = {"lowbit": 0, "lowrank": 1}
     _PRED_INPUTS = {"ffn_norm": 0, "attn_input": 1}
 
     def set_ffn(self, spec) -> None:
         """Compute FFN layers by `spec` (a sparse.FFNRule); zeroes the statistics."""
-        if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act != "relu"):
+        if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act not in ("relu", "drelu")):
             raise UnsupportedError(f"the C engine has no '{spec.rule}' FFN rule for this model yet")
         predicted = spec.rule == "predicted"
         zeros = np.zeros(self.cfg.n_layer)
-        thr = np.ascontiguousarray(spec.thresholds if spec.thresholds is not None else zeros, np.float32)
+        if spec.rule == "predictor":      # PowerInfer's one threshold, for every layer
+            thr = np.full(self.cfg.n_layer, spec.threshold, np.float32)
+        else:
+            thr = np.ascontiguousarray(spec.thresholds if spec.thresholds is not None else zeros, np.float32)
         cuts = np.ascontiguousarray(spec.cuts if predicted else zeros, np.float32)
         p = ffi.new("pi2_ffn_params *", {"rule": self._RULES[spec.rule],
                                          "score_up": int(spec.score == "act_up" and not predicted),

@@ -43,15 +43,14 @@ def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
 
 
 def c_engine_gap(model: Model, cfg: RunConfig) -> str:
-    """Why the C engine cannot run this model with these settings ("" when it can)."""
+    """Why the C engine cannot run this model with these settings ("" when it can). It runs every architecture
+    ModelConfig accepts, PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
     c = model.config
-    if c.sparse:
-        return "PowerInfer predictor files run on the reference engine"
-    if c.ffn_down_t and not c.pi2:
-        return "files with ffn_down_t run on the reference engine"
-    if c.arch not in ("llama", "qwen2", "gemma3"):
+    if c.arch not in ("llama", "qwen2", "gemma3", "bamboo"):
         return f"the C engine does not run {c.arch} models"
     return ""
+
+
 def resolve_ctx(model: Model, n_ctx: int) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
     if n_ctx < 0:

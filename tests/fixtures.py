@@ -1,6 +1,6 @@
 """fixtures.py — tiny synthetic GGUF models for tests, written with the `gguf` package.
 
-Owns: `write_model` (llama / qwen2 / gemma3, BPE or SPM vocab, dense or PowerInfer `PWRI`),
+Owns: `write_model` (llama / qwen2 / gemma3 / bamboo, BPE or SPM vocab, dense or PowerInfer `PWRI`),
 the vocabularies behind it (`bpe_vocab`, `spm_vocab`, learned once per process from TEXT) and
 `corrupt_copy` for damaged-file tests. Everything is deterministic from `seed`.
 K-quants (Q2_K..Q6_K) cannot be written: `gguf.quants` has no K-quant quantizer, so K-quant
@@ -58,7 +58,7 @@ _GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s
 WTYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1,
           "Q5_0": QT.Q5_0, "Q5_1": QT.Q5_1, "Q8_0": QT.Q8_0}
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32}
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "gemma3", "bamboo")
 DEFAULT_VOCAB = 512
 
 
@@ -250,7 +250,9 @@ def write_model(path, arch="llama", *, vocab=None, n_vocab=None, n_embd=64, n_la
       2·n_embd/n_head (so n_head·head_dim != n_embd, like gemma-3-270m), sliding_window to 8, always tied;
       with n_layer >= 6 layer 5 is a global layer.
     act: "silu" or "relu" (default relu with pwri): only recorded in `general.name`, since the GGUF keys
-      are the same either way (a llama file is ReGLU only when its magic is PWRI). pwri=True: `ffn_down_t` replaces `ffn_down`, predictors fc1/fc2 follow all model
+      are the same either way (a llama file is ReGLU only when its magic is PWRI).
+    arch "bamboo" (PowerInfer's Bamboo / TurboSparse-Mistral): llama's tensors, keys and defaults under `bamboo.*`;
+      its FFN is dReLU, relu(gate)·relu(up), in a PWRI file and ReLU-gated otherwise (act defaults to that). pwri=True: `ffn_down_t` replaces `ffn_down`, predictors fc1/fc2 follow all model
       tensors, `powerinfer.sparse_threshold` = 0.0, and bytes 0..3 become `PWRI`. The predictor is
       fc1 = [M; -M], fc2 = [B, -B] (r = 2·pred_rank rounded up to 32) with B·M the rank-`pred_rank` SVD of
       gate·diag(ffn_norm.weight); at the default full rank (n_embd) the score fc2·relu(fc1·x) equals
@@ -260,23 +262,28 @@ def write_model(path, arch="llama", *, vocab=None, n_vocab=None, n_embd=64, n_la
         raise ValueError(f"arch must be one of {ARCHS}")
     if wtype not in WTYPES or (embd_type or wtype) not in WTYPES:
         raise ValueError(f"wtype must be one of {sorted(WTYPES)} (K-quants cannot be written by gguf)")
+    if arch == "bamboo":
+        want = "drelu" if pwri else "relu"          # how ModelConfig reads a bamboo file
+        if act not in (None, want):
+            raise ValueError(f"a bamboo {'PWRI' if pwri else 'GGUF'} file is {want}, not {act}")
+        act = want
     act = act or ("relu" if pwri else "silu")
-    if act not in ("silu", "relu"):
-        raise ValueError("act must be 'silu' or 'relu'")
+    if act not in ("silu", "relu", "drelu"):
+        raise ValueError("act must be 'silu' or 'relu' ('drelu' for bamboo)")
     gemma = arch == "gemma3"
     vocab = vocab or ("spm" if gemma else "bpe")
     n_vocab = n_vocab or DEFAULT_VOCAB
     head_dim = head_dim or (2 * n_embd // n_head if gemma else n_embd // n_head)
     if rope_base is None:
-        rope_base = 10000.0 if arch == "llama" else 1e6
-    eps = eps if eps is not None else (1e-5 if arch == "llama" else 1e-6)
+        rope_base = 10000.0 if arch in ("llama", "bamboo") else 1e6
+    eps = eps if eps is not None else (1e-5 if arch in ("llama", "bamboo") else 1e-6)
     tied = True if gemma else tied
     qt, et = WTYPES[wtype], WTYPES[embd_type or wtype]
     rng = np.random.default_rng(seed)
     path = Path(path)
 
     w = GGUFWriter(str(path), arch)
-    w.add_name(f"pi2-fixture-{arch}{'-relu' if act == 'relu' else ''}{'-pwri' if pwri else ''}")
+    w.add_name(f"pi2-fixture-{arch}{'' if act == 'silu' else '-' + act}{'-pwri' if pwri else ''}")
     w.add_file_type(FILE_TYPES[wtype])
     w.add_quantization_version(2)
     w.add_context_length(n_ctx)

@@ -57,8 +57,7 @@ def test_tensor_set_and_shapes(tmp_path, arch, tied):
         assert kv["gemma3.attention.sliding_window"] == 8
     else:
         assert hd == n_embd // n_head
-    assert kv["llama.rope.freq_base" if arch == "llama" else f"{arch}.rope.freq_base"] == \
-        (1e4 if arch == "llama" else 1e6)
+    assert kv[f"{arch}.rope.freq_base"] == (1e4 if arch in ("llama", "bamboo") else 1e6)
 
 
 @pytest.mark.parametrize("wtype", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])

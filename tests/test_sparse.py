@@ -104,8 +104,8 @@ def _raw(m, name):
 
 def powerinfer_ffn(m, threshold):
     """PowerInfer's sparse FFN (formats.md §9.4), written independently: predictor scores fc2·relu(fc1·p) on the
-    pre-norm residual p, active = score >= threshold, the same mask for gate, up and down_t, ReGLU, and the
-    down axpy over active neurons with h != 0. float64 throughout, except that ggml multiplies F16 weights with
+    pre-norm residual p, active = score >= threshold, the same mask for gate, up and down_t, ReGLU (dReLU for
+    bamboo: relu(gate)·relu(up)), and the down axpy over active neurons with h != 0. float64 throughout, except that ggml multiplies F16 weights with
     activations rounded to F16."""
     W = [{n: _raw(m, f"blk.{il}.{n}.weight") for n in ("fc1", "fc2", "ffn_gate", "ffn_up", "ffn_down_t")}
          for il in range(m.config.n_layer)]
@@ -121,7 +121,8 @@ def powerinfer_ffn(m, threshold):
             idx = np.flatnonzero(s >= threshold)
             masks.append(s >= threshold)
             xt = rnd(x[t])
-            h = np.maximum(w["ffn_gate"][idx] @ xt, 0) * (w["ffn_up"][idx] @ xt)
+            up = w["ffn_up"][idx] @ xt
+            h = np.maximum(w["ffn_gate"][idx] @ xt, 0) * (np.maximum(up, 0) if m.config.arch == "bamboo" else up)
             nz = h != 0
             y[t] = h[nz] @ w["ffn_down_t"][idx[nz]]
             seen.append(len(idx) / len(s))
@@ -129,11 +130,11 @@ def powerinfer_ffn(m, threshold):
     return ffn, seen, masks
 
 
-@pytest.mark.parametrize("wtype", ["F32", "F16"])
-def test_pwri_equals_powerinfer_semantics(tmp_path, wtype):
-    path = write_model(tmp_path / "s.powerinfer.gguf", pwri=True, wtype=wtype, pred_rank=8, n_layer=3)
+@pytest.mark.parametrize("wtype,arch", [("F32", "llama"), ("F16", "llama"), ("F32", "bamboo")])
+def test_pwri_equals_powerinfer_semantics(tmp_path, wtype, arch):
+    path = write_model(tmp_path / "s.powerinfer.gguf", arch, pwri=True, wtype=wtype, pred_rank=8, n_layer=3)
     m = load_model(path)
-    assert m.config.sparse and m.config.ffn_act == "relu" and m.extra == []
+    assert m.config.sparse and m.config.ffn_act == ("drelu" if arch == "bamboo" else "relu") and m.extra == []
     ctx = ReferenceContext(m, 32)
     assert ctx.ffn.rule == "predictor"
     got_masks = []
@@ -229,7 +230,8 @@ def test_cli_keep_and_dense_on_run(plain, pi2_files, tmp_path):
     assert res.code == 0, res.err
     assert_error(cli("run", str(plain), "-p", "x", "--keep", "1.5"), 2, "keep")
     pwri = write_model(tmp_path / "s.powerinfer.gguf", pwri=True, wtype="F32", pred_rank=8)
-    assert_error(cli("run", str(pwri), "-p", "x", "--engine", "c"), 2, "PowerInfer")
+    res = cli("run", str(pwri), "-p", "x", "-n", "2", "--engine", "c")      # PWRI files run in C (test_pwri_c.py)
+    assert res.code == 0, res.err
 
 
 def test_cli_keep_on_perplexity(plain, tmp_path):

@@ -80,13 +80,16 @@ def runtime_rss(model=None) -> int:
 
 def fixed_bytes(model, n_ctx: int, gate: bool = False) -> int:
     """Bytes of the tensors the forward pass reads through the mapping in a streamed run: all but the up and down
-    rows of the bundles (and the gate rows when they stream too: `gate`) (a tied output counted once); token
+    rows of the bundles (and the gate rows when they stream too: `gate`, the run uses the file's pi2-made predictor;
+    without it the predictor's tensors are never read and do not count) (a tied output counted once); token
     embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache.c), so they
     count n_ctx rows of whole pages at most."""
     from pi2.engine import _FFN_DOWN_ROWS, tensor_descs
     descs = tensor_descs(model)
     out_offset = next(t.offset for role, _l, t in descs if role == 2)
     streamed = (17, _FFN_DOWN_ROWS) + ((16,) if gate else ())   # FFN_UP, FFN_DOWN_ROWS (, FFN_GATE)
+    if "pi2.predictor.kind" in model.file.kv and not gate:      # FFN_GATE_PRED, PRED_FC1, PRED_FC2 unused
+        streamed += (21, 22, 23)
     seen = {}
     for role, _layer, t in descs:
         if role in streamed:

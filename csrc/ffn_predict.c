@@ -165,22 +165,9 @@ static void select_p_task(void *arg, int32_t t, int32_t thread) {
 static void gate_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const pred_job *j = arg;
-    const pi2_ctx *c = j->c;
-    const struct pi2_ffn_pred *p = c->ffn_pred;
-    const pi2_weight *w = &j->L->gate;
-    const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
-    const pi2_vec_dot_rows4_fn rows4 = pi2_kernels_dot_rows4(w->type, c->p.impl);   /* vec_dot's order */
-    const int32_t *P = p->P, n = p->n_P[0], k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
-    for (int32_t k = task * GATE_CHUNK; k < k1;) {
-        const uint8_t *row = w->data + (size_t)P[k] * w->row_bytes;
-        if (rows4 && k + 4 <= k1 && P[k + 3] == P[k] + 3) {
-            rows4(w->n_in, &p->gc[k], row, w->row_bytes, p->gq);
-            k += 4;
-        } else {
-            tr->vec_dot(w->n_in, &p->gc[k], row, p->gq);
-            k++;
-        }
-    }
+    const struct pi2_ffn_pred *p = j->c->ffn_pred;
+    const int32_t n = p->n_P[0], k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
+    pi2_dot_row_list(&j->L->gate, j->c->p.impl, j->L->gate.data, p->P, task * GATE_CHUNK, k1, p->gc, p->gq);
 }
 
 /* gate_task over the neuron cache: P's entries in one group of PI2_FFN_GROUP neurons, each row found through its
@@ -192,21 +179,15 @@ static void gate_task_stream(void *arg, int32_t task, int32_t thread) {
     const pi2_ctx *c = j->c;
     const struct pi2_ffn_pred *p = c->ffn_pred;
     const pi2_weight *w = &j->L->gate;
-    const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
-    const pi2_vec_dot_rows4_fn rows4 = pi2_kernels_dot_rows4(w->type, c->p.impl);
     const int32_t g = c->ffn_task_group[task], k1 = c->ffn_group_start[g + 1], C = pi2_cache_cluster(c->cache);
     const uint8_t *arena = pi2_cache_arena(c->cache, PI2_PART_GATE);
-    const int64_t row0 = w->data - c->m->map, rb = (int64_t)w->row_bytes;   /* row 0's file offset */
+    const int64_t row0 = w->data - c->m->map;   /* row 0's file offset */
     const int32_t *P = p->P;
-    for (int32_t k = c->ffn_group_start[g]; k < k1;) {
-        const uint8_t *row = arena + pi2_cache_delta(c->cache, PI2_PART_GATE, P[k] / C) + row0 + (int64_t)P[k] * rb;
-        if (rows4 && k + 4 <= k1 && P[k + 3] == P[k] + 3 && P[k] / C == P[k + 3] / C) {
-            rows4(w->n_in, &p->gc[k], row, w->row_bytes, p->gq);
-            k += 4;
-        } else {
-            tr->vec_dot(w->n_in, &p->gc[k], row, p->gq);
-            k++;
-        }
+    for (int32_t k = c->ffn_group_start[g], ke; k < k1; k = ke) {   /* P's entries cluster by cluster */
+        const int32_t cl = P[k] / C;
+        for (ke = k + 1; ke < k1 && P[ke] / C == cl; ke++) {}
+        pi2_dot_row_list(w, c->p.impl, arena + pi2_cache_delta(c->cache, PI2_PART_GATE, cl) + row0, P, k, ke, p->gc,
+                         p->gq);
     }
 }
 

@@ -88,21 +88,8 @@ static void gate_task(void *arg, int32_t task, int32_t thread) {
     const pwri_job *j = arg;
     const pi2_ctx *c = j->c;
     const struct pi2_ffn_pwri *pw = c->ffn_pwri;
-    const pi2_weight *w = &j->L->gate;
-    const pi2_type_traits *tr = pi2_traits(w->type, c->p.impl);
-    const pi2_vec_dot_rows4_fn rows4 = pi2_kernels_dot_rows4(w->type, c->p.impl);   /* vec_dot's order */
-    const int32_t *idx = c->ffn_idx, n = c->ffn_n_active[0];
-    const int32_t k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
-    for (int32_t k = task * GATE_CHUNK; k < k1;) {
-        const uint8_t *row = w->data + (size_t)idx[k] * w->row_bytes;
-        if (rows4 && k + 4 <= k1 && idx[k + 3] == idx[k] + 3) {
-            rows4(w->n_in, &pw->gc[k], row, w->row_bytes, pw->gq);
-            k += 4;
-        } else {
-            tr->vec_dot(w->n_in, &pw->gc[k], row, pw->gq);
-            k++;
-        }
-    }
+    const int32_t n = c->ffn_n_active[0], k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
+    pi2_dot_row_list(&j->L->gate, c->p.impl, j->L->gate.data, c->ffn_idx, task * GATE_CHUNK, k1, pw->gc, pw->gq);
 }
 
 static void one_token(pi2_ctx *c, const pwri_job *j) {

@@ -182,3 +182,19 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
     else pi2_pool_run(env->pool, quantize_task, &j, n_tok);
     pi2_pool_run(env->pool, dot_task, &j, j.first_task[n_mm]);
 }
+
+void pi2_dot_row_list(const pi2_weight *w, int32_t impl, const uint8_t *base, const int32_t *idx, int32_t k0,
+                      int32_t k1, float *out, const void *xq) {
+    const pi2_type_traits *tr = pi2_traits(w->type, impl);
+    const pi2_vec_dot_rows4_fn rows4 = pi2_kernels_dot_rows4(w->type, impl);   /* vec_dot's order */
+    for (int32_t k = k0; k < k1;) {
+        const uint8_t *row = base + (size_t)idx[k] * w->row_bytes;
+        if (rows4 && k + 4 <= k1 && idx[k + 3] == idx[k] + 3) {
+            rows4(w->n_in, &out[k], row, w->row_bytes, xq);
+            k += 4;
+        } else {
+            tr->vec_dot(w->n_in, &out[k], row, xq);
+            k++;
+        }
+    }
+}

@@ -38,4 +38,10 @@ size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t
  * Weights whose vec_dot_type is the same share one quantized copy of x. */
 void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
 
+/* out[k] = row idx[k] of w · xq for k in [k0, k1), each in vec_dot's order (the four-row kernel on four
+ * consecutive rows); row i is at base + i·w->row_bytes (w->data for mapped rows; the rows must be contiguous
+ * from idx[k0] to idx[k1 - 1]). xq: one token's input in w's vec_dot_type. */
+void pi2_dot_row_list(const pi2_weight *w, int32_t impl, const uint8_t *base, const int32_t *idx, int32_t k0,
+                      int32_t k1, float *out, const void *xq);
+
 #endif

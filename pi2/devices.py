@@ -122,7 +122,7 @@ def o_direct(path: Path) -> dict:
 
 
 def nnapi_info(lib_path: str | None = None) -> dict:
-    from pi2.engine import NnapiDelegate
+    from pi2.engine_nnapi import NnapiDelegate
     from pi2.errors import Pi2Error
     try:
         d = NnapiDelegate(lib_path)

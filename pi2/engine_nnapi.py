@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pi2.engine import check, ffi, lib, type_info
+from pi2.engine import _ACTS, check, ffi, lib, type_info
 
 if TYPE_CHECKING:
     from pi2.engine import CContext

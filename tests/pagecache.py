@@ -1,5 +1,5 @@
 """pagecache.py — which pages of a file are in the page cache (mincore(2) on a fresh mapping), for the tests that
-check streamed ranges stay out of it."""
+check streamed ranges stay out of it, and the clean on-disk copy of a pi2 file those tests start from."""
 from __future__ import annotations
 
 import os
@@ -24,3 +24,29 @@ def resident_pages(path, start: int, end: int) -> int:
         return sum(b & 1 for b in vec.raw)
     finally:
         os.close(fd)
+
+
+def cold_copy(src, tmp_path, tensor: str):
+    """A copy of pi2 file src in tmp_path whose pages are clean (fsync), loaded, with the 4 KiB pages wholly inside
+    each layer's `blk.L.<tensor>.weight`: (path, model, [(start, end)] per layer). Skips on tmpfs, where the page
+    cache is the file."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from pi2.model.loader import load_model
+    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() in (
+            "tmpfs", "ramfs"):
+        pytest.skip("on tmpfs the page cache is the file")
+    p = tmp_path / "cold.pi2.gguf"
+    shutil.copy(src, p)
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)                                           # clean pages, so that they can be dropped
+    os.close(fd)
+    m = load_model(p)
+    ranges = []
+    for il in range(m.config.n_layer):
+        t = m.tensor(f"blk.{il}.{tensor}.weight")
+        ranges.append((-(-t.offset // 4096) * 4096, (t.offset + t.nbytes) // 4096 * 4096))
+    return p, m, ranges

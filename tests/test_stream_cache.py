@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 from fixtures import write_model
-from pagecache import resident_pages
+from pagecache import cold_copy, resident_pages
 from pi2file import write_pi2
 
 from pi2 import sparse
@@ -201,21 +201,7 @@ def test_plan_flash_bytes_follow_the_hot_prefix(files):
 def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     """A streamed context reads its bundles with O_DIRECT and never through the mapping: after decoding, the pages
     wholly inside the bundle regions are not in the page cache (the mapped run puts them there)."""
-    import shutil
-    import subprocess
-    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() in (
-            "tmpfs", "ramfs"):
-        pytest.skip("on tmpfs the page cache is the file")
-    p = tmp_path / "cold.pi2.gguf"
-    shutil.copy(files["q8"], p)
-    fd = os.open(p, os.O_RDONLY)
-    os.fsync(fd)                                           # clean pages, so that they can be dropped
-    os.close(fd)
-    m = load_model(p)
-    ranges = []
-    for il in range(m.config.n_layer):
-        t = m.tensor(f"blk.{il}.ffn_bundle.weight")
-        ranges.append((-(-t.offset // 4096) * 4096, (t.offset + t.nbytes) // 4096 * 4096))
+    p, m, ranges = cold_copy(files["q8"], tmp_path, "ffn_bundle")
     assert all(e > s for s, e in ranges)
     c = CContext(CModel.from_model(m), 32, 1)
     c.set_ffn(sparse.choose_rule(m, 1.0))

@@ -18,7 +18,7 @@ from decode_seq import TOKENS, run
 from fixtures import write_model
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
-from pagecache import resident_pages
+from pagecache import cold_copy, resident_pages
 from pi2file import writer_like
 
 from pi2 import sparse
@@ -181,21 +181,7 @@ def test_streamed_gate_rows_stay_out_of_the_page_cache(files, tmp_path):
     """Streamed gate rows are read with O_DIRECT and never through the mapping, nor read ahead: after single tokens
     and a batch, the pages wholly inside the gate regions are not in the page cache (with the gate rows mapped,
     they are)."""
-    import shutil
-    import subprocess
-    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() in (
-            "tmpfs", "ramfs"):
-        pytest.skip("on tmpfs the page cache is the file")
-    p = tmp_path / "cold.pi2.gguf"
-    shutil.copy(files["q4k"], p)
-    fd = os.open(p, os.O_RDONLY)
-    os.fsync(fd)                                           # clean pages, so that they can be dropped
-    os.close(fd)
-    m = load_model(p)
-    ranges = []
-    for il in range(m.config.n_layer):
-        t = m.tensor(f"blk.{il}.ffn_gate.weight")
-        ranges.append((-(-t.offset // 4096) * 4096, (t.offset + t.nbytes) // 4096 * 4096))
+    p, m, ranges = cold_copy(files["q4k"], tmp_path, "ffn_gate")
     assert all(e - s >= 8 * 4096 for s, e in ranges)
     c = ctx_for(p, 1, gate_stream(m, 16, 0, 0))
     for t in TOKENS[:4]:

@@ -13,6 +13,7 @@
 
 #include "cache.h"
 #include "context.h"
+#include "ffn_groups.h"
 #include "internal.h"
 #include "kernels/lowbit.h"
 #include "ops.h"
@@ -191,39 +192,15 @@ static void gate_task_stream(void *arg, int32_t task, int32_t thread) {
     }
 }
 
-/* Groups with predicted neurons whose gate clusters are all present before the reads. */
-static int32_t ready_groups(pi2_ctx *c, int32_t n_groups) {
-    int32_t n = 0;
-    for (int32_t g = 0; g < n_groups; g++)
-        if (c->ffn_group_start[g + 1] > c->ffn_group_start[g] && c->ffn_ready[g]) c->ffn_task_group[n++] = g;
-    return n;
-}
-
-/* Phase 1 of two-phase loading: P's gate rows, hot and cached groups while the misses are read, then each group
- * as its reads land. */
-static pi2_status gate_rows_streamed(pi2_ctx *c, const pred_job *j) {
-    const struct pi2_ffn_pred *p = c->ffn_pred;
-    const int32_t n = p->n_P[0], n_groups = (int32_t)((c->m->hp.n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
-    for (int32_t g = 0, k = 0; g <= n_groups; g++) {   /* where each group's predicted neurons start */
-        while (k < n && p->P[k] < g * PI2_FFN_GROUP) k++;
-        c->ffn_group_start[g] = k;
-    }
-    pi2_status s = pi2_cache_begin(c->cache, PI2_PART_GATE, j->il, p->P, n, c->ffn_ready);
-    if (s) return s;
-    pi2_pool_run(c->pool, gate_task_stream, (void *)j, ready_groups(c, n_groups));
-    for (int32_t ready; !(s = pi2_cache_next(c->cache, PI2_PART_GATE, c->ffn_task_group, &ready)) && ready;)
-        pi2_pool_run(c->pool, gate_task_stream, (void *)j, ready);
-    return s;
-}
-
 static pi2_status one_token(pi2_ctx *c, const pred_job *j) {
     struct pi2_ffn_pred *p = c->ffn_pred;
     const pi2_layer *L = j->L;
     const int64_t F = c->m->hp.n_ff;
     const int32_t n = p->n_P[0];
     pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl)->quantize_act(c->xn, p->gq, L->gate.n_in);
-    if (c->cache && pi2_cache_streams_gate(c->cache)) {
-        const pi2_status s = gate_rows_streamed(c, j);
+    if (c->cache && pi2_cache_streams_gate(c->cache)) {   /* phase 1 of two-phase loading: P's gate rows */
+        pi2_ffn_group_starts(c, p->P, n);
+        const pi2_status s = pi2_ffn_stream_groups(c, PI2_PART_GATE, j->il, p->P, n, gate_task_stream, (void *)j);
         if (s) return s;
     } else {
         pi2_pool_run(c->pool, gate_task, (void *)j, (n + GATE_CHUNK - 1) / GATE_CHUNK);

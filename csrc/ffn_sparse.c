@@ -16,6 +16,7 @@
 
 #include "cache.h"
 #include "context.h"
+#include "ffn_groups.h"
 #include "ffn_predict.h"
 #include "ffn_pwri.h"
 #include "internal.h"
@@ -296,31 +297,15 @@ static void reduce_task(void *arg, int32_t task, int32_t thread) {
         for (int64_t e = j0; e < j1; e++) y[e] *= j->L->down_colscale[e];
 }
 
-/* Groups with active neurons: those ready now (want 1) or those that waited on reads (want 0). */
-static int32_t task_list(pi2_ctx *c, int32_t n_groups, int want) {
-    int32_t n = 0;
-    for (int32_t g = 0; g < n_groups; g++)
-        if (c->ffn_group_start[g + 1] > c->ffn_group_start[g] && c->ffn_ready[g] == want) c->ffn_task_group[n++] = g;
-    return n;
-}
-
 static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
-    const int32_t n = c->ffn_n_active[0], n_groups = (int32_t)((j->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
-    const int32_t *idx = c->ffn_idx;
-    for (int32_t g = 0, k = 0; g <= n_groups; g++) {   /* where each group's active neurons start */
-        while (k < n && idx[k] < g * PI2_FFN_GROUP) k++;
-        c->ffn_group_start[g] = k;
-    }
+    const int32_t n = c->ffn_n_active[0], *idx = c->ffn_idx;
+    const int32_t n_groups = pi2_ffn_group_starts(c, idx, n);   /* where each group's active neurons start */
     quantize_task(j, 0, 0);
     const pi2_type_traits *ut = pi2_traits(j->L->up.type, c->p.impl), *dt = pi2_traits(j->L->down_rows.type, c->p.impl);
     j->up_bytes = (size_t)(j->n_embd / ut->block_size) * (size_t)ut->type_size;
     j->down_bytes = (size_t)(j->n_embd / dt->block_size) * (size_t)dt->type_size;
     if (c->cache) {   /* hits and the hot prefix while the misses are read, then groups as their reads land */
-        pi2_status s = pi2_cache_begin(c->cache, PI2_PART_BUNDLES, j->il, idx, n, c->ffn_ready);
-        if (s) return s;
-        pi2_pool_run(c->pool, group_task_stream, j, task_list(c, n_groups, 1));
-        for (int32_t ready; !(s = pi2_cache_next(c->cache, PI2_PART_BUNDLES, c->ffn_task_group, &ready)) && ready;)
-            pi2_pool_run(c->pool, group_task_stream, j, ready);   /* each group as soon as its reads are in */
+        const pi2_status s = pi2_ffn_stream_groups(c, PI2_PART_BUNDLES, j->il, idx, n, group_task_stream, j);
         if (s) return s;
     } else {
         pi2_pool_run(c->pool, group_task, j, n_groups);

@@ -143,10 +143,8 @@ void pi2_ffn_activate(float *g, const float *u, int64_t n, int32_t act, const pi
             const float y = x <= -10.0f ? 0.0f : x >= 10.0f ? x : pi2_fp16_to_f32(gelu_table[pi2_f32_to_fp16(x)]);
             g[i] = y * u[i];
         }
-    } else if (act == PI2_ACT_DRELU) {
+    } else {                 /* PI2_ACT_RELU, PI2_ACT_DRELU (relu of up too) */
         for (int64_t i = 0; i < n; i++) g[i] = (g[i] > 0.0f ? g[i] : 0.0f) * pi2_ffn_up_factor(u[i], act);
-    } else {                 /* PI2_ACT_RELU */
-        for (int64_t i = 0; i < n; i++) g[i] = (g[i] > 0.0f ? g[i] : 0.0f) * u[i];
     }
 }
 

@@ -207,7 +207,7 @@ def convert(
     calib: Optional[Path] = typer.Option(None, "--calib", help="calibration text (default: the one pi2 ships)"),
     calib_tokens: int = typer.Option(2048, "--calib-tokens", help="calibration tokens to profile"),
     layout: str = typer.Option("bundle-ud", "--layout", help="bundle-ud | bundle-gud"),
-    ffn_type: str = typer.Option("auto", "--ffn-type", help="row type of down: auto (i8 for quantized sources) | i8 | q8_0 | q5_1 | f32 | f16"),
+    ffn_type: str = typer.Option("auto", "--ffn-type", help="row type of down: auto (i8 for quantized sources) | i8 | q8_0 | q5_1 | q4_1 | f32 | f16"),
     threads: int = typer.Option(0, "-t", "--threads", help="threads (0 = all cores)"),
     predictor: Optional[str] = typer.Option(None, "--predictor", help="make a predictor: lowbit | lowrank"),
     predictor_input: str = typer.Option("ffn_norm", "--predictor-input", help="ffn_norm | attn_input"),

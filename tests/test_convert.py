@@ -277,3 +277,23 @@ def test_info_shows_sparse_metadata(q41):
                        env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0, r.stderr
     assert "bundle-ud" in r.stdout and "keep @10% err" in r.stdout and "hot80" in r.stdout
+
+
+@pytest.mark.parametrize("ffn_type,src_type,row", [("q5_1", "Q4_1", "Q5_1"), ("q4_1", "Q4_1", "Q4_1"),
+                                                   ("q4_1", "Q8_0", "Q8_0"), ("q5_1", "Q8_0", "Q8_0")])
+def test_small_down_rows(tmp_path, ffn_type, src_type, row):
+    """--ffn-type q5_1 / q4_1: the row type follows the source's bits, and the rows decode to the source."""
+    src = write_model(tmp_path / "m.gguf", wtype=src_type, n_embd=64, n_ff=96)
+    rep = run(src, tmp_path / "o.gguf", ffn_type=ffn_type)
+    assert set(rep.down_types) == {row}
+    bound = {"Q4_1": 0.12, "Q5_1": 0.06, "Q8_0": 0.01}[row]
+    assert max(rep.down_err) < bound
+    check_bundles(src, rep.output, down_bound=bound)
+
+
+def test_q4_1_rows_by_source_bits():
+    from pi2.convert.layout import down_row_type
+    from pi2.model.gguf_file import TYPE_IDS
+    got = {s: down_row_type(TYPE_IDS[s], 1536, "q4_1") for s in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "F16")}
+    assert got == {"Q4_K": TYPE_IDS["Q4_1"], "Q6_K": TYPE_IDS["Q5_1"], "Q5_0": TYPE_IDS["Q5_1"],
+                   "Q8_0": TYPE_IDS["Q8_0"], "F16": TYPE_IDS["F16"]}

@@ -46,12 +46,14 @@ def files(tmp_path_factory):
     return {"plain": plain, "q4": q4, "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
             "odd_q8": write_pi2(odd, d / "oq8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
             "ud": write_pi2(q4, d / "ud.pi2.gguf", down_type="Q5_1", default_keep=0.5),
+            "ud4": write_pi2(q4, d / "ud4.pi2.gguf", down_type="Q4_1", default_keep=0.5),
             "f32": write_pi2(plain, d / "f32.pi2.gguf", down_type="F32", default_keep=0.75),
             "gud": write_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
 
 
 @pytest.mark.parametrize("name,keep,rule", [("plain", 0.5, "topk"), ("plain", 0.23, "topk"), ("q4", 0.35, "topk"),
                                             ("ud", None, "threshold"), ("ud", 0.3, "threshold"),
+                                            ("ud4", None, "threshold"),
                                             ("f32", None, "threshold"), ("gud", None, "threshold"),
                                             ("gud", 1.0, "dense"), ("f16", None, "threshold"),
                                             ("odd_q8", None, "threshold")])

@@ -11,17 +11,20 @@ from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.quants import dequantize, quantize_weight
 
 LAYOUTS = ("bundle-ud", "bundle-gud")
-FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "f32", "f16")
+FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "q4_1", "f32", "f16")
 BUNDLE_ALIGN = 32
 I8 = TYPE_IDS["I8"]      # --ffn-type i8: int8 rows, float scales per row and column (blk.L.ffn_down_(col)scale)
 # source type of ffn_down -> row type of the transposed rows (elementwise types transpose exactly). Quantized
 # sources become I8 by default (`auto`): int8 with per-row and per-column float scales, 8.0 bits a weight,
 # summed in integers (pi2/down_i8.py); SmolLM2 at keep 1 costs +0.23 % perplexity over the source, Q8_0 rows
 # (8.5 bits, summed in float, about 3x slower) +0.18 %, Q5_1 from a Q4_1 source (4 % error) +3.3 % (pydoc topics,
-# -c 512, 8 chunks). `--ffn-type q5_1` trades that for 30 % fewer down bytes (flash streaming).
+# -c 512, 8 chunks). `--ffn-type q5_1` trades that for 30 % fewer down bytes (flash streaming); `q4_1` goes one
+# step further (4-bit sources -> Q4_1, 5- and 6-bit -> Q5_1) for the fewest bytes a streamed neuron costs.
 _DOWN_ROW = {"F32": "F32", "F16": "F16", "BF16": "BF16"}
 _DOWN_Q5 = {"Q4_0": "Q5_0", "IQ4_NL": "Q5_0", "IQ4_XS": "Q5_0", "Q4_1": "Q5_1", "Q4_K": "Q5_1", "Q3_K": "Q5_1",
             "Q2_K": "Q5_1", "Q5_0": "Q8_0", "Q5_1": "Q8_0", "Q5_K": "Q8_0", "Q6_K": "Q8_0", "Q8_0": "Q8_0"}
+_DOWN_Q4 = {"Q4_0": "Q4_1", "IQ4_NL": "Q4_1", "IQ4_XS": "Q4_1", "Q4_1": "Q4_1", "Q4_K": "Q4_1", "Q3_K": "Q4_1",
+            "Q2_K": "Q4_1", "Q5_0": "Q5_1", "Q5_1": "Q5_1", "Q5_K": "Q5_1", "Q6_K": "Q5_1", "Q8_0": "Q8_0"}
 
 
 def permutation(freq: np.ndarray) -> np.ndarray:
@@ -45,7 +48,7 @@ def down_row_type(src_type: int, n_embd: int, ffn_type: str = "auto", transposed
     elif name not in _DOWN_Q5:
         raise UnsupportedError(f"cannot choose a row type for ffn_down of type {name}; use --ffn-type f32 or f16")
     else:
-        row = _DOWN_Q5[name] if ffn_type == "q5_1" else "Q8_0"
+        row = {"q5_1": _DOWN_Q5, "q4_1": _DOWN_Q4}.get(ffn_type, {}).get(name, "Q8_0")
     if GGML_TYPES[TYPE_IDS[row]][1] > 1 and n_embd % GGML_TYPES[TYPE_IDS[row]][1]:
         return TYPE_IDS["F16"]
     return TYPE_IDS[row]

@@ -8,7 +8,8 @@
 # env: PI2_FLAGS (more `pi2 bench` flags for every pi2 run, e.g. "--predictor"), ROUNDS (repeat the whole
 # sequence, interleaved, default 1), MAPPED=0 (skip the fully mapped runs).
 # needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
-# every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens.
+# every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens. The device
+# is profiled first (`pi2 profile-io`, cached), as the planner's cluster size and predicted speed come from it.
 set -euo pipefail
 MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}; SOURCE=${6:-}
 LLAMA_BENCH=${LLAMA_BENCH:-$HOME/.cache/pi2/lcpp/build/bin/llama-bench}
@@ -62,6 +63,9 @@ run_llama() {
         echo "$label: failed"
     fi
 }
+
+# the device's read profile (cached per device): the planner sizes clusters and predicts tokens/s from it
+python3 -m pi2 profile-io "$MODEL" --io "$IO" >/dev/null || echo "bench_budget.sh: no device profile" >&2
 
 for _ in $(seq "$ROUNDS"); do
     if [ "$MAPPED" = 1 ]; then run 0 "mapped, no limit"; fi

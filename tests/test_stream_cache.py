@@ -215,3 +215,34 @@ def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     d.set_ffn(sparse.choose_rule(m, 1.0))
     d.decode(TOKENS[:4])
     assert sum(resident_pages(p, s, e) for s, e in ranges) > 0
+
+
+def test_plan_cluster_from_device_profile(files, tmp_path, monkeypatch):
+    """With no cluster given, the planner takes the cluster whose expected reads finish first on the device profile:
+    a device much faster at big reads gets 64-neuron clusters; one as fast at every size the plan reading the fewest
+    bytes; no profile: cluster_for's rule. An explicit cluster is kept."""
+    from pi2.plan import profile
+    from pi2.plan.budget import cluster_for, make_plan
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    monkeypatch.setattr(profile, "default_cache_dir", lambda: tmp_path)
+    kw = dict(io="pread", runtime=50 << 20)
+    floor = max(make_plan(m, cm, 1 << 40, 64, 1, cluster=c, **kw).floor for c in (8, 16, 32, 64))
+    budget = floor + 8192 * 2 + 100                    # nothing hot: every active cluster is read
+    assert make_plan(m, cm, budget, 64, 1, **kw).cluster == cluster_for(stream_sizes(cm, 64)["bundle_bytes"])
+
+    def write(mbps_of_block):
+        f = profile.cache_file(files["q8"])
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"backend": "pread", "points": [
+            {"block": b, "qd": 32, "mb_s": mbps_of_block(b)} for b in (4096, 8192, 16384, 32768, 65536, 131072)]}))
+
+    write(lambda b: b / 64.0)                           # throughput grows with the read size
+    fast = make_plan(m, cm, budget, 64, 1, **kw)
+    assert fast.cluster == 64 and fast.read_mbps > make_plan(m, cm, budget, 64, 1, cluster=8, **kw).read_mbps
+    write(lambda b: 500.0)                              # flat: the fewest expected bytes win
+    flat = make_plan(m, cm, budget, 64, 1, **kw)
+    each = [make_plan(m, cm, budget, 64, 1, cluster=c, **kw) for c in (8, 16, 32, 64)]
+    assert flat.read_seconds == min(p.read_seconds for p in each)
+    assert flat.flash_bytes == min(p.flash_bytes for p in each) < max(p.flash_bytes for p in each)
+    assert make_plan(m, cm, budget, 64, 1, cluster=16, **kw).cluster == 16

@@ -112,6 +112,9 @@ def context_bytes(cfg, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
     return kv, scratch
 
 
+CLUSTERS = (8, 16, 32, 64)   # neurons per cluster the C cache takes (divisors of its 64-neuron groups)
+
+
 def cluster_for(bundle_bytes: int) -> int:
     """Neurons per cluster: the smallest of 8, 16, 32, 64 whose reads are at least 32 KiB."""
     for c in (8, 16, 32, 64):
@@ -200,6 +203,11 @@ class Plan:
                 f"{fmt(self.n_gate_slots * self.gate_slot_bytes)}"]
 
     @property
+    def read_seconds(self) -> float:
+        """Seconds per token the expected reads take at the profiled throughput (inf without a profile)."""
+        return self.flash_bytes / (self.read_mbps * 1e6) if self.read_mbps else float("inf")
+
+    @property
     def io_bound_tps(self) -> float | None:
         """Tokens/s the reads alone allow (None without a device profile; inf when nothing is read)."""
         if not self.read_mbps:
@@ -279,20 +287,42 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     runtime: the process's own bytes (default: measured now, runtime_rss). npu: the NPU's decision
     (npu_plan.NpuDecision) when it computes the hot prefix: its copies join the fixed region, the cache keeps
     no hot prefix (the CPU reads those neurons only after an NPU failure) and they are not expected reads.
-    rule: the run's sparse.FFNRule; under `predicted` the gate rows stream too (the module's rule)."""
-    npu = npu if npu is not None and npu.use else None
-    from pi2.engine import stream_sizes
+    rule: the run's sparse.FFNRule; under `predicted` the gate rows stream too (the module's rule).
+    cluster: neurons per cluster; by default the one of CLUSTERS whose plan reads its expected flash bytes per
+    token fastest on the device profile (bigger reads run faster, but read more inactive neurons), or, with no
+    profile, cluster_for's rule."""
     why = streamable(model)
     if why:
         raise UsageError(why)
+    from pi2.engine import stream_sizes
+    runtime = runtime_rss(model) if runtime is None else runtime
+    args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
+    first = _plan(*args, cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]))
+    if cluster or first.read_mbps is None:
+        return first
+    best = first
+    for c in CLUSTERS:
+        if c == first.cluster:
+            continue
+        try:
+            p = _plan(*args, c)
+        except UsageError:          # a floor above the budget (bigger slots)
+            continue
+        if p.read_mbps and p.read_seconds < best.read_seconds:
+            best = p
+    return best
+
+
+def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster) -> Plan:
+    """make_plan at one cluster size."""
+    npu = npu if npu is not None and npu.use else None
+    from pi2.engine import stream_sizes
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
     gate = rule is not None and rule.rule == "predicted"
-    bb = stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]
-    cluster = cluster or cluster_for(bb)
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
-    p = Plan(budget=budget, runtime=runtime_rss(model) if runtime is None else runtime,
+    p = Plan(budget=budget, runtime=runtime,
              fixed=fixed_bytes(model, n_ctx, gate) + (npu.bytes if npu else 0), kv=kv, scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,

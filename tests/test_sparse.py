@@ -146,8 +146,9 @@ def test_pwri_equals_powerinfer_semantics(tmp_path, wtype, arch):
     assert 0.2 < np.mean(seen) < 0.8                          # the predictor really drops neurons
     got_masks = np.concatenate([g.reshape(-1) for g in got_masks])
     assert np.mean(got_masks == np.concatenate(masks)) > 0.999     # both layer, token, neuron order
-    # F16: the order of ggml's F16 dot products vs float64 can flip a neuron whose score is ~1e-4 from 0
-    np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3 if wtype == "F32" else 1e-2)
+    # the summation order of ggml's dot products (F16) or of the BLAS numpy links (F32; it differs between CPUs)
+    # against these float32 matmuls can flip a neuron whose score is ~1e-4 from the threshold
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=5e-3 if wtype == "F32" else 1e-2)
     assert abs(ctx.bench_stats()["ffn_keep"] - np.mean(seen)) < 0.01
     dense = ReferenceContext(m, 32, dense=True).decode(TOKENS, all_logits=True)
     assert not np.allclose(dense, got, atol=1e-3)

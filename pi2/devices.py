@@ -88,6 +88,18 @@ def memory_info(meminfo: str | None = None) -> dict:
     return {"total": kb.get("MemTotal"), "available": kb.get("MemAvailable"), "cgroup_limit": cgroup_limit()}
 
 
+def memory_limit(meminfo: str | None = None) -> int | None:
+    """What this process may hold: MemAvailable plus what it holds already (VmRSS), capped by its memory cgroup's
+    limit; None when /proc/meminfo cannot be read."""
+    info = memory_info(meminfo)
+    if not info["available"]:
+        return None
+    rss = next((int(line.split()[1]) * 1024 for line in _read("/proc/self/status").splitlines()
+                if line.startswith("VmRSS:")), 0)
+    limit = info["available"] + rss
+    return min(limit, info["cgroup_limit"]) if info["cgroup_limit"] else limit
+
+
 def io_backends(path: Path | None = None) -> dict:
     """The probe's verdict on every backend, on `path` or a temporary 1 MiB file in the temp directory."""
     from pi2 import flash_io

@@ -2,12 +2,14 @@
 
 Owns: engine selection (`c`, the compiled forward pass, which `auto` picks; `reference`, the numpy
 specification; `auto` falls back to it for what the C engine cannot run yet), the context size rule
-(-c 0 = the model's training context; default 4096 capped at it), and prompt preparation.
+(-c 0 = the model's training context; default 4096 capped at it), the memory a run may use when no
+--memory-budget is given (a pi2 file larger than it streams within it; a plain GGUF runs from its mapping with
+a note), and prompt preparation.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pi2.errors import UsageError
 from pi2.model.loader import Model, load_model
@@ -73,6 +75,8 @@ def open_context(model: Model, cfg: RunConfig):
     gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
+    if cfg.memory_budget is None and cfg.engine != "reference" and not gap:
+        cfg = _fit_memory(model, cfg, n_ctx)
     if cfg.memory_budget is not None and not model.config.pi2:
         print("pi2: note: a plain GGUF runs from its mapping and --memory-budget is not enforced; "
               "`pi2 convert` makes a pi2 file whose FFN streams within the budget", file=sys.stderr)
@@ -95,6 +99,32 @@ def open_context(model: Model, cfg: RunConfig):
     ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
     npu.no_c_engine(ctx, cfg.npu)
     return ctx
+
+
+def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int) -> RunConfig:
+    """No --memory-budget: a run uses what the file needs, capped by the memory the process may use
+    (devices.memory_limit). A pi2 file that does not fit streams within that limit (its budget); a plain GGUF runs
+    from its mapping (the kernel reads weights back in as they are evicted; its read-ahead is kept: the dense
+    matmuls scan each matrix in order) and gets a note suggesting `pi2 convert`."""
+    from pi2.devices import memory_limit
+    from pi2.plan.budget import MARGIN, context_bytes, fmt, runtime_rss, streamable
+    limit = memory_limit()
+    if limit is None:
+        return cfg
+    kv, scratch = context_bytes(model.config, n_ctx, max(cfg.n_threads, 1))
+    import os
+    need = os.path.getsize(model.path) + kv + scratch + runtime_rss(model) + MARGIN
+    if need <= limit:
+        return cfg
+    name = os.path.basename(model.path)
+    if model.config.pi2 and not streamable(model):
+        print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: its FFN streams "
+              f"from flash within that (as --memory-budget {limit >> 20}M)", file=sys.stderr)
+        return replace(cfg, memory_budget=limit)
+    print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: it runs from its mapping, "
+          "re-reading weights from flash as they are evicted (slow); `pi2 convert` makes a pi2 file whose FFN "
+          "streams only the neurons each token needs", file=sys.stderr)
+    return cfg
 
 
 def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):

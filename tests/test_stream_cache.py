@@ -246,3 +246,40 @@ def test_plan_cluster_from_device_profile(files, tmp_path, monkeypatch):
     assert flat.read_seconds == min(p.read_seconds for p in each)
     assert flat.flash_bytes == min(p.flash_bytes for p in each) < max(p.flash_bytes for p in each)
     assert make_plan(m, cm, budget, 64, 1, cluster=16, **kw).cluster == 16
+
+
+def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypatch):
+    """Without --memory-budget a pi2 file larger than the memory the process may use streams within that limit
+    (same tokens as the mapped run); a plain GGUF that does not fit runs from its mapping and suggests pi2 convert;
+    files that fit run mapped with nothing said; a limit below the floor is refused with the minimum."""
+    from clirun import cli
+    from pi2 import devices
+    from pi2.plan.budget import make_plan
+    src = write_model(tmp_path / "big.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
+    path = str(write_pi2(src, tmp_path / "big.pi2.gguf", down_type="Q8_0", default_keep=0.5))
+    args = ("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread", "--verbose")
+    base = cli(*args)
+    assert base.code == 0 and "may use" not in base.err and "pi2: cache:" not in base.err, base.err
+    m = load_model(path)
+    limit = make_plan(m, CModel.from_model(m), 1 << 40, 64, 1).floor + (4 << 20)   # 5 of 6 layers' bundles short
+    monkeypatch.setattr(devices, "memory_limit", lambda: limit)
+    res = cli(*args)
+    assert res.code == 0, res.err
+    assert f"may use {limit / 2**20:.1f} MiB: its FFN streams" in res.err and "pi2: cache: hit rate" in res.err
+    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
+    plain = cli("run", str(src), "-p", "hello", "-n", "2", "-c", "64")
+    assert plain.code == 0 and "runs from its mapping" in plain.err and "pi2 convert" in plain.err, plain.err
+    monkeypatch.setattr(devices, "memory_limit", lambda: 1 << 20)
+    low = cli(*args)
+    assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
+
+
+def test_memory_limit_reads_meminfo_and_cgroup(monkeypatch):
+    from pi2 import devices
+    monkeypatch.setattr(devices, "cgroup_limit", lambda: None)
+    meminfo = "MemTotal:       1000000 kB\nMemAvailable:    500000 kB\n"
+    free = devices.memory_limit(meminfo)
+    assert free >= 500000 * 1024 and free < 500000 * 1024 + (8 << 30)   # + this process's RSS
+    monkeypatch.setattr(devices, "cgroup_limit", lambda: 300 << 20)
+    assert devices.memory_limit(meminfo) == 300 << 20
+    assert devices.memory_limit("nothing here\n") is None

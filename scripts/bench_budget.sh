@@ -6,7 +6,9 @@
 # size too ($LLAMA_BENCH, default ~/.cache/pi2/lcpp/build/bin/llama-bench, as scripts/bench_vs_llamacpp.sh builds).
 # usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO] [SOURCE.gguf]
 # env: PI2_FLAGS (more `pi2 bench` flags for every pi2 run, e.g. "--predictor"), ROUNDS (repeat the whole
-# sequence, interleaved, default 1), MAPPED=0 (skip the fully mapped runs).
+# sequence, interleaved, default 1), MAPPED=0 (skip the fully mapped runs), LLAMA_FLAGS (more llama-bench flags,
+# default "--repack 0": llama.cpp's CPU repacking copies the weights into anonymous memory, which a cgroup smaller
+# than the model cannot hold, so it is OOM-killed; without it the weights stay mapped and can be re-read).
 # needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
 # every run so each run starts from flash; llama-bench's one-token warm-up runs before the timed tokens. The device
 # is profiled first (`pi2 profile-io`, cached), as the planner's cluster size and predicted speed come from it.
@@ -14,6 +16,7 @@ set -euo pipefail
 MODEL=$1; BUDGETS=${2:-"850M 1000M 1200M"}; NGEN=${3:-32}; THREADS=${4:-2}; IO=${5:-auto}; SOURCE=${6:-}
 LLAMA_BENCH=${LLAMA_BENCH:-$HOME/.cache/pi2/lcpp/build/bin/llama-bench}
 read -r -a EXTRA <<< "${PI2_FLAGS:-}"; ROUNDS=${ROUNDS:-1}; MAPPED=${MAPPED:-1}
+read -r -a LLAMA_EXTRA <<< "${LLAMA_FLAGS---repack 0}"
 PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 [ -d "$PARENT" ] || { echo "bench_budget.sh: no cgroup v1 memory controller at $PARENT" >&2; exit 1; }
 
@@ -51,16 +54,18 @@ run_llama() {
     mkdir "$cg"
     echo "$limit" > "$cg/memory.limit_in_bytes"
     sync; echo 1 > /proc/sys/vm/drop_caches || true
-    out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec \"\$0\" -m \"\$1\" -p 0 -n $NGEN -r 1 -t $THREADS -o jsonl" \
-          "$LLAMA_BENCH" "$SOURCE" 2>/dev/null | tail -1) || true
+    out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec \"\$0\" -m \"\$1\" -p 0 -n $NGEN -r 1 -t $THREADS -o jsonl \"\${@:2}\"" \
+          "$LLAMA_BENCH" "$SOURCE" ${LLAMA_EXTRA[@]+"${LLAMA_EXTRA[@]}"} 2>/dev/null | tail -1) || true
     peak=$(cat "$cg/memory.max_usage_in_bytes"); fail=$(cat "$cg/memory.failcnt")
+    local oom
+    oom=$(awk '$1=="oom_kill"{print $2}' "$cg/memory.oom_control")
     rmdir "$cg"
     if [ -n "$out" ]; then
         printf '%-28s %7.2f tok/s  cgroup peak %7.1f MiB failcnt %s\n' "$label" \
             "$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['avg_ts'])" "$out")" \
             "$(python3 -c "print($peak / 2**20)")" "$fail"
     else
-        echo "$label: failed"
+        echo "$label: failed$([ "${oom:-0}" != 0 ] && echo " (OOM-killed in the cgroup)")"
     fi
 }
 

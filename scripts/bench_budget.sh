@@ -6,7 +6,8 @@
 # size too ($LLAMA_BENCH, default ~/.cache/pi2/lcpp/build/bin/llama-bench, as scripts/bench_vs_llamacpp.sh builds).
 # usage: scripts/bench_budget.sh MODEL.pi2.gguf "850M 1000M 1200M" [N_GEN] [THREADS] [IO] [SOURCE.gguf]
 # env: PI2_FLAGS (more `pi2 bench` flags for every pi2 run, e.g. "--predictor"), ROUNDS (repeat the whole
-# sequence, interleaved, default 1), MAPPED=0 (skip the fully mapped runs), LLAMA_FLAGS (more llama-bench flags,
+# sequence, interleaved, default 1), MAPPED=0 (skip the fully mapped runs), PROFILE=0 (do not profile the device
+# first: with no cached profile the planner falls back to its fixed cluster rule), LLAMA_FLAGS (more llama-bench flags,
 # default "--repack 0": llama.cpp's CPU repacking copies the weights into anonymous memory, which a cgroup smaller
 # than the model cannot hold, so it is OOM-killed; without it the weights stay mapped and can be re-read).
 # needs root (cgroup v1 at /sys/fs/cgroup/memory, /proc/sys/vm/drop_caches); the page cache is dropped before
@@ -70,7 +71,9 @@ run_llama() {
 }
 
 # the device's read profile (cached per device): the planner sizes clusters and predicts tokens/s from it
-python3 -m pi2 profile-io "$MODEL" --io "$IO" >/dev/null || echo "bench_budget.sh: no device profile" >&2
+if [ "${PROFILE:-1}" = 1 ]; then
+    python3 -m pi2 profile-io "$MODEL" --io "$IO" >/dev/null || echo "bench_budget.sh: no device profile" >&2
+fi
 
 for _ in $(seq "$ROUNDS"); do
     if [ "$MAPPED" = 1 ]; then run 0 "mapped, no limit"; fi

@@ -31,7 +31,8 @@ run() {
     [ "$limit" != 0 ] && echo "$limit" > "$cg/memory.limit_in_bytes"
     sync; echo 1 > /proc/sys/vm/drop_caches || true
     out=$(bash -c "echo \$\$ > $cg/cgroup.procs; exec python3 -m pi2 bench -m \"\$0\" -p 0 -n $NGEN -r 1 -t $THREADS -o json \"\$@\"" \
-          "$MODEL" "$@" ${EXTRA[@]+"${EXTRA[@]}"} 2>/tmp/bench_budget.$$.err) || { echo "$label: failed: $(tail -1 /tmp/bench_budget.$$.err)"; }
+          "$MODEL" "$@" ${EXTRA[@]+"${EXTRA[@]}"} 2>/tmp/bench_budget.$$.err) \
+        || { echo "$label: failed: $(grep -m1 'error:' /tmp/bench_budget.$$.err || tail -1 /tmp/bench_budget.$$.err)"; }
     local peak fail
     peak=$(cat "$cg/memory.max_usage_in_bytes"); fail=$(cat "$cg/memory.failcnt")
     rmdir "$cg"

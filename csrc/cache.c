@@ -88,7 +88,7 @@ pi2_status pi2_stream_query(const pi2_model *m, int32_t cluster, int32_t layer, 
 
 static void part_free(part_t *q) {
     pi2_slots_free(&q->slots);
-    void *bufs[] = {q->L, q->delta, q->reqs, q->g_pending, q->arena};
+    void *bufs[] = {q->L, q->delta, q->reqs, q->g_pending, q->early, q->arena};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     memset(q, 0, sizeof *q);
 }
@@ -101,17 +101,19 @@ void pi2_cache_free(pi2_cache *k) {
 }
 
 /* Part `part`'s regions, hot prefixes of n_hot[il] neurons (NULL: none), n_slots slots of slot_bytes, its arena. */
-static pi2_status part_init(pi2_cache *k, int32_t part, const int32_t *n_hot, int32_t n_slots, int64_t slot_bytes) {
+static pi2_status part_init(pi2_cache *k, int32_t part, const int32_t *n_hot, int32_t n_slots, int64_t slot_bytes,
+                            const int32_t *n_early) {
     part_t *q = &k->part[part];
     const int32_t F = k->n_ff, n_cl = k->n_cl;
     q->what = part == PI2_PART_BUNDLES ? "bundles" : "gate rows";
     q->slot_bytes = (size_t)slot_bytes;
-    q->cur = -1;
+    q->cur = q->early_layer = q->flags_layer = -1;
     q->L = calloc((size_t)k->n_layer, sizeof *q->L);
+    q->early = calloc((size_t)n_cl, 1);
     q->delta = malloc((size_t)n_cl * sizeof(int64_t));
     q->reqs = malloc((size_t)n_cl * sizeof(pi2_io_request));
     q->g_pending = calloc((size_t)F / PI2_FFN_GROUP + 1, sizeof(int32_t));
-    if (!q->L || !q->delta || !q->reqs || !q->g_pending)
+    if (!q->L || !q->delta || !q->reqs || !q->g_pending || !q->early)
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the neuron cache");
     pi2_status s = pi2_slots_init(&q->slots, n_slots, k->n_layer, n_cl);
     if (s) return s;
@@ -124,6 +126,10 @@ static pi2_status part_init(pi2_cache *k, int32_t part, const int32_t *n_hot, in
             return pi2_set_error(PI2_ERR_INVALID, "layer %d: %d hot neurons of %d (%s)", (int)il, (int)h, (int)F,
                                  q->what);
         l->hot_cl = h == F ? n_cl : h / k->C;
+        const int32_t e = n_early ? n_early[il] : 0;
+        if (e < 0)
+            return pi2_set_error(PI2_ERR_INVALID, "layer %d: %d early clusters", (int)il, (int)e);
+        l->early_cl = e < n_cl - l->hot_cl ? e : n_cl - l->hot_cl;
         if (l->hot_cl) {
             int64_t fs, fe;
             span(k, l, 0, l->hot_cl, &fs, &fe, NULL);
@@ -206,8 +212,9 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
     k->n_ff = m->hp.n_ff;
     k->n_cl = (k->n_ff + k->C - 1) / k->C;
     k->n_parts = p->stream_gate ? 2 : 1;
-    if ((s = part_init(k, PI2_PART_BUNDLES, p->n_hot, p->n_slots, q.slot_bytes)) ||
-        (p->stream_gate && (s = part_init(k, PI2_PART_GATE, p->n_gate_hot, p->n_gate_slots, q.gate_slot_bytes))))
+    if ((s = part_init(k, PI2_PART_BUNDLES, p->n_hot, p->n_slots, q.slot_bytes, p->stream_gate ? NULL : p->n_early)) ||
+        (p->stream_gate &&
+         (s = part_init(k, PI2_PART_GATE, p->n_gate_hot, p->n_gate_slots, q.gate_slot_bytes, NULL))))
         goto fail;
     pi2_io_params iop = pi2_io_default_params();
     iop.backend = p->backend;

@@ -26,6 +26,10 @@ int pi2_cache_streams_gate(const pi2_cache *k);
  * once, misses submitted. ready[g] (per group of PI2_FFN_GROUP) = 1 when every needed cluster of group g is
  * present now, 0 when it waits on a read. */
 pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready);
+/* Before layer il's attention, for one token: submit the reads of the bundle clusters the layer's early count
+ * names (after its hot prefix, not cached), which nearly every token needs; the layer's begin then waits on them
+ * like on its own misses, and reaps the unneeded ones with the rest. PI2_ERR_IO when the submission fails. */
+pi2_status pi2_cache_early(pi2_cache *k, int32_t il);
 /* Wait for the part's next reads and list the groups whose clusters have now all arrived (*n_groups; 0 when
  * every read has been reaped). PI2_ERR_IO: a failed or short read (the layer's reads are drained first). */
 pi2_status pi2_cache_next(pi2_cache *k, int32_t part, int32_t *groups, int32_t *n_groups);

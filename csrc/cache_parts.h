@@ -16,6 +16,7 @@ typedef struct {
     int64_t rec0, bb;          /* file offset of neuron 0's record; record stride */
     int64_t row_off[2];        /* file offsets of neuron 0's rows: bundles up, down; gate rows [0] only */
     int32_t hot_cl;            /* resident clusters */
+    int32_t early_cl;          /* cold clusters after the hot prefix read before the layer's attention */
     int64_t hot_delta;         /* arena + hot_delta + file offset = the byte, for hot clusters */
 } region_t;
 
@@ -30,6 +31,9 @@ typedef struct {
     int32_t n_req, n_sub, n_wait;   /* misses, of which submitted, of which reaped */
     int32_t *g_pending;        /* [groups] the current layer's reads each group waits for */
     int32_t cur;               /* current layer */
+    int32_t early_layer;       /* the layer whose early reads are in q->reqs (not yet begun), or -1 */
+    int32_t flags_layer;       /* the layer `early` describes, or -1 */
+    uint8_t *early;            /* [n_cl] 1: read early and not needed (yet), 2: read early and needed */
     double t_submit;
     int64_t hot, hits, misses, bytes_read, layer_loads;   /* this part's statistics */
 } part_t;

@@ -4,7 +4,8 @@
  * Does not: create or size the cache (cache.c), keep the LRU (cache_pool.c) or compute (ffn_sparse.c,
  *       ffn_predict.c).
  * Invariants: one part's reads are in flight at a time (each layer's reads are reaped or drained before the next
- *       begin); a slot whose read failed holds nothing. */
+ *       begin); a slot whose read failed holds nothing; early reads (pi2_cache_early) belong to the layer whose
+ *       begin comes next, and are reaped with its other reads whether the token needs them or not. */
 #define _GNU_SOURCE
 #include "cache_parts.h"
 
@@ -54,6 +55,44 @@ static void drain(pi2_cache *k, part_t *q) {
         if (s >= 0) pi2_slots_forget(&q->slots, s);
     }
     q->n_req = q->n_sub = q->n_wait = 0;
+    q->early_layer = q->flags_layer = -1;
+}
+
+/* Before a layer's reads start: reads another layer left unreaped (early reads whose layer never began, after an
+ * error or an abort) are waited for and their clusters forgotten. */
+static void settle(pi2_cache *k, part_t *q, int32_t il) {
+    if (q->n_wait < q->n_req && q->early_layer != il) drain(k, q);
+}
+
+pi2_status pi2_cache_early(pi2_cache *k, int32_t il) {
+    part_t *q = &k->part[PI2_PART_BUNDLES];
+    const region_t *l = &q->L[il];
+    if (!l->early_cl) return PI2_OK;
+    settle(k, q, -2);
+    q->cur = q->early_layer = q->flags_layer = il;
+    q->n_req = q->n_sub = q->n_wait = 0;
+    memset(q->early, 0, (size_t)k->n_cl);
+    for (int32_t cl = l->hot_cl; cl < l->hot_cl + l->early_cl; cl++) {
+        if (pi2_slots_find(&q->slots, il, cl) >= 0) continue;   /* cached: the token's lookup counts it */
+        int64_t fs, fe;
+        span(k, l, cl, cl + 1, &fs, &fe, NULL);
+        const int32_t s = pi2_slots_take(&q->slots, il, cl);
+        q->reqs[q->n_req++] = (pi2_io_request){.offset = (uint64_t)fs, .length = (uint64_t)(fe - fs),
+                                               .dest = q->arena + q->slots_off + (size_t)s * q->slot_bytes,
+                                               .user = (uint64_t)cl};
+        q->early[cl] = 1;
+    }
+    k->st.early_reads += q->n_req;
+    if (!q->n_req) {
+        q->early_layer = -1;
+        return PI2_OK;
+    }
+    q->t_submit = pi2_now();
+    int32_t acc = 0;
+    pi2_status st = pi2_io_submit(k->io, q->reqs, q->n_req, &acc);
+    q->n_sub = acc;
+    if (st) drain(k, q);
+    return st;
 }
 
 pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t *idx, int32_t n, uint8_t *ready) {
@@ -62,8 +101,14 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t
     const int32_t n_groups = (k->n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP;
     memset(ready, 1, (size_t)n_groups);
     memset(q->g_pending, 0, (size_t)n_groups * sizeof(int32_t));
+    settle(k, q, il);
+    const int early = q->early_layer == il;   /* this layer's early reads are in q->reqs, maybe landed */
+    q->early_layer = -1;
+    if (!early) {
+        q->n_req = q->n_sub = q->n_wait = 0;
+        q->flags_layer = -1;
+    }
     q->cur = il;
-    q->n_req = q->n_sub = q->n_wait = 0;
     if (il == 0 && part == PI2_PART_BUNDLES) k->st.tokens++;
     for (int32_t i = 0; i < n;) {   /* each needed cluster once, ascending; the LRU's front is the needed set */
         const int32_t cl = idx[i] / k->C;
@@ -72,7 +117,12 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t
         int64_t fs, fe;
         span(k, l, cl, cl + 1, &fs, &fe, NULL);
         int32_t s = pi2_slots_find(&q->slots, il, cl);
-        if (s >= 0) {
+        if (early && q->early[cl]) {   /* read early: its group waits for that read (reaped in next) */
+            q->early[cl] = 2;
+            q->misses++;
+            ready[cl * k->C / PI2_FFN_GROUP] = 0;
+            q->g_pending[cl * k->C / PI2_FFN_GROUP]++;
+        } else if (s >= 0) {
             q->hits++;
         } else {   /* the LRU's tail was not used by this layer: the needed set is smaller than n_slots */
             s = pi2_slots_take(&q->slots, il, cl);
@@ -85,11 +135,13 @@ pi2_status pi2_cache_begin(pi2_cache *k, int32_t part, int32_t il, const int32_t
         }
         q->delta[cl] = (int64_t)(q->slots_off + (size_t)s * q->slot_bytes) - fs;
     }
-    if (!q->n_req) return PI2_OK;
-    q->t_submit = pi2_now();
+    if (early)
+        for (int32_t cl = l->hot_cl; cl < l->hot_cl + l->early_cl; cl++) k->st.early_unused += q->early[cl] == 1;
+    if (q->n_sub == q->n_req) return PI2_OK;
+    if (!early) q->t_submit = pi2_now();
     int32_t acc = 0;
-    pi2_status st = pi2_io_submit(k->io, q->reqs, q->n_req, &acc);
-    q->n_sub = acc;
+    pi2_status st = pi2_io_submit(k->io, q->reqs + q->n_sub, q->n_req - q->n_sub, &acc);
+    q->n_sub += acc;
     if (st) drain(k, q);
     return st;
 }
@@ -128,7 +180,8 @@ pi2_status pi2_cache_next(pi2_cache *k, int32_t part, int32_t *groups, int32_t *
         if (s) { drain(k, q); return s; }
         for (int32_t i = 0; i < got; i++) {
             if ((s = check_done(k, q, &done[i]))) { q->n_wait += got; drain(k, q); return s; }
-            const int32_t g = (int32_t)done[i].user * k->C / PI2_FFN_GROUP;
+            const int32_t cl = (int32_t)done[i].user, g = cl * k->C / PI2_FFN_GROUP;
+            if (q->flags_layer == q->cur && q->early[cl] == 1) continue;   /* read early, not needed */
             if (--q->g_pending[g] == 0) groups[(*n_groups)++] = g;
         }
         q->n_wait += got;
@@ -153,6 +206,7 @@ static void point(pi2_layer *view, int32_t part, const region_t *l, const uint8_
 
 pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view) {
     part_t *q = &k->part[part];
+    settle(k, q, -2);
     const region_t *l = &q->L[il];
     int64_t fs, fe, need;
     span(k, l, 0, k->n_cl, &fs, &fe, &need);

@@ -316,6 +316,12 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     return PI2_OK;
 }
 
+pi2_status pi2_ffn_sparse_early(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+    if (!c->cache || n != 1 || !L->down_rows.data || c->ffn.score_up || pi2_cache_streams_gate(c->cache))
+        return PI2_OK;   /* only where pi2_ffn_sparse takes one_token_rows' streamed path */
+    return pi2_cache_early(c->cache, il);
+}
+
 pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* one pass over the bundles */

@@ -144,6 +144,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
             return PI2_ERR_ABORTED;
         }
         pi2_pool_mark(c->pool, n);   /* layers of a step are alike: the pool times them to choose sharing or not */
+        const pi2_status es = pi2_ffn_sparse_early(c, L, il, n);   /* streamed bundles: reads during attention */
+        if (es) {
+            pi2_pool_mark(c->pool, -1);
+            return es;
+        }
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
         norm_rows(c, n, c->xn, c->x, L->attn_norm, n, E);

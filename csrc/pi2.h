@@ -510,6 +510,9 @@ typedef struct {
     int32_t stream_gate;   /* 1: the gate rows stream too (then the two fields below count) */
     int32_t n_gate_slots;  /* cold gate-cluster slots, >= min_slots (one layer's gate region fits them) */
     const int32_t *n_gate_hot; /* [n_layer] resident gate rows per layer, rounded down to whole clusters; NULL: none */
+    const int32_t *n_early;    /* [n_layer] cold bundle clusters right after the hot prefix whose reads a single token
+                                * issues before the layer's attention (clusters nearly every token needs), so they
+                                * land while it computes; NULL: none. Ignored when the gate rows stream. */
 } pi2_stream_params;
 
 typedef struct {
@@ -552,6 +555,8 @@ typedef struct {
     int64_t gate_layer_loads;  /* whole gate regions read (batches; single tokens of rules other than predicted) */
     int64_t gate_arena_bytes;  /* of arena_bytes: gate hot prefixes + gate slots */
     int64_t gate_hot_bytes;    /* of hot_bytes: gate hot prefixes */
+    int64_t early_reads;       /* of misses and reads: bundle clusters read before the layer's attention (n_early) */
+    int64_t early_unused;      /* of early_reads: clusters the token's active set did not need after all */
 } pi2_cache_stats;
 
 /* The statistics of a streamed context. PI2_ERR_INVALID: NULL arguments or the context is not streamed. */

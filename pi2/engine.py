@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 try:
     from pi2._pi2 import ffi, lib
@@ -389,6 +389,8 @@ class CContext:
                "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
                "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
                "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
+               "early_reads_per_token": round(d["early_reads"] / d["decoded"], 1) if d["decoded"] else 0.0,
+               "early_unused": round(d["early_unused"] / d["early_reads"], 4) if d["early_reads"] else 0.0,
                "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
                "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
         if self.stream.get("stream_gate"):   # two-phase loading: the gate rows' share (included above)
@@ -423,15 +425,18 @@ class CContext:
         return out
 
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
-                   direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None) -> None:
+                   direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
+                   n_early=None) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache.c): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
-        gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots."""
+        gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
+        n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention."""
         from pi2.flash_io import _IDS
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
         ghot = np.ascontiguousarray(np.zeros(L) if n_gate_hot is None else n_gate_hot, np.int32)
-        self._stream_hot, self._stream_gate_hot = hot, ghot
+        early = np.ascontiguousarray(np.zeros(L) if n_early is None else n_early, np.int32)
+        self._stream_hot, self._stream_gate_hot, self._stream_early = hot, ghot, early
         self._stream_path = ffi.new("char[]", self.cmodel.path.encode())
         p = ffi.new("pi2_stream_params *", {"backend": _IDS[io], "queue_depth": queue_depth, "direct": int(direct),
                                             "cluster": cluster, "n_slots": n_slots, "stream_gate": int(stream_gate),
@@ -439,6 +444,7 @@ class CContext:
         p.path = self._stream_path
         p.n_hot = ffi.from_buffer("int32_t[]", hot)
         p.n_gate_hot = ffi.from_buffer("int32_t[]", ghot)
+        p.n_early = ffi.from_buffer("int32_t[]", early)
         check(lib.pi2_ctx_set_stream(self._h, p))
         self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth,
                        "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0}
@@ -447,7 +453,7 @@ class CContext:
 
     _CACHE_STATS = ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads", "io_wait_s", "read_s",
                     "arena_bytes", "hot_bytes", "gate_hot", "gate_hits", "gate_misses", "gate_bytes_read",
-                    "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes")
+                    "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes", "early_reads", "early_unused")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

@@ -80,6 +80,55 @@ def test_streamed_equals_mapped(files, name, keep):
         assert st["bytes_read"] >= st["misses"] * 4096 and st["reads"] >= st["misses"]
 
 
+@pytest.mark.parametrize("keep", [0.25, 1.0])
+def test_early_reads_equal_mapped(files, keep):
+    """Clusters read before the layer's attention (n_early) give the same logits; the ones the token did not need
+    are counted and reaped with the layer's reads; a count beyond the layer's cold clusters is capped."""
+    want = run(ctx_for(files["q8"], keep, 1))
+    m = load_model(files["q8"])
+    n_layer = m.config.n_layer
+    for cluster, extra, hot, early, io, threads in [(16, 0, [0] * n_layer, [2, 100], "pread", 2),
+                                                    (64, 1000, [64] * n_layer, [5] * n_layer, "aio", 1),
+                                                    (8, 0, [40] * n_layer, [3, 0], "pread", 1)]:
+        min_slots = stream_sizes(CModel.from_model(m), cluster)["min_slots"]
+        c = ctx_for(files["q8"], keep, threads, dict(cluster=cluster, n_slots=min_slots + extra, n_hot=hot, io=io,
+                                                      n_early=early))
+        assert np.array_equal(run(c), want), (cluster, extra, early)
+        st = c.cache_stats()
+        assert st["early_reads"] > 0 and 0 <= st["early_unused"] <= st["early_reads"]
+        assert st["misses"] >= st["early_reads"] - st["early_unused"]
+        if keep == 1.0:
+            assert st["early_unused"] == 0
+        if extra >= 1000:                    # every cluster stays cached: early reads only until it is
+            assert st["hits"] > st["misses"]
+        s = c.stream_stats()
+        assert s["early_reads_per_token"] >= 0 and 0 <= s["early_unused"] <= 1
+
+
+def test_early_read_failure_is_an_error_then_recovers(files, tmp_path):
+    """A failing early read ends the token with a message; the context still decodes after the file is whole."""
+    import shutil
+    p = tmp_path / "cut.pi2.gguf"
+    shutil.copy(files["q8"], p)
+    whole = p.read_bytes()
+    m = load_model(p)
+    c = CContext(CModel.from_model(m), 32, 1)
+    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_stream(cluster=64, n_slots=5, io="pread", n_early=[5] * m.config.n_layer)
+    c.decode([TOKENS[0]])
+    os.truncate(p, m.tensor(f"blk.{m.config.n_layer - 1}.ffn_bundle.weight").offset + 4096)
+    with pytest.raises(EngineError, match="bundles"):
+        for t in TOKENS[1:4]:
+            c.decode([t])
+    p.write_bytes(whole)
+    ref = ctx_for(p, 1.0, 1)
+    ref.decode([TOKENS[0]])
+    c2 = ctx_for(p, 1.0, 1, dict(cluster=64, n_slots=5, io="pread", n_early=[5] * m.config.n_layer))
+    c2.decode([TOKENS[0]])
+    assert np.array_equal(c2.decode([TOKENS[1]], all_logits=True), ref.decode([TOKENS[1]], all_logits=True))
+    c.decode([TOKENS[5]])        # the failed context is usable again (its KV cache holds what it holds)
+
+
 def test_sizes_and_refusals(files, tmp_path):
     m = load_model(files["q8"])
     cm = CModel.from_model(m)
@@ -283,3 +332,22 @@ def test_memory_limit_reads_meminfo_and_cgroup(monkeypatch):
     monkeypatch.setattr(devices, "cgroup_limit", lambda: 300 << 20)
     assert devices.memory_limit(meminfo) == 300 << 20
     assert devices.memory_limit("nothing here\n") is None
+
+
+def test_plan_early_reads(files):
+    """The plan reads before attention the leading cold clusters whose chance of being needed is >= EARLY_P (at
+    most a queue's worth per layer), passes them to the cache, and none when the gate rows stream."""
+    from pi2.plan.budget import EARLY_P, make_plan
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    base = make_plan(m, cm, 1 << 40, 64, 1, io="pread", cluster=8, runtime=50 << 20)
+    p = make_plan(m, cm, base.floor + 100, 64, 1, io="pread", cluster=8, runtime=50 << 20)
+    n_cl = m.config.n_ff // 8
+    for il, e in enumerate(p.n_early):
+        f = np.asarray(m.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1).astype(np.float64)
+        need = 1 - np.prod(1 - f.reshape(n_cl, 8), axis=1)
+        h = p.n_hot[il] // 8
+        assert 0 <= e <= min(p.queue_depth, n_cl - h)
+        assert np.all(need[h:h + e] >= EARLY_P) and (e == min(p.queue_depth, n_cl - h) or need[h + e] < EARLY_P)
+    assert p.stream_args()["n_early"] == p.n_early
+    assert sum(base.n_early) == 0                     # all hot: nothing to read

@@ -112,6 +112,7 @@ def context_bytes(cfg, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
     return kv, scratch
 
 
+EARLY_P = 0.95     # a cold cluster this likely to be needed is read before the layer's attention (n_early)
 CLUSTERS = (8, 16, 32, 64)   # neurons per cluster the C cache takes (divisors of its 64-neuron groups)
 
 
@@ -155,6 +156,7 @@ class Plan:
     gate_hot_bytes: int = 0
     gate_flash_bytes: int = 0   # of flash_bytes: cold gate clusters with a predicted neuron
     pred_share: float = 0.0     # mean predicted share of the neurons (P / n_ff), from the thresholds and cuts
+    n_early: list = field(default_factory=list)   # per layer: cold clusters read before attention (>= EARLY_P)
 
     @property
     def floor(self) -> int:
@@ -170,6 +172,8 @@ class Plan:
                 "queue_depth": self.queue_depth}
         if self.gate:
             args.update(stream_gate=True, n_gate_slots=self.n_gate_slots, n_gate_hot=self.n_gate_hot)
+        elif self.n_early:
+            args["n_early"] = self.n_early
         return args
 
     def lines(self) -> list:
@@ -186,7 +190,9 @@ class Plan:
                 f"({hot.sum() / max(self.n_ff * len(hot), 1):.1%}), per layer {_per_layer(hot)}",
                 f"cold cache         {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)} "
                 f"(cluster {self.cluster} neurons; at least {self.min_slots} slots)"] + self.gate_lines() + [
-                f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT",
+                f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT"
+                + (f"; {sum(self.n_early)} clusters per token read before their layer's attention (needed with "
+                   f"p >= {EARLY_P})" if sum(self.n_early) else ""),
                 f"flash per token    {fmt(self.flash_bytes)} expected (cold clusters with an active neuron, by "
                 f"ffn_freq" + (f"; of which gate rows {fmt(self.gate_flash_bytes)}: cold gate clusters with a "
                                f"predicted neuron" if self.gate else "") + "; the cold LRU assumed to miss)",
@@ -229,7 +235,7 @@ class Plan:
                                            "slot_bytes", "min_slots", "n_slots", "hot_bytes", "io", "queue_depth",
                                            "ffn_bytes", "npu_bytes", "gate")}
         d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
-                 flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
+                 n_early=[int(e) for e in self.n_early], flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
         if self.gate:
             d.update({k: getattr(self, k) for k in ("gate_bytes", "gate_slot_bytes", "n_gate_slots", "gate_hot_bytes",
                                                     "gate_flash_bytes", "pred_share")})
@@ -364,6 +370,9 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     hot, left = _take_hot(items, left, L)
     hot_cl = hot.get(1, [0] * L)
     p.n_hot = [min(h * cluster, F) for h in hot_cl]
+    if not gate:   # the leading cold clusters nearly every token needs: read while attention computes
+        likely = [need[il][hot_cl[il]:] >= EARLY_P for il in range(L)]
+        p.n_early = [min(p.queue_depth, len(t) if t.all() else int(np.argmin(t))) for t in likely]
     p.hot_bytes = sum(stream_sizes(cmodel, cluster, il, p.n_hot[il])["hot_bytes"] for il in range(L))
     read = min(p.slot_bytes, cluster * sizes[0]["bundle_bytes"] + 4096)
     p.flash_bytes = int(sum(need[il][hot_cl[il]:].sum() for il in range(L)) * read)

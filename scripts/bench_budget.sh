@@ -44,6 +44,8 @@ if "pi2_cache_hit_rate" in out:
     extra = (f" hit {out['pi2_cache_hit_rate']:.1%} flash {out['pi2_flash_bytes_per_token'] / 2**20:.1f} MiB/tok"
              f" read {out['pi2_read_mbps']:.0f} MB/s io-wait {out['pi2_io_wait_share']:.0%}"
              f" hot {out['pi2_hot_bytes'] / 2**20:.0f} MiB")
+    if out.get("pi2_early_reads_per_token"):
+        extra += f" early {out['pi2_early_reads_per_token']:.0f}/tok ({out['pi2_early_unused']:.0%} unused)"
 print(f"{label:28s} {out['avg_ts']:7.2f} tok/s  cgroup peak {peak / 2**20:7.1f} MiB failcnt {fail}"
       f"  rss {out['pi2_peak_rss'] / 2**20:.0f} MiB{extra}")
 PY

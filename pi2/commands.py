@@ -122,7 +122,11 @@ def cache_report(ctx) -> None:
     print(f"pi2: cache: hit rate {st['cache_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), "
           f"flash {st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, "
           f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
-    if "gate_hit_rate" in st:   # two-phase loading: the gate rows' share of the figures above
+    if plan.gate_whole:   # below the floor with mapped gate rows: every layer's gate rows read whole per token
+        print(f"pi2: cache: gate rows read whole each token, {plan.n_gate_slots} x {plan.gate_slot_bytes // 1024} "
+              f"KiB slots, flash {st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)",
+              file=sys.stderr)
+    elif "gate_hit_rate" in st:   # two-phase loading: the gate rows' share of the figures above
         print(f"pi2: cache: gate rows hot {st['gate_hot_bytes'] / 2**20:.1f} MiB, {plan.n_gate_slots} x "
               f"{plan.gate_slot_bytes // 1024} KiB slots, hit rate {st['gate_hit_rate']:.1%}, flash "
               f"{st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)", file=sys.stderr)

@@ -15,7 +15,7 @@ from pi2file import write_pi2
 
 from pi2 import sparse
 from pi2.engine import CContext, CModel, stream_sizes
-from pi2.errors import EngineError, UnsupportedError
+from pi2.errors import EngineError, UnsupportedError, UsageError
 from pi2.model.loader import load_model
 
 TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99, 12, 250, 77, 5, 9, 1]
@@ -351,3 +351,33 @@ def test_plan_early_reads(files):
         assert np.all(need[h:h + e] >= EARLY_P) and (e == min(p.queue_depth, n_cl - h) or need[h + e] < EARLY_P)
     assert p.stream_args()["n_early"] == p.n_early
     assert sum(base.n_early) == 0                     # all hot: nothing to read
+
+
+def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
+    """A budget below the floor with the gate rows mapped streams them too, read whole each token (any rule): the
+    plan says so, the tokens equal the mapped run's, and the refusal below that gives the lower minimum."""
+    from clirun import cli
+    from pi2.plan.budget import make_plan
+    src = write_model(tmp_path / "g.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
+    path = write_pi2(src, tmp_path / "g.pi2.gguf", down_type="Q8_0", default_keep=0.5)
+    m = load_model(path)
+    cm = CModel.from_model(m)
+    kw = dict(io="pread", cluster=64, runtime=50 << 20)
+    mapped = make_plan(m, cm, 1 << 40, 64, 1, **kw)
+    assert not mapped.gate_whole and "n_gate_hot" not in mapped.stream_args()
+    p = make_plan(m, cm, mapped.floor - 4096, 64, 1, **kw)
+    assert p.gate_whole and not p.gate and p.floor < mapped.floor and p.floor_mapped_gate == mapped.floor
+    assert p.fixed < mapped.fixed and p.gate_flash_bytes == p.gate_bytes > 0
+    args = p.stream_args()
+    assert args["stream_gate"] and args["n_gate_hot"] == [0] * m.config.n_layer and "n_early" not in args
+    assert any("read whole each token" in line for line in p.lines())
+    want = run(ctx_for(path, 0.5, 1))
+    assert np.array_equal(run(ctx_for(path, 0.5, 2, args)), want)
+    with pytest.raises(UsageError, match=f"minimum of {p.floor / 2**20:.1f} MiB"):
+        make_plan(m, cm, p.floor - 4096, 64, 1, **kw)
+    base = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64")
+    need = make_plan(m, cm, 1 << 40, 64, 1, io="pread").floor
+    res = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread",
+              "--memory-budget", f"{(need >> 20) - 2}M", "--verbose")
+    assert res.code == 0 and "gate rows read whole each token" in res.err, res.err
+    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]

@@ -78,17 +78,17 @@ def runtime_rss(model=None) -> int:
     return rss
 
 
-def fixed_bytes(model, n_ctx: int, gate: bool = False) -> int:
+def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None) -> int:
     """Bytes of the tensors the forward pass reads through the mapping in a streamed run: all but the up and down
     rows of the bundles (and the gate rows when they stream too: `gate`, the run uses the file's pi2-made predictor;
     without it the predictor's tensors are never read and do not count) (a tied output counted once); token
     embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache.c), so they
-    count n_ctx rows of whole pages at most."""
+    count n_ctx rows of whole pages at most. pred: the run uses the predictor (default: gate)."""
     from pi2.engine import _FFN_DOWN_ROWS, tensor_descs
     descs = tensor_descs(model)
     out_offset = next(t.offset for role, _l, t in descs if role == 2)
     streamed = (17, _FFN_DOWN_ROWS) + ((16,) if gate else ())   # FFN_UP, FFN_DOWN_ROWS (, FFN_GATE)
-    if "pi2.predictor.kind" in model.file.kv and not gate:      # FFN_GATE_PRED, PRED_FC1, PRED_FC2 unused
+    if "pi2.predictor.kind" in model.file.kv and not (gate if pred is None else pred):   # FFN_GATE_PRED, FC1, FC2
         streamed += (21, 22, 23)
     seen = {}
     for role, _layer, t in descs:
@@ -148,6 +148,8 @@ class Plan:
     read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
     profile_note: str = ""
     gate: bool = False      # the gate rows stream too (two-phase loading with the file's predictor)
+    gate_whole: bool = False    # the gate rows stream, read whole each token: the budget is below the floor with
+                                # them mapped (any rule; no gate hot prefix)
     gate_note: str = ""     # why they do not, when the predictor was asked for
     gate_bytes: int = 0     # every layer's gate region
     gate_slot_bytes: int = 0
@@ -157,11 +159,12 @@ class Plan:
     gate_flash_bytes: int = 0   # of flash_bytes: cold gate clusters with a predicted neuron
     pred_share: float = 0.0     # mean predicted share of the neurons (P / n_ff), from the thresholds and cuts
     n_early: list = field(default_factory=list)   # per layer: cold clusters read before attention (>= EARLY_P)
+    floor_mapped_gate: int = 0  # gate_whole: the floor with the gate rows mapped (the budget is below it)
 
     @property
     def floor(self) -> int:
         return (self.runtime + self.fixed + self.kv + self.scratch + self.margin + self.min_slots * self.slot_bytes
-                + (self.min_slots * self.gate_slot_bytes if self.gate else 0))
+                + (self.min_slots * self.gate_slot_bytes if self.gate or self.gate_whole else 0))
 
     @property
     def cold_bytes(self) -> int:
@@ -170,7 +173,7 @@ class Plan:
     def stream_args(self) -> dict:
         args = {"cluster": self.cluster, "n_slots": self.n_slots, "n_hot": self.n_hot, "io": self.io,
                 "queue_depth": self.queue_depth}
-        if self.gate:
+        if self.gate or self.gate_whole:
             args.update(stream_gate=True, n_gate_slots=self.n_gate_slots, n_gate_hot=self.n_gate_hot)
         elif self.n_early:
             args["n_early"] = self.n_early
@@ -180,8 +183,8 @@ class Plan:
         hot = np.asarray(self.n_hot)
         return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
-                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output, "
-                + ("predictor" if self.gate else "gate rows")
+                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output"
+                + (", predictor" if self.gate else "" if self.gate_whole else ", gate rows")
                 + (f"; NPU copies {fmt(self.npu_bytes)})" if self.npu_bytes else ")"),
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
@@ -199,6 +202,10 @@ class Plan:
                 self.predicted_line()]
 
     def gate_lines(self) -> list:
+        if self.gate_whole:
+            return [f"gate rows          {fmt(self.gate_bytes)} on flash, read whole each token (with them mapped "
+                    f"the minimum is {fmt(self.floor_mapped_gate)}); {self.n_gate_slots} slots of "
+                    f"{self.gate_slot_bytes // 1024} KiB = {fmt(self.n_gate_slots * self.gate_slot_bytes)}"]
         if not self.gate:
             return [f"gate rows          mapped ({self.gate_note})"] if self.gate_note else []
         hot = np.asarray(self.n_gate_hot)
@@ -303,7 +310,15 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     from pi2.engine import stream_sizes
     runtime = runtime_rss(model) if runtime is None else runtime
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
-    first = _plan(*args, cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]))
+    c0 = cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"])
+    whole = False
+    try:
+        first = _plan(*args, c0)
+    except UsageError as e:   # below the floor with the gate rows mapped: stream them too, whole, if they can
+        if (rule is not None and rule.rule == "predicted") or not stream_sizes(cmodel, c0, 0, 0)["gate_slot_bytes"]:
+            raise
+        whole = True
+        first = _plan(*args, c0, gate_whole=True, floor_mapped=getattr(e, "floor", 0))
     if cluster or first.read_mbps is None:
         return first
     best = first
@@ -311,7 +326,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         if c == first.cluster:
             continue
         try:
-            p = _plan(*args, c)
+            p = _plan(*args, c, gate_whole=whole, floor_mapped=first.floor_mapped_gate)
         except UsageError:          # a floor above the budget (bigger slots)
             continue
         if p.read_mbps and p.read_seconds < best.read_seconds:
@@ -319,32 +334,38 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     return best
 
 
-def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster) -> Plan:
-    """make_plan at one cluster size."""
+def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
+          floor_mapped=0) -> Plan:
+    """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
     npu = npu if npu is not None and npu.use else None
     from pi2.engine import stream_sizes
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
     gate = rule is not None and rule.rule == "predicted"
+    streams_gate = gate or gate_whole
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
     p = Plan(budget=budget, runtime=runtime,
-             fixed=fixed_bytes(model, n_ctx, gate) + (npu.bytes if npu else 0), kv=kv, scratch=scratch, margin=MARGIN,
+             fixed=fixed_bytes(model, n_ctx, streams_gate, pred=gate) + (npu.bytes if npu else 0), kv=kv,
+             scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
-             ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0, gate=gate)
+             ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0, gate=gate,
+             gate_whole=gate_whole, floor_mapped_gate=floor_mapped)
     if rule is not None and not gate:   # the predictor was asked for
         p.gate_note = ("the file has no pi2 predictor" if "pi2.predictor.kind" not in model.file.kv
                        else f"the run's rule is {rule.rule}, not the file's predictor")
-    if gate:
+    if streams_gate:
         p.gate_bytes = sum(s["gate_layer_bytes"] for s in sizes)
         p.gate_slot_bytes = sizes[0]["gate_slot_bytes"]
         p.n_gate_slots, p.n_gate_hot = p.min_slots, [0] * L
     if budget < p.floor:
-        raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(p.floor)} for this model "
-                         f"at a context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
-                         hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
-                         + (" or a smaller -c" if kv > p.floor // 4 else ""))
+        e = UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(p.floor)} for this model "
+                       f"at a context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
+                       hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
+                       + (" or a smaller -c" if kv > p.floor // 4 else ""))
+        e.floor = p.floor
+        raise e
     left = budget - p.floor - 8192 * L * (2 if gate else 1)   # room for the hot prefixes (+ their 4 KiB alignment)
     share = predicted_share(model, rule) if gate else None
     # hot clusters in descending mean activation frequency: within a layer frequencies descend, so each
@@ -370,7 +391,7 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     hot, left = _take_hot(items, left, L)
     hot_cl = hot.get(1, [0] * L)
     p.n_hot = [min(h * cluster, F) for h in hot_cl]
-    if not gate:   # the leading cold clusters nearly every token needs: read while attention computes
+    if not streams_gate:   # the leading cold clusters nearly every token needs: read while attention computes
         likely = [need[il][hot_cl[il]:] >= EARLY_P for il in range(L)]
         p.n_early = [min(p.queue_depth, len(t) if t.all() else int(np.argmin(t))) for t in likely]
     p.hot_bytes = sum(stream_sizes(cmodel, cluster, il, p.n_hot[il])["hot_bytes"] for il in range(L))
@@ -383,6 +404,9 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
         p.gate_flash_bytes = int(sum(gneed[il][hot[0][il]:].sum() for il in range(L)) * gread)
         p.flash_bytes += p.gate_flash_bytes
         p.pred_share = float(np.mean(share))
+    elif gate_whole:   # every token reads every layer's gate region
+        p.gate_flash_bytes = p.gate_bytes
+        p.flash_bytes += p.gate_flash_bytes
     p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
     n_cold = sum(n_cl - h - (npu.n_hot[il] // cluster if npu else 0) for il, h in enumerate(hot_cl))
     if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as

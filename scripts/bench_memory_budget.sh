@@ -40,5 +40,6 @@ print("\n| budget | llama.cpp tok/s | pi2 tok/s | ratio |\n|---|---:|---:|---:|"
 for b, r in runs.items():
     lc, p = (st.median(r[k]) if r.get(k) else None for k in ("llama", "pi2"))
     ratio = f"{p / lc:.2f}x" if lc and p else "-"
-    print(f"| {b} | {lc if lc is not None else '-'} | {p if p is not None else 'refused/failed'} | {ratio} |")
+    print(f"| {b} | {f'{lc:.2f}' if lc is not None else '-'} | {f'{p:.2f}' if p is not None else 'refused/failed'} "
+          f"| {ratio} |")
 PY

@@ -8,6 +8,7 @@ a note), and prompt preparation.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, replace
 
@@ -34,6 +35,7 @@ class RunConfig:
 
 
 _NOTED: list = []
+_FIT_NOTED: set = set()     # files whose does-not-fit note was printed (once per process)
 
 
 def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
@@ -112,18 +114,21 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int) -> RunConfig:
     if limit is None:
         return cfg
     kv, scratch = context_bytes(model.config, n_ctx, max(cfg.n_threads, 1))
-    import os
     need = os.path.getsize(model.path) + kv + scratch + runtime_rss(model) + MARGIN
     if need <= limit:
         return cfg
     name = os.path.basename(model.path)
+    first = name not in _FIT_NOTED
+    _FIT_NOTED.add(name)
     if model.config.pi2 and not streamable(model):
-        print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: its FFN streams "
-              f"from flash within that (as --memory-budget {limit >> 20}M)", file=sys.stderr)
+        if first:
+            print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: its FFN streams "
+                  f"from flash within that (as --memory-budget {limit >> 20}M)", file=sys.stderr)
         return replace(cfg, memory_budget=limit)
-    print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: it runs from its mapping, "
-          "re-reading weights from flash as they are evicted (slow); `pi2 convert` makes a pi2 file whose FFN "
-          "streams only the neurons each token needs", file=sys.stderr)
+    if first:
+        print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: it runs from its mapping, "
+              "re-reading weights from flash as they are evicted (slow); `pi2 convert` makes a pi2 file whose FFN "
+              "streams only the neurons each token needs", file=sys.stderr)
     return cfg
 
 

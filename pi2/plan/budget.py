@@ -198,7 +198,9 @@ class Plan:
                    f"p >= {EARLY_P})" if sum(self.n_early) else ""),
                 f"flash per token    {fmt(self.flash_bytes)} expected (cold clusters with an active neuron, by "
                 f"ffn_freq" + (f"; of which gate rows {fmt(self.gate_flash_bytes)}: cold gate clusters with a "
-                               f"predicted neuron" if self.gate else "") + "; the cold LRU assumed to miss)",
+                               f"predicted neuron" if self.gate else
+                               f"; of which gate rows {fmt(self.gate_flash_bytes)}, read whole" if self.gate_whole
+                               else "") + "; the cold LRU assumed to miss)",
                 self.predicted_line()]
 
     def gate_lines(self) -> list:

@@ -2,8 +2,7 @@
  *       resident hot prefix per layer + an LRU of cold cluster slots (cache_parts.h).
  * Does: find each layer's bundle region from its up and down row views and its gate region from the gate view;
  *       size and allocate each part's 4 KiB-aligned arena (hot prefixes, then slots); read the hot prefixes at
- *       creation; advise the kernel away from the streamed ranges of the mapping; with window_fixed, read each
- *       layer's fixed matrices ahead before their use and let them go after (pi2_cache_window); the statistics.
+ *       creation; advise the kernel away from the streamed ranges of the mapping; the statistics.
  * Does not: per-token lookups and reads (cache_read.c), the LRU itself (cache_pool.c), compute (ffn_sparse.c,
  *       ffn_predict.c) or choose sizes (the planner, in Python).
  * Invariants: each part has at least one layer's clusters of slots (a layer's needed clusters are never evicted
@@ -14,7 +13,6 @@
 #include "internal.h"
 #include "kernels/traits.h"
 
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -169,46 +167,6 @@ static void willneed(const pi2_model *m, const pi2_weight *w) {
     madvise((void *)(m->map + s), (size_t)((e < (int64_t)m->map_size ? e : (int64_t)m->map_size) - s), MADV_WILLNEED);
 }
 
-/* Let a matrix's pages go: out of this process (MADV_DONTNEED) and out of the page cache (POSIX_FADV_DONTNEED);
- * only the pages wholly inside it, so the small tensors around it stay. */
-static void letgo(const pi2_cache *k, const pi2_weight *w) {
-    if (!w->data) return;
-    const pi2_model *m = k->m;
-    const int64_t s = up_a(w->data - m->map), e = down_a((w->data - m->map) + w->n_out * (int64_t)w->row_bytes);
-    if (e <= s) return;
-    madvise((void *)(m->map + s), (size_t)(e - s), MADV_DONTNEED);
-    pi2_io_info info;
-    pi2_io_get_info(k->io, &info);
-    posix_fadvise(info.fd, s, e - s, POSIX_FADV_DONTNEED);
-}
-
-/* The fixed matrices of layer il (il == n_layer: the output matrix), read ahead or let go. */
-static void window_layer(pi2_cache *k, int32_t il, int go) {
-    const pi2_model *m = k->m;
-    if (il == k->n_layer) {
-        if (go) letgo(k, &m->output);
-        else willneed(m, &m->output);
-        return;
-    }
-    const pi2_layer *L = &m->layers[il];
-    const pi2_weight *w[] = {&L->q, &L->k, &L->v, &L->o, k->n_parts < 2 ? &L->gate : NULL};
-    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
-        if (!w[i]) continue;
-        if (go) letgo(k, w[i]);
-        else willneed(m, w[i]);
-    }
-}
-
-void pi2_cache_window(pi2_cache *k, int32_t il, int after) {
-    if (!k->window || il < 0 || il > k->n_layer) return;
-    if (after) {
-        window_layer(k, il, 1);
-    } else {
-        if (il == 0) window_layer(k, 0, 0);   /* the first layer's own (later layers' come one layer ahead) */
-        if (il < k->n_layer) window_layer(k, il + 1, 0);
-    }
-}
-
 /* Keep the streamed parts out of the page cache: no read-ahead anywhere in the mapping (a fault in the fixed region
  * would read the neighbouring bundles), the streamed ranges dropped from it, the file's cached pages that no
  * mapping holds dropped (what reading the file's tables left), then the fixed region's matrices read ahead. */
@@ -223,7 +181,6 @@ static void advise(pi2_cache *k) {
             if (me > ms) madvise((void *)(m->map + ms), (size_t)(me - ms), MADV_DONTNEED);
         }
     pi2_io_drop_cache(k->io);
-    if (k->window) return;   /* read ahead a layer before their use (pi2_cache_window) */
     willneed(m, &m->output);
     for (int32_t il = 0; il < k->n_layer; il++) {
         const pi2_layer *L = &m->layers[il];
@@ -255,7 +212,6 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
     k->n_ff = m->hp.n_ff;
     k->n_cl = (k->n_ff + k->C - 1) / k->C;
     k->n_parts = p->stream_gate ? 2 : 1;
-    k->window = p->window_fixed != 0;
     if ((s = part_init(k, PI2_PART_BUNDLES, p->n_hot, p->n_slots, q.slot_bytes, p->stream_gate ? NULL : p->n_early)) ||
         (p->stream_gate &&
          (s = part_init(k, PI2_PART_GATE, p->n_gate_hot, p->n_gate_slots, q.gate_slot_bytes, NULL))))

@@ -41,9 +41,5 @@ int32_t pi2_cache_cluster(const pi2_cache *k);
  * cached clusters) and point view->up / view->down_rows (bundles) or view->gate (gate rows) at it. */
 pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view);
 void pi2_cache_get_stats(const pi2_cache *k, pi2_cache_stats *out);
-/* window_fixed: before (after = 0) layer il's attention, read its fixed matrices and the next layer's (il + 1 ==
- * n_layer: the output matrix) ahead; after (after = 1) the layer, let its matrices go; il == n_layer is the output
- * matrix. Nothing without window_fixed. */
-void pi2_cache_window(pi2_cache *k, int32_t il, int after);
 
 #endif

@@ -41,7 +41,6 @@ typedef struct {
 struct pi2_cache {
     const pi2_model *m;
     int32_t C, n_layer, n_ff, n_cl, n_parts;   /* n_parts 2: the gate rows stream too */
-    int32_t window;            /* window_fixed: the fixed matrices are read ahead before use and dropped after */
     pi2_io *io;
     part_t part[2];            /* [PI2_PART_BUNDLES], [PI2_PART_GATE] */
     pi2_cache_stats st;        /* the shared figures: tokens, reads, io_wait_s, read_s */

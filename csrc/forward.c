@@ -6,7 +6,6 @@
  *       in tasks of whole rows.
  * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
  *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
-#include "cache.h"
 #include "context.h"
 #include "ffn_predict.h"
 #include "ffn_sparse.h"
@@ -145,7 +144,6 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
             return PI2_ERR_ABORTED;
         }
         pi2_pool_mark(c->pool, n);   /* layers of a step are alike: the pool times them to choose sharing or not */
-        if (c->cache) pi2_cache_window(c->cache, il, 0);   /* a windowed fixed region: this layer's and the next's */
         const pi2_status es = pi2_ffn_sparse_early(c, L, il, n);   /* streamed bundles: reads during attention */
         if (es) {
             pi2_pool_mark(c->pool, -1);
@@ -214,7 +212,6 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         TRACE("ffn_out", il, c->o, n * E);
         add(c->x, c->o, n * E);
         TRACE("l_out", il, c->x, n * E);
-        if (c->cache) pi2_cache_window(c->cache, il, 1);
     }
     pi2_pool_mark(c->pool, -1);
 
@@ -223,9 +220,7 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         const int32_t r0 = all ? 0 : n - 1, rows = n - r0;
         norm_rows(c, rows, c->xn, c->x + (size_t)r0 * E, m->output_norm, rows, E);
         TRACE("result_norm", -1, c->xn, rows * E);
-        if (c->cache) pi2_cache_window(c->cache, hp->n_layer, 0);
         pi2_matmul(&c->mm, c->xn, rows, &(pi2_mm){&m->output, logits}, 1);
-        if (c->cache) pi2_cache_window(c->cache, hp->n_layer, 1);
         const float cap = hp->logit_softcap;
         if (cap > 0)
             for (int64_t i = 0; i < (int64_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;

@@ -513,10 +513,6 @@ typedef struct {
     const int32_t *n_early;    /* [n_layer] cold bundle clusters right after the hot prefix whose reads a single token
                                 * issues before the layer's attention (clusters nearly every token needs), so they
                                 * land while it computes; NULL: none. Ignored when the gate rows stream. */
-    int32_t window_fixed;      /* 1: the fixed region is not held: each layer's attention matrices (and mapped gate
-                                * rows) and the output matrix are read ahead (MADV_WILLNEED) one layer before their
-                                * use and let go right after it (MADV_DONTNEED + POSIX_FADV_DONTNEED), so the process
-                                * holds about two layers of them and the output matrix at a time */
 } pi2_stream_params;
 
 typedef struct {

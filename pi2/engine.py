@@ -426,12 +426,11 @@ class CContext:
 
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
-                   n_early=None, window_fixed: bool = False) -> None:
+                   n_early=None) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache.c): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
         gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
-        n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention.
-        window_fixed: the fixed matrices are read ahead a layer before use and let go after (not held)."""
+        n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention."""
         from pi2.flash_io import _IDS
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
@@ -441,15 +440,14 @@ class CContext:
         self._stream_path = ffi.new("char[]", self.cmodel.path.encode())
         p = ffi.new("pi2_stream_params *", {"backend": _IDS[io], "queue_depth": queue_depth, "direct": int(direct),
                                             "cluster": cluster, "n_slots": n_slots, "stream_gate": int(stream_gate),
-                                            "n_gate_slots": n_gate_slots, "window_fixed": int(window_fixed)})
+                                            "n_gate_slots": n_gate_slots})
         p.path = self._stream_path
         p.n_hot = ffi.from_buffer("int32_t[]", hot)
         p.n_gate_hot = ffi.from_buffer("int32_t[]", ghot)
         p.n_early = ffi.from_buffer("int32_t[]", early)
         check(lib.pi2_ctx_set_stream(self._h, p))
         self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth,
-                       "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0,
-                       "window_fixed": bool(window_fixed)}
+                       "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0}
         self._stream_prev = None
         self.stream_stats()      # the figures start after the hot prefixes were read
 

@@ -354,9 +354,8 @@ def test_plan_early_reads(files):
 
 
 def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
-    """A budget below the floor with the gate rows mapped streams them too, read whole each token (any rule); below
-    that the attention and output matrices are let go after each use (windowed); the plans say so, the logits and
-    tokens equal the mapped run's, and the refusal below both gives the lowest minimum."""
+    """A budget below the floor with the gate rows mapped streams them too, read whole each token (any rule): the
+    plan says so, the tokens equal the mapped run's, and the refusal below that gives the lower minimum."""
     from clirun import cli
     from pi2.plan.budget import make_plan
     src = write_model(tmp_path / "g.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
@@ -374,33 +373,11 @@ def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
     assert any("read whole each token" in line for line in p.lines())
     want = run(ctx_for(path, 0.5, 1))
     assert np.array_equal(run(ctx_for(path, 0.5, 2, args)), want)
-    w = make_plan(m, cm, p.floor - 4096, 64, 1, **kw)   # lower still: the attention and output matrices let go
-    assert w.window and w.gate_whole and w.floor < p.floor and w.stream_args()["window_fixed"]
-    assert w.flash_bytes > p.flash_bytes and any("let go after" in line for line in w.lines())
-    assert np.array_equal(run(ctx_for(path, 0.5, 2, w.stream_args())), want)
-    with pytest.raises(UsageError, match=f"minimum of {w.floor / 2**20:.1f} MiB"):
-        make_plan(m, cm, w.floor - 4096, 64, 1, **kw)
+    with pytest.raises(UsageError, match=f"minimum of {p.floor / 2**20:.1f} MiB"):
+        make_plan(m, cm, p.floor - 4096, 64, 1, **kw)
     base = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64")
     need = make_plan(m, cm, 1 << 40, 64, 1, io="pread").floor
     res = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread",
               "--memory-budget", f"{(need >> 20) - 2}M", "--verbose")
     assert res.code == 0 and "gate rows read whole each token" in res.err, res.err
     assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
-
-
-def test_windowed_fixed_region_lets_its_matrices_go(tmp_path):
-    """window_fixed: after decoding, the pages wholly inside the attention matrices are out of the page cache (the
-    same streamed run without the window keeps them), and the logits are the mapped run's."""
-    src = write_model(tmp_path / "w.gguf", wtype="Q8_0", n_ff=1024, n_embd=512, n_layer=3, n_head=8, n_head_kv=4)
-    pi2 = write_pi2(src, tmp_path / "w.pi2.gguf", down_type="Q8_0", default_keep=0.5)
-    want = run(ctx_for(pi2, 0.5, 1))
-    for window in (True, False):
-        d = tmp_path / ("win" if window else "held")
-        d.mkdir()
-        p, m, ranges = cold_copy(pi2, d, "attn_q")
-        assert all(e > s for s, e in ranges)
-        c = ctx_for(p, 0.5, 2, dict(cluster=64, n_slots=16, io="pread", stream_gate=True, n_gate_slots=16,
-                                    window_fixed=window))
-        assert np.array_equal(run(c), want)
-        resident = sum(resident_pages(p, s, e) for s, e in ranges)
-        assert (resident == 0) if window else (resident > 0), (window, resident)

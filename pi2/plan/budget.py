@@ -101,20 +101,6 @@ def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None)
     return sum(seen.values())
 
 
-def window_bytes(model, gate_mapped: bool) -> tuple:
-    """(bytes of the matrices a windowed fixed region lets go: attention q, k, v, o of every layer (+ gate rows when
-    mapped) and the output matrix; what it holds at most: the output matrix + two layers' matrices)."""
-    from pi2.engine import tensor_descs
-    roles = (5, 6, 7, 8) + ((16,) if gate_mapped else ())
-    per_layer, output = {}, 0
-    for role, layer, t in tensor_descs(model):
-        if role == 2:
-            output = t.nbytes
-        elif role in roles:
-            per_layer[layer] = per_layer.get(layer, 0) + t.nbytes
-    return sum(per_layer.values()) + output, output + 2 * max(per_layer.values(), default=0)
-
-
 def context_bytes(cfg, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
     """(KV cache bytes, scratch bytes) of a C context (csrc/context.c's buffers, floats)."""
     kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
@@ -174,8 +160,6 @@ class Plan:
     pred_share: float = 0.0     # mean predicted share of the neurons (P / n_ff), from the thresholds and cuts
     n_early: list = field(default_factory=list)   # per layer: cold clusters read before attention (>= EARLY_P)
     floor_mapped_gate: int = 0  # gate_whole: the floor with the gate rows mapped (the budget is below it)
-    window: bool = False        # the fixed matrices are not held: read ahead a layer before use, let go after
-    window_set: int = 0         # window: of `fixed`, what it holds at most (output + two layers' matrices)
 
     @property
     def floor(self) -> int:
@@ -193,8 +177,6 @@ class Plan:
             args.update(stream_gate=True, n_gate_slots=self.n_gate_slots, n_gate_hot=self.n_gate_hot)
         elif self.n_early:
             args["n_early"] = self.n_early
-        if self.window:
-            args["window_fixed"] = True
         return args
 
     def lines(self) -> list:
@@ -203,8 +185,6 @@ class Plan:
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output"
                 + (", predictor" if self.gate else "" if self.gate_whole else ", gate rows")
-                + ("; attention and output matrices read ahead a layer before use and let go after: at most "
-                   f"{fmt(self.window_set)} of them held" if self.window else "")
                 + (f"; NPU copies {fmt(self.npu_bytes)})" if self.npu_bytes else ")"),
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
@@ -333,18 +313,14 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     runtime = runtime_rss(model) if runtime is None else runtime
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
     c0 = cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"])
-    whole = window = False
+    whole = False
     try:
         first = _plan(*args, c0)
     except UsageError as e:   # below the floor with the gate rows mapped: stream them too, whole, if they can
         if (rule is not None and rule.rule == "predicted") or not stream_sizes(cmodel, c0, 0, 0)["gate_slot_bytes"]:
             raise
-        whole, floor_mapped = True, getattr(e, "floor", 0)
-        try:
-            first = _plan(*args, c0, gate_whole=True, floor_mapped=floor_mapped)
-        except UsageError:    # still below: the attention and output matrices are not held either
-            window = True
-            first = _plan(*args, c0, gate_whole=True, floor_mapped=floor_mapped, window=True)
+        whole = True
+        first = _plan(*args, c0, gate_whole=True, floor_mapped=getattr(e, "floor", 0))
     if cluster or first.read_mbps is None:
         return first
     best = first
@@ -352,7 +328,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         if c == first.cluster:
             continue
         try:
-            p = _plan(*args, c, gate_whole=whole, floor_mapped=first.floor_mapped_gate, window=window)
+            p = _plan(*args, c, gate_whole=whole, floor_mapped=first.floor_mapped_gate)
         except UsageError:          # a floor above the budget (bigger slots)
             continue
         if p.read_mbps and p.read_seconds < best.read_seconds:
@@ -361,9 +337,8 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
 
 
 def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
-          floor_mapped=0, window=False) -> Plan:
-    """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token; window: the
-    attention and output matrices are not held (read ahead a layer before use, let go after)."""
+          floor_mapped=0) -> Plan:
+    """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
     npu = npu if npu is not None and npu.use else None
     from pi2.engine import stream_sizes
     cfg = model.config
@@ -372,14 +347,13 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     streams_gate = gate or gate_whole
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
-    let_go, held = window_bytes(model, not streams_gate) if window else (0, 0)
     p = Plan(budget=budget, runtime=runtime,
-             fixed=fixed_bytes(model, n_ctx, streams_gate, pred=gate) - let_go + held + (npu.bytes if npu else 0), kv=kv,
+             fixed=fixed_bytes(model, n_ctx, streams_gate, pred=gate) + (npu.bytes if npu else 0), kv=kv,
              scratch=scratch, margin=MARGIN,
              cluster=cluster, slot_bytes=sizes[0]["slot_bytes"], min_slots=sizes[0]["min_slots"],
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
              ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0, gate=gate,
-             gate_whole=gate_whole, floor_mapped_gate=floor_mapped, window=window, window_set=held)
+             gate_whole=gate_whole, floor_mapped_gate=floor_mapped)
     if rule is not None and not gate:   # the predictor was asked for
         p.gate_note = ("the file has no pi2 predictor" if "pi2.predictor.kind" not in model.file.kv
                        else f"the run's rule is {rule.rule}, not the file's predictor")
@@ -435,8 +409,6 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     elif gate_whole:   # every token reads every layer's gate region
         p.gate_flash_bytes = p.gate_bytes
         p.flash_bytes += p.gate_flash_bytes
-    if window:         # and every fixed matrix it lets go
-        p.flash_bytes += let_go
     p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
     n_cold = sum(n_cl - h - (npu.n_hot[il] // cluster if npu else 0) for il, h in enumerate(hot_cl))
     if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as

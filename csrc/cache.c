@@ -95,8 +95,10 @@ static void part_free(part_t *q) {
 
 void pi2_cache_free(pi2_cache *k) {
     if (!k) return;
+    if (k->io) pi2_cache_settle_ahead(k);
     pi2_io_close(k->io);
     for (int i = 0; i < 2; i++) part_free(&k->part[i]);
+    free(k->ahead.reqs);
     free(k);
 }
 
@@ -107,7 +109,7 @@ static pi2_status part_init(pi2_cache *k, int32_t part, const int32_t *n_hot, in
     const int32_t F = k->n_ff, n_cl = k->n_cl;
     q->what = part == PI2_PART_BUNDLES ? "bundles" : "gate rows";
     q->slot_bytes = (size_t)slot_bytes;
-    q->cur = q->early_layer = q->flags_layer = -1;
+    q->cur = q->early_layer = q->flags_layer = q->ready = -1;
     q->L = calloc((size_t)k->n_layer, sizeof *q->L);
     q->early = calloc((size_t)n_cl, 1);
     q->delta = malloc((size_t)n_cl * sizeof(int64_t));
@@ -212,10 +214,12 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
     k->n_ff = m->hp.n_ff;
     k->n_cl = (k->n_ff + k->C - 1) / k->C;
     k->n_parts = p->stream_gate ? 2 : 1;
+    k->ahead.layer = -1;
     if ((s = part_init(k, PI2_PART_BUNDLES, p->n_hot, p->n_slots, q.slot_bytes, p->stream_gate ? NULL : p->n_early)) ||
         (p->stream_gate &&
          (s = part_init(k, PI2_PART_GATE, p->n_gate_hot, p->n_gate_slots, q.gate_slot_bytes, NULL))))
         goto fail;
+    if ((s = pi2_cache_ahead_init(k))) goto fail;
     pi2_io_params iop = pi2_io_default_params();
     iop.backend = p->backend;
     iop.queue_depth = p->queue_depth;
@@ -233,7 +237,7 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
     advise(k);
     for (int32_t part = 0; part < k->n_parts; part++) k->part[part].bytes_read = 0;
     k->st.io_wait_s = k->st.read_s = 0;
-    k->st.reads = 0;
+    k->st.reads = k->st.layer_loads_ahead = 0;
     *out = k;
     return PI2_OK;
 fail:

@@ -3,7 +3,7 @@
  * Each part (bundles, gate rows) of a layer lives in its part's arena: a resident hot prefix per layer, then
  * cold cluster slots (LRU). A row of neuron i of layer il at file offset f is at arena + delta(cluster of i) + f
  * while its cluster is present; the bundles' arena offsets stay below 2 GiB so they fit the int32 index of
- * axpy_group. One part's reads are in flight at a time. */
+ * axpy_group. One part's cluster reads, or one layer's whole-region reads, are in flight at a time. */
 #ifndef PI2_CACHE_H
 #define PI2_CACHE_H
 #include <stdint.h>
@@ -37,8 +37,13 @@ pi2_status pi2_cache_next(pi2_cache *k, int32_t part, int32_t *groups, int32_t *
 const uint8_t *pi2_cache_arena(const pi2_cache *k, int32_t part);
 int64_t pi2_cache_delta(const pi2_cache *k, int32_t part, int32_t cl);
 int32_t pi2_cache_cluster(const pi2_cache *k);
-/* Read layer il's whole region of `part` with large sequential reads into the part's slots (forgetting the
- * cached clusters) and point view->up / view->down_rows (bundles) or view->gate (gate rows) at it. */
+/* Submit the reads of layer il's whole region of each part in `parts` (bit p: part p) that is not resident or
+ * already on its way, into the part's slots (forgetting the cached clusters); with chain (batches), when they
+ * land, the next layer's regions of the parts whose slots hold two layers follow at once into the other half.
+ * PI2_ERR_IO when the submission fails, PI2_ERR_INVALID when a region does not fit the slots. */
+pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts, int chain);
+/* Make layer il's whole region of `part` present (waiting for its reads ahead, or reading it now with large
+ * sequential reads) and point view->up / view->down_rows (bundles) or view->gate (gate rows) at it. */
 pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view);
 void pi2_cache_get_stats(const pi2_cache *k, pi2_cache_stats *out);
 

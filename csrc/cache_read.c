@@ -1,8 +1,8 @@
 /* cache_read.c — the neuron cache at work (cache_parts.h): per token and layer, look up a part's needed clusters,
- *       submit the misses (reads land in the part's slots) and reap them group by group; whole-layer reads for
- *       batches; the hits, misses, bytes and waits they add up to.
- * Does not: create or size the cache (cache.c), keep the LRU (cache_pool.c) or compute (ffn_sparse.c,
- *       ffn_predict.c).
+ *       submit the misses (reads land in the part's slots) and reap them group by group; reading a range with
+ *       large requests (hot prefixes, whole layers); the hits, misses, bytes and waits they add up to.
+ * Does not: create or size the cache (cache.c), keep the LRU (cache_pool.c), read whole layers ahead
+ *       (cache_layer.c) or compute (ffn_sparse.c, ffn_predict.c).
  * Invariants: one part's reads are in flight at a time (each layer's reads are reaped or drained before the next
  *       begin); a slot whose read failed holds nothing; early reads (pi2_cache_early) belong to the layer whose
  *       begin comes next, and are reaped with its other reads whether the token needs them or not. */
@@ -14,8 +14,6 @@
 #include <errno.h>
 #include <string.h>
 
-#define LOAD_CHUNK (1u << 20)   /* bytes per request of a whole-layer read */
-
 pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, int64_t need, uint8_t *dst) {
     enum { BATCH = 64 };
     pi2_io_request r[BATCH];
@@ -23,8 +21,8 @@ pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, i
     const double t0 = pi2_now();
     for (int64_t off = s; off < e;) {
         int32_t n = 0;
-        for (; n < BATCH && off < e; n++, off += LOAD_CHUNK) {
-            const int64_t len = e - off < LOAD_CHUNK ? e - off : LOAD_CHUNK;
+        for (; n < BATCH && off < e; n++, off += PI2_LOAD_CHUNK) {
+            const int64_t len = e - off < PI2_LOAD_CHUNK ? e - off : PI2_LOAD_CHUNK;
             r[n] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len, .dest = dst + (off - s)};
         }
         pi2_status st = pi2_io_read_all(k->io, r, n, c);
@@ -61,7 +59,16 @@ static void drain(pi2_cache *k, part_t *q) {
 /* Before a layer's reads start: reads another layer left unreaped (early reads whose layer never began, after an
  * error or an abort) are waited for and their clusters forgotten. */
 static void settle(pi2_cache *k, part_t *q, int32_t il) {
+    pi2_cache_settle_ahead(k);
+    q->ready = -1;   /* the slots are the clusters' again */
     if (q->n_wait < q->n_req && q->early_layer != il) drain(k, q);
+}
+
+void pi2_cache_settle_clusters(pi2_cache *k) {
+    for (int32_t p = 0; p < k->n_parts; p++) {
+        part_t *q = &k->part[p];
+        if (q->n_wait < q->n_req) drain(k, q);
+    }
 }
 
 pi2_status pi2_cache_early(pi2_cache *k, int32_t il) {
@@ -193,34 +200,3 @@ pi2_status pi2_cache_next(pi2_cache *k, int32_t part, int32_t *groups, int32_t *
 const uint8_t *pi2_cache_arena(const pi2_cache *k, int32_t part) { return k->part[part].arena; }
 int64_t pi2_cache_delta(const pi2_cache *k, int32_t part, int32_t cl) { return k->part[part].delta[cl]; }
 int32_t pi2_cache_cluster(const pi2_cache *k) { return k->C; }
-
-/* Point the view's rows of `part` at arena + delta + their file offset. */
-static void point(pi2_layer *view, int32_t part, const region_t *l, const uint8_t *arena, int64_t delta) {
-    if (part == PI2_PART_GATE) {
-        view->gate.data = arena + (delta + l->row_off[0]);
-        return;
-    }
-    view->up.data = arena + (delta + l->row_off[0]);
-    view->down_rows.data = arena + (delta + l->row_off[1]);
-}
-
-pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view) {
-    part_t *q = &k->part[part];
-    settle(k, q, -2);
-    const region_t *l = &q->L[il];
-    int64_t fs, fe, need;
-    span(k, l, 0, k->n_cl, &fs, &fe, &need);
-    if (l->hot_cl == k->n_cl) {   /* all resident: the hot region is the layer's whole region */
-        point(view, part, l, q->arena, l->hot_delta);
-        return PI2_OK;
-    }
-    pi2_slots_clear(&q->slots);
-    if ((size_t)(fe - fs) > (size_t)q->slots.n_slots * q->slot_bytes)
-        return pi2_set_error(PI2_ERR_INVALID, "layer %d's %s (%lld bytes) do not fit the cluster slots", (int)il,
-                             q->what, (long long)(fe - fs));
-    pi2_status s = pi2_cache_read_range(k, q, fs, fe, need, q->arena + q->slots_off);
-    if (s) return s;
-    q->layer_loads++;
-    point(view, part, l, q->arena, (int64_t)q->slots_off - fs);
-    return PI2_OK;
-}

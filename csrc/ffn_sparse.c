@@ -317,9 +317,12 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
 }
 
 pi2_status pi2_ffn_sparse_early(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
-    if (!c->cache || n != 1 || !L->down_rows.data || c->ffn.score_up || pi2_cache_streams_gate(c->cache))
-        return PI2_OK;   /* only where pi2_ffn_sparse takes one_token_rows' streamed path */
-    return pi2_cache_early(c->cache, il);
+    if (!c->cache) return PI2_OK;
+    const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* as pi2_ffn_sparse decides */
+    const int pred_one = c->ffn.rule == PI2_FFN_PREDICTED && n == 1, gate = pi2_cache_streams_gate(c->cache);
+    const uint32_t whole = (one_rows ? 0u : 1u << PI2_PART_BUNDLES) | (gate && !pred_one ? 1u << PI2_PART_GATE : 0u);
+    if (whole) return pi2_cache_ahead(c->cache, il, whole, n > 1);   /* the regions it loads whole */
+    return one_rows && !gate ? pi2_cache_early(c->cache, il) : PI2_OK;   /* one_token_rows' streamed clusters */
 }
 
 pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {

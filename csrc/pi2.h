@@ -557,6 +557,8 @@ typedef struct {
     int64_t gate_hot_bytes;    /* of hot_bytes: gate hot prefixes */
     int64_t early_reads;       /* of misses and reads: bundle clusters read before the layer's attention (n_early) */
     int64_t early_unused;      /* of early_reads: clusters the token's active set did not need after all */
+    int64_t layer_loads_ahead; /* of layer_loads + gate_layer_loads: whole regions submitted before their FFN
+                                * (during the layer's attention, or the previous layer's FFN in a batch) */
 } pi2_cache_stats;
 
 /* The statistics of a streamed context. PI2_ERR_INVALID: NULL arguments or the context is not streamed. */

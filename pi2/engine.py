@@ -16,7 +16,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 try:
     from pi2._pi2 import ffi, lib
@@ -453,7 +453,8 @@ class CContext:
 
     _CACHE_STATS = ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads", "io_wait_s", "read_s",
                     "arena_bytes", "hot_bytes", "gate_hot", "gate_hits", "gate_misses", "gate_bytes_read",
-                    "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes", "early_reads", "early_unused")
+                    "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes", "early_reads", "early_unused",
+                    "layer_loads_ahead")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

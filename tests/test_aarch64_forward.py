@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not (CC and QEMU), reason="aarch64 cross tools m
                                 "gcc-aarch64-linux-gnu qemu-user-static")
 SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
            "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c",
-           "ffn_predict.c", "ffn_pwri.c", "ffn_groups.c", "kernels/lowbit.c", "cache.c", "cache_read.c",
+           "ffn_predict.c", "ffn_pwri.c", "ffn_groups.c", "kernels/lowbit.c", "cache.c", "cache_read.c", "cache_layer.c",
            "cache_pool.c", "npu.c", "npu_ffn.c", "nnapi.c", "nnapi_graph.c", "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c",
            "io/mmap.c", "io/bench.c", "io/probe.c"]
 CPUS = ["max", "cortex-a72"]

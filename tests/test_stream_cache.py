@@ -69,6 +69,7 @@ def test_streamed_equals_mapped(files, name, keep):
         assert np.array_equal(got, want), (cluster, extra, io, threads)
         st = c.cache_stats()
         assert st["tokens"] == 11 and st["layer_loads"] == (0 if hot[0] == n_ff else 2 * n_layer)
+        assert st["layer_loads_ahead"] == st["layer_loads"]   # every batch's region submitted before its FFN
         needed = st["hot"] + st["hits"] + st["misses"]
         assert needed > 0
         if hot[0] == n_ff:
@@ -127,6 +128,28 @@ def test_early_read_failure_is_an_error_then_recovers(files, tmp_path):
     c2.decode([TOKENS[0]])
     assert np.array_equal(c2.decode([TOKENS[1]], all_logits=True), ref.decode([TOKENS[1]], all_logits=True))
     c.decode([TOKENS[5]])        # the failed context is usable again (its KV cache holds what it holds)
+
+
+@pytest.mark.parametrize("extra", [0, 1000])
+def test_batch_read_ahead_failure_is_an_error_then_recovers(files, tmp_path, extra):
+    """A batch whose regions are read ahead (during attention; with room for two layers, during the previous
+    layer's FFN too) on a file cut short: an error naming the bundles, no hang; once the file is whole the same
+    context decodes batches equal to a fresh mapped context's."""
+    import shutil
+    p = tmp_path / "cut.pi2.gguf"
+    shutil.copy(files["q8"], p)
+    whole = p.read_bytes()
+    m = load_model(p)
+    min_slots = stream_sizes(CModel.from_model(m), 16)["min_slots"]
+    c = ctx_for(p, 0.5, 2, dict(cluster=16, n_slots=min_slots + extra, io="aio"))
+    os.truncate(p, m.tensor(f"blk.{m.config.n_layer - 1}.ffn_bundle.weight").offset + 4096)
+    with pytest.raises(EngineError, match="bundles"):
+        c.decode(TOKENS[:8])
+    p.write_bytes(whole)
+    c.reset()
+    ref = ctx_for(p, 0.5, 1)
+    assert np.array_equal(c.decode(TOKENS[:8], all_logits=True), ref.decode(TOKENS[:8], all_logits=True))
+    assert np.array_equal(c.decode(TOKENS[8:12], all_logits=True), ref.decode(TOKENS[8:12], all_logits=True))
 
 
 def test_sizes_and_refusals(files, tmp_path):

@@ -129,6 +129,7 @@ def test_other_rules_read_the_gate_region_whole(files):
     assert np.array_equal(run(c), want)
     st = c.cache_stats()
     assert st["gate_layer_loads"] == 5 * m.config.n_layer and st["gate_misses"] == 0   # 2 batches + 3 tokens
+    assert st["layer_loads_ahead"] == st["layer_loads"] + st["gate_layer_loads"]   # all submitted before the FFN
 
 
 def test_gate_reads_only_p_cold_clusters(files):

@@ -38,10 +38,9 @@ const uint8_t *pi2_cache_arena(const pi2_cache *k, int32_t part);
 int64_t pi2_cache_delta(const pi2_cache *k, int32_t part, int32_t cl);
 int32_t pi2_cache_cluster(const pi2_cache *k);
 /* Submit the reads of layer il's whole region of each part in `parts` (bit p: part p) that is not resident or
- * already on its way, into the part's slots (forgetting the cached clusters); with chain (batches), when they
- * land, the next layer's regions of the parts whose slots hold two layers follow at once into the other half.
- * PI2_ERR_IO when the submission fails, PI2_ERR_INVALID when a region does not fit the slots. */
-pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts, int chain);
+ * already on its way, into the part's slots (forgetting the cached clusters; nothing may read them until
+ * pi2_cache_load_layer). PI2_ERR_IO when the submission fails, PI2_ERR_INVALID when a region does not fit. */
+pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts);
 /* Make layer il's whole region of `part` present (waiting for its reads ahead, or reading it now with large
  * sequential reads) and point view->up / view->down_rows (bundles) or view->gate (gate rows) at it. */
 pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view);

@@ -1,12 +1,12 @@
 /* cache_layer.c — whole-layer reads of the neuron cache (cache_parts.h): a part's whole region of a layer read in
  *       large sequential requests into the part's slots, for prompt batches (the bundles, and the gate rows when
- *       they stream) and for single tokens that need every streamed gate row. The reads are submitted ahead:
- *       before the layer's attention (pi2_cache_ahead), and in a batch, when two layers' regions fit a part's
- *       slots, during the previous layer's FFN, into the other half.
+ *       they stream) and for single tokens that need every streamed gate row. The reads are submitted ahead of
+ *       the FFN that needs them (pi2_cache_ahead): before the layer's attention, and a batch's gate rows as soon
+ *       as the previous layer's gate product is done with the gate slots.
  * Does not: per-cluster reads (cache_read.c), sizing (cache.c) or compute.
  * Invariants: the whole-layer reads in flight are one layer's and never in flight with cluster reads (every
  *       cluster entry point settles them first, and these settle the clusters' first); a region read ahead is
- *       taken once, by its layer's load; the half a layer's FFN reads is never the one being filled. */
+ *       taken once, by its layer's load; a part's slots are not filled while an FFN reads them. */
 #define _GNU_SOURCE
 #include "cache_parts.h"
 
@@ -15,10 +15,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint8_t *buf(const part_t *q, int32_t il) {
-    return q->arena + q->slots_off + (q->half ? (size_t)(il & 1) * q->half : 0);
-}
 
 pi2_status pi2_cache_ahead_init(pi2_cache *k) {
     ahead_t *a = &k->ahead;
@@ -32,8 +28,6 @@ pi2_status pi2_cache_ahead_init(pi2_cache *k) {
             span(k, &q->L[il], 0, k->n_cl, &fs, &fe, NULL);
             if (fe - fs > most) most = fe - fs;
         }
-        const size_t half = (size_t)down_a((int64_t)(q->slots.n_slots * q->slot_bytes / 2));
-        q->half = (size_t)most <= half ? half : 0;
         q->ready = -1;
         a->cap += (int32_t)((most + PI2_LOAD_CHUNK - 1) / PI2_LOAD_CHUNK);
     }
@@ -110,14 +104,13 @@ void pi2_cache_settle_ahead(pi2_cache *k) {
 /* Space for layer il's region of part q in its buffer, or PI2_ERR_INVALID. */
 static pi2_status fits(const pi2_cache *k, const part_t *q, int32_t il, int64_t *fs, int64_t *fe, int64_t *need) {
     span(k, &q->L[il], 0, k->n_cl, fs, fe, need);
-    const size_t room = q->half ? q->half : (size_t)q->slots.n_slots * q->slot_bytes;
-    if ((size_t)(*fe - *fs) > room)
+    if ((size_t)(*fe - *fs) > (size_t)q->slots.n_slots * q->slot_bytes)
         return pi2_set_error(PI2_ERR_INVALID, "layer %d's %s (%lld bytes) do not fit the cluster slots", (int)il,
                              q->what, (long long)(*fe - *fs));
     return PI2_OK;
 }
 
-pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts, int chain) {
+pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts) {
     ahead_t *a = &k->ahead;
     if (a->layer >= 0 && a->layer != il) pi2_cache_settle_ahead(k);
     pi2_cache_settle_clusters(k);
@@ -128,9 +121,9 @@ pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts, int chain) 
         int64_t fs, fe, need;
         pi2_status s = fits(k, q, il, &fs, &fe, &need);
         if (s) return s;
-        pi2_slots_clear(&q->slots);   /* the slots hold whole layers now */
-        uint8_t *dst = buf(q, il);
-        if (q->ready >= 0 && buf(q, q->ready) == dst) q->ready = -1;
+        pi2_slots_clear(&q->slots);   /* the slots hold a whole layer now */
+        q->ready = -1;
+        uint8_t *dst = q->arena + q->slots_off;
         for (int64_t off = fs; off < fe; off += PI2_LOAD_CHUNK) {
             const int64_t len = fe - off < PI2_LOAD_CHUNK ? fe - off : PI2_LOAD_CHUNK;
             a->reqs[a->n_req] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len,
@@ -143,7 +136,6 @@ pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts, int chain) 
     if (a->n_req == first) return PI2_OK;
     if (!first) a->t_submit = pi2_now();
     a->layer = il;
-    a->chain = chain;
     const pi2_status s = top_up(k);
     if (s) pi2_cache_settle_ahead(k);
     return s;
@@ -167,25 +159,17 @@ pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_laye
         return PI2_OK;
     }
     pi2_status s;
-    if (a->layer == il && a->parts >> part & 1) {   /* read ahead: wait for it, then start the next layer's */
-        const int chain = a->chain;
-        const uint32_t parts = a->parts;
-        if ((s = finish(k))) return s;
-        uint32_t next = 0;
-        for (int32_t p = 0; p < k->n_parts; p++)
-            if (parts >> p & 1 && k->part[p].half) next |= 1u << p;
-        if (chain && next && il + 1 < k->n_layer && (s = pi2_cache_ahead(k, il + 1, next, 1))) return s;
-    }
+    if (a->layer == il && a->parts >> part & 1 && (s = finish(k))) return s;   /* read ahead: wait for it */
     int64_t fs, fe, need;
     if ((s = fits(k, q, il, &fs, &fe, &need))) return s;
     if (q->ready != il) {   /* not read ahead: read it now */
         pi2_cache_settle_ahead(k);
         pi2_cache_settle_clusters(k);
         pi2_slots_clear(&q->slots);
-        if ((s = pi2_cache_read_range(k, q, fs, fe, need, buf(q, il)))) return s;
+        if ((s = pi2_cache_read_range(k, q, fs, fe, need, q->arena + q->slots_off))) return s;
         q->layer_loads++;
     }
     q->ready = -1;
-    point(view, part, l, q->arena, (int64_t)(buf(q, il) - q->arena) - fs);
+    point(view, part, l, q->arena, (int64_t)q->slots_off - fs);
     return PI2_OK;
 }

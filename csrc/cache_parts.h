@@ -36,14 +36,11 @@ typedef struct {
     uint8_t *early;            /* [n_cl] 1: read early and not needed (yet), 2: read early and needed */
     double t_submit;
     int64_t hot, hits, misses, bytes_read, layer_loads;   /* this part's statistics */
-    size_t half;               /* 0, or the bytes of each half of the slots when every layer's region fits one:
-                                * whole-layer reads of layer il land in half il % 2 (cache_layer.c) */
     int32_t ready;             /* the layer whose whole region was read ahead and is not yet taken, or -1 */
 } part_t;
 
 typedef struct {               /* whole-layer reads submitted ahead of their FFN (cache_layer.c) */
     int32_t layer;             /* the layer they read, or -1 */
-    int32_t chain;             /* 1: once they land, the next layer's go into the other halves (batches) */
     uint32_t parts;            /* bit p: part p of the layer is being read */
     int32_t n_req, n_sub, n_wait, cap;
     pi2_io_request *reqs;      /* [cap]: user = part << 32 | index */
@@ -83,7 +80,7 @@ static inline void span(const pi2_cache *k, const region_t *l, int32_t c0, int32
 pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, int64_t need, uint8_t *dst);
 /* Wait for every part's unreaped cluster reads and forget their clusters (cache_read.c). */
 void pi2_cache_settle_clusters(pi2_cache *k);
-/* Size the whole-layer reads' request list and the parts' halves (cache_layer.c); PI2_ERR_NOMEM. */
+/* Size the whole-layer reads' request list (cache_layer.c); PI2_ERR_NOMEM. */
 pi2_status pi2_cache_ahead_init(pi2_cache *k);
 /* Wait for the whole-layer reads in flight, keep what landed, forget the rest (cache_layer.c). */
 void pi2_cache_settle_ahead(pi2_cache *k);

@@ -321,7 +321,7 @@ pi2_status pi2_ffn_sparse_early(pi2_ctx *c, const pi2_layer *L, int32_t il, int3
     const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* as pi2_ffn_sparse decides */
     const int pred_one = c->ffn.rule == PI2_FFN_PREDICTED && n == 1, gate = pi2_cache_streams_gate(c->cache);
     const uint32_t whole = (one_rows ? 0u : 1u << PI2_PART_BUNDLES) | (gate && !pred_one ? 1u << PI2_PART_GATE : 0u);
-    if (whole) return pi2_cache_ahead(c->cache, il, whole, n > 1);   /* the regions it loads whole */
+    if (whole) return pi2_cache_ahead(c->cache, il, whole);   /* the regions it loads whole */
     return one_rows && !gate ? pi2_cache_early(c->cache, il) : PI2_OK;   /* one_token_rows' streamed clusters */
 }
 
@@ -364,6 +364,10 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     else if (!chosen)
         pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
     if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);
+    if (full_up && n > 1 && c->cache && pi2_cache_streams_gate(c->cache) && il + 1 < hp->n_layer) {
+        const pi2_status s = pi2_cache_ahead(c->cache, il + 1, 1u << PI2_PART_GATE);   /* done with these gate rows: */
+        if (s) return s;                                                             /* the next layer's stream in */
+    }
 
     /* the active set, then the up rows it needs, then h */
     if (!chosen) pi2_pool_run(c->pool, select_task, &j, n);

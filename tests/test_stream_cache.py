@@ -132,9 +132,9 @@ def test_early_read_failure_is_an_error_then_recovers(files, tmp_path):
 
 @pytest.mark.parametrize("extra", [0, 1000])
 def test_batch_read_ahead_failure_is_an_error_then_recovers(files, tmp_path, extra):
-    """A batch whose regions are read ahead (during attention; with room for two layers, during the previous
-    layer's FFN too) on a file cut short: an error naming the bundles, no hang; once the file is whole the same
-    context decodes batches equal to a fresh mapped context's."""
+    """A batch whose regions are read ahead (during the layer's attention) on a file cut short: an error naming
+    the bundles, no hang; once the file is whole the same context decodes batches equal to a fresh mapped
+    context's."""
     import shutil
     p = tmp_path / "cut.pi2.gguf"
     shutil.copy(files["q8"], p)

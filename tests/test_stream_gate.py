@@ -111,6 +111,7 @@ def test_streamed_gate_equals_mapped(files, name):
             assert st["gate_hot_bytes"] > 0
         else:              # two batches: every layer's gate region read whole twice
             assert st["gate_misses"] > 0 and st["gate_layer_loads"] == 2 * L
+            assert st["layer_loads_ahead"] == st["layer_loads"] + 2 * L     # batches: read before their FFN
             assert st["gate_bytes_read"] >= st["gate_misses"] * 4096
         if ghot == 0:
             assert st["gate_hot"] == 0 and st["gate_hot_bytes"] == 0
@@ -168,6 +169,7 @@ def test_truncated_file_is_a_gate_read_error(files, tmp_path):
     last = m.tensor(f"blk.{L - 1}.ffn_gate.weight")
     assert last.offset > m.tensor(f"blk.{L - 1}.ffn_bundle.weight").offset      # the gate rows come last
     c = ctx_for(p, 1, gate_stream(m, 8, 0, 0))
+    c2 = ctx_for(p, 2, gate_stream(m, 8, 0, 0))   # for a batch: the last layer's gate rows read during layer L-2
     os.truncate(p, last.offset + 4096)
     toks = np.array([TOKENS[0]], np.int32)
     logits = np.empty(m.config.n_vocab, np.float32)
@@ -176,6 +178,8 @@ def test_truncated_file_is_a_gate_read_error(files, tmp_path):
     assert "gate rows of layer" in ffi.string(lib.pi2_last_error()).decode()
     with pytest.raises(EngineError, match="gate rows"):
         c.decode([TOKENS[1]])
+    with pytest.raises(EngineError, match="gate rows"):
+        c2.decode(TOKENS[:8])
 
 
 def test_streamed_gate_rows_stay_out_of_the_page_cache(files, tmp_path):

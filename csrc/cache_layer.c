@@ -115,12 +115,20 @@ pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts) {
     if (a->layer >= 0 && a->layer != il) pi2_cache_settle_ahead(k);
     pi2_cache_settle_clusters(k);
     const int32_t first = a->n_req;
+    uint32_t add = 0;
+    for (int32_t p = 0; p < k->n_parts; p++) {
+        const part_t *q = &k->part[p];
+        int64_t fs, fe, need;
+        if (!(parts >> p & 1) || q->L[il].hot_cl == k->n_cl || q->ready == il || (a->parts >> p & 1)) continue;
+        const pi2_status s = fits(k, q, il, &fs, &fe, &need);
+        if (s) return s;
+        add |= 1u << p;
+    }
     for (int32_t p = 0; p < k->n_parts; p++) {
         part_t *q = &k->part[p];
-        if (!(parts >> p & 1) || q->L[il].hot_cl == k->n_cl || q->ready == il || (a->parts >> p & 1)) continue;
-        int64_t fs, fe, need;
-        pi2_status s = fits(k, q, il, &fs, &fe, &need);
-        if (s) return s;
+        if (!(add >> p & 1)) continue;
+        int64_t fs, fe;
+        span(k, &q->L[il], 0, k->n_cl, &fs, &fe, NULL);
         pi2_slots_clear(&q->slots);   /* the slots hold a whole layer now */
         q->ready = -1;
         uint8_t *dst = q->arena + q->slots_off;

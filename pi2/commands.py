@@ -122,6 +122,11 @@ def cache_report(ctx) -> None:
     print(f"pi2: cache: hit rate {st['cache_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), "
           f"flash {st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, "
           f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
+    cs = ctx.cache_stats()   # since the run began
+    whole = cs["layer_loads"] + cs["gate_layer_loads"]
+    if whole:
+        print(f"pi2: cache: {whole} layer regions read whole (prompt batches{', gate rows' if plan.gate_whole else ''})"
+              f", {cs['layer_loads_ahead'] / whole:.0%} of them submitted before their FFN", file=sys.stderr)
     if plan.gate_whole:   # below the floor with mapped gate rows: every layer's gate rows read whole per token
         print(f"pi2: cache: gate rows read whole each token, {plan.n_gate_slots} x {plan.gate_slot_bytes // 1024} "
               f"KiB slots, flash {st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)",

@@ -374,8 +374,9 @@ class CContext:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes
         per token decoded (gate rows included), io_wait_share (of decode time), read_mbps (bytes read / time reads
         were outstanding), since the previous call; with streamed gate rows also gate_hit_rate (P's gate clusters
-        found hot or cached), gate_flash_bytes_per_token, gate_cache_bytes and gate_hot_bytes. {} when not
-        streamed."""
+        found hot or cached), gate_flash_bytes_per_token, gate_cache_bytes and gate_hot_bytes; whole_layer_reads
+        (regions read whole: batches, gate rows read whole) and whole_reads_ahead (the share submitted before
+        their FFN). {} when not streamed."""
         st = self.cache_stats()
         if not st:
             return {}
@@ -384,6 +385,7 @@ class CContext:
         self._stream_prev = dict(st)
         d = {k: st[k] - prev[k] for k in st if not k.endswith(("arena_bytes", "hot_bytes"))}
         need, cold = d["hot"] + d["hits"] + d["misses"], d["hits"] + d["misses"]
+        whole = d["layer_loads"] + d["gate_layer_loads"]   # regions read whole (batches, gate rows read whole)
         out = {"cache_hit_rate": round((d["hot"] + d["hits"]) / need, 4) if need else 1.0,
                "cold_hit_rate": round(d["hits"] / cold, 4) if cold else 1.0,
                "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
@@ -391,6 +393,8 @@ class CContext:
                "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
                "early_reads_per_token": round(d["early_reads"] / d["decoded"], 1) if d["decoded"] else 0.0,
                "early_unused": round(d["early_unused"] / d["early_reads"], 4) if d["early_reads"] else 0.0,
+               "whole_layer_reads": whole,
+               "whole_reads_ahead": round(d["layer_loads_ahead"] / whole, 4) if whole else 0.0,
                "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
                "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
         if self.stream.get("stream_gate"):   # two-phase loading: the gate rows' share (included above)

@@ -70,6 +70,9 @@ def test_streamed_equals_mapped(files, name, keep):
         st = c.cache_stats()
         assert st["tokens"] == 11 and st["layer_loads"] == (0 if hot[0] == n_ff else 2 * n_layer)
         assert st["layer_loads_ahead"] == st["layer_loads"]   # every batch's region submitted before its FFN
+        s = c.stream_stats()
+        assert s["whole_layer_reads"] == st["layer_loads"] and s["whole_reads_ahead"] == (1.0 if s["whole_layer_reads"]
+                                                                                           else 0.0)
         needed = st["hot"] + st["hits"] + st["misses"]
         assert needed > 0
         if hot[0] == n_ff:
@@ -403,4 +406,5 @@ def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
     res = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread",
               "--memory-budget", f"{(need >> 20) - 2}M", "--verbose")
     assert res.code == 0 and "gate rows read whole each token" in res.err, res.err
+    assert "read whole (prompt batches, gate rows), 100% of them submitted before their FFN" in res.err, res.err
     assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]

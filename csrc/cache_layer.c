@@ -12,9 +12,7 @@
 
 #include "internal.h"
 
-#include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 
 pi2_status pi2_cache_ahead_init(pi2_cache *k) {
     ahead_t *a = &k->ahead;
@@ -68,16 +66,10 @@ static pi2_status finish(pi2_cache *k) {
             part_t *q = &k->part[p];
             int64_t fs, fe, need;
             span(k, &q->L[a->layer], 0, k->n_cl, &fs, &fe, &need);
-            const int64_t want = (int64_t)(r->offset + r->length) <= need ? (int64_t)r->length
-                                                                          : need - (int64_t)r->offset;
-            k->st.reads++;
-            q->bytes_read += (int64_t)r->length;
-            if ((done[i].error && done[i].error != ENODATA) || done[i].nbytes < want) {
+            const pi2_status bad = pi2_cache_check_read(k, q, r, &done[i], need, !err);   /* the first message stays */
+            if (bad) {
                 failed |= 1 << p;
-                if (!err)
-                    err = pi2_set_error(PI2_ERR_IO, "reading %lld bytes of %s at offset %lld: %s",
-                                        (long long)r->length, q->what, (long long)r->offset,
-                                        done[i].error ? strerror(done[i].error) : "short read");
+                if (!err) err = bad;
             }
         }
         a->n_wait += got;

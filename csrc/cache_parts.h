@@ -76,6 +76,10 @@ static inline void span(const pi2_cache *k, const region_t *l, int32_t c0, int32
 
 #define PI2_LOAD_CHUNK (1u << 20)   /* bytes per request of a whole-layer read */
 
+/* Count a completed large read of part q (request r, completion c) and check that its bytes up to `need` arrived:
+ * PI2_ERR_IO if not, with the message set when `report` (cache_read.c). */
+pi2_status pi2_cache_check_read(pi2_cache *k, part_t *q, const pi2_io_request *r, const pi2_io_completion *c,
+                                int64_t need, int report);
 /* Read [s, e) of the file into dst in large requests; the bytes up to `need` must arrive (cache_read.c). */
 pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, int64_t need, uint8_t *dst);
 /* Wait for every part's unreaped cluster reads and forget their clusters (cache_read.c). */

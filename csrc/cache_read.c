@@ -14,6 +14,18 @@
 #include <errno.h>
 #include <string.h>
 
+pi2_status pi2_cache_check_read(pi2_cache *k, part_t *q, const pi2_io_request *r, const pi2_io_completion *c,
+                                int64_t need, int report) {
+    const int64_t want = (int64_t)r->offset + (int64_t)r->length <= need ? (int64_t)r->length
+                                                                         : need - (int64_t)r->offset;
+    k->st.reads++;
+    q->bytes_read += (int64_t)r->length;
+    if (!(c->error && c->error != ENODATA) && c->nbytes >= want) return PI2_OK;
+    if (!report) return PI2_ERR_IO;
+    return pi2_set_error(PI2_ERR_IO, "reading %lld bytes of %s at offset %lld: %s", (long long)r->length, q->what,
+                         (long long)r->offset, c->error ? strerror(c->error) : "short read");
+}
+
 pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, int64_t need, uint8_t *dst) {
     enum { BATCH = 64 };
     pi2_io_request r[BATCH];
@@ -27,15 +39,8 @@ pi2_status pi2_cache_read_range(pi2_cache *k, part_t *q, int64_t s, int64_t e, i
         }
         pi2_status st = pi2_io_read_all(k->io, r, n, c);
         if (st) return st;
-        for (int32_t i = 0; i < n; i++) {
-            const int64_t want = (int64_t)r[i].offset + (int64_t)r[i].length <= need ? (int64_t)r[i].length
-                                                                                      : need - (int64_t)r[i].offset;
-            k->st.reads++;
-            q->bytes_read += (int64_t)r[i].length;
-            if ((c[i].error && c[i].error != ENODATA) || c[i].nbytes < want)
-                return pi2_set_error(PI2_ERR_IO, "reading %lld bytes of %s at offset %lld: %s", (long long)r[i].length,
-                                     q->what, (long long)r[i].offset, c[i].error ? strerror(c[i].error) : "short read");
-        }
+        for (int32_t i = 0; i < n; i++)
+            if ((st = pi2_cache_check_read(k, q, &r[i], &c[i], need, 1))) return st;
     }
     const double dt = pi2_now() - t0;
     k->st.io_wait_s += dt;

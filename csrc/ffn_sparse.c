@@ -2,7 +2,7 @@
  * layer's down projection is stored as rows (pi2 bundles, PowerInfer's ffn_down_t).
  * Does: gate rows for every neuron (one token under the predicted rule: of the predicted ones only,
  *       ffn_predict.c; under PowerInfer's predictor: of the active ones only, ffn_pwri.c);
- *       the active set of each token by the context's rule (threshold, top-k, ReLU, all, predicted, predictor);
+ *       the active set of each token by the context's rule (ffn_select.c);
  *       up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
  *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
  *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
@@ -19,11 +19,11 @@
 #include "ffn_groups.h"
 #include "ffn_predict.h"
 #include "ffn_pwri.h"
+#include "ffn_select.h"
 #include "internal.h"
 #include "npu_ffn.h"
 #include "ops.h"
 
-#include <math.h>
 #include <string.h>
 
 #define UP_CHUNK 32      /* active up rows per task of a single token */
@@ -42,80 +42,12 @@ typedef struct {
     size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
 } ffn_job;
 
-/* ---- the active set ---- */
+/* ---- the active set (ffn_select.c) ---- */
 
-static void swap_f(float *a, float *b) { const float t = *a; *a = *b; *b = t; }
-
-/* The k-th largest (k >= 1) of v[0..n), reordering v. */
-static float kth_largest(float *v, int64_t n, int64_t k) {
-    int64_t lo = 0, hi = n - 1;
-    const int64_t want = k - 1;
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;   /* median of three as the pivot */
-        if (v[mid] > v[lo]) swap_f(&v[mid], &v[lo]);
-        if (v[hi] > v[lo]) swap_f(&v[hi], &v[lo]);
-        if (v[mid] > v[hi]) swap_f(&v[mid], &v[hi]);
-        const float pivot = v[hi];
-        int64_t i = lo, j = hi;
-        while (i <= j) {                          /* descending: larger values to the left */
-            while (v[i] > pivot) i++;
-            while (v[j] < pivot) j--;
-            if (i <= j) { swap_f(&v[i], &v[j]); i++; j--; }
-        }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else return v[want];
-    }
-    return v[want];
-}
-
-/* Token t: score (act(gate), or act(gate)·up), then its active neurons in ascending order. */
 static void select_task(void *arg, int32_t t, int32_t thread) {
     (void)thread;
     const ffn_job *j = arg;
-    pi2_ctx *c = j->c;
-    const int64_t F = j->n_ff;
-    const float *g = c->gate + (size_t)t * F, *u = c->up + (size_t)t * F;
-    float *s = c->ffn_score + (size_t)t * F, *keys = c->gate + (size_t)t * F;   /* g is not needed after s */
-    int32_t *idx = c->ffn_idx + (size_t)t * F, n = 0;
-    const int32_t act = c->m->hp.ffn_act;
-    pi2_ffn_act_values(s, g, F, act, c->m->gelu_table);
-    if (c->ffn.score_up)
-        for (int64_t i = 0; i < F; i++) s[i] = s[i] * pi2_ffn_up_factor(u[i], act);   /* h, as pi2_ffn_activate */
-    switch (c->ffn.rule) {
-    case PI2_FFN_DENSE:
-        for (int64_t i = 0; i < F; i++) idx[n++] = (int32_t)i;
-        break;
-    case PI2_FFN_RELU:
-        for (int64_t i = 0; i < F; i++) if (g[i] > 0.0f) idx[n++] = (int32_t)i;
-        break;
-    case PI2_FFN_THRESHOLD: {
-        const float thr = c->ffn.thresholds[j->il];
-        for (int64_t i = 0; i < F; i++) if (fabsf(s[i]) > thr) idx[n++] = (int32_t)i;
-        break;
-    }
-    case PI2_FFN_TOPK: {   /* the keys go over g (combine_task overwrites it with h anyway) */
-        double kd = ceil((double)c->ffn.keep * (double)F - 1e-9);
-        const int64_t k = kd < 1 ? 1 : kd > (double)F ? F : (int64_t)kd;
-        for (int64_t i = 0; i < F; i++) keys[i] = fabsf(s[i]);
-        const float kth = kth_largest(keys, F, k);
-        int64_t above = 0;
-        for (int64_t i = 0; i < F; i++) above += fabsf(s[i]) > kth;
-        int64_t ties = k - above;
-        for (int64_t i = 0; i < F; i++) {
-            const float a = fabsf(s[i]);
-            if (a > kth || (a == kth && ties-- > 0)) idx[n++] = (int32_t)i;
-        }
-        break;
-    }
-    case PI2_FFN_PREDICTED:   /* a batch: every gate row was computed; P from ffn_predict.c */
-        n = pi2_ffn_pred_select(c, j->il, t, s, idx);
-        break;
-    case PI2_FFN_PREDICTOR:   /* a batch: ffn_pwri.c chose the active neurons before the gate rows */
-        n = c->ffn_n_active[t];
-        break;
-    }
-    c->ffn_n_active[t] = n;
+    pi2_ffn_select(j->c, j->il, t);
 }
 
 /* ---- up rows of the active neurons ---- */
@@ -316,27 +248,35 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     return PI2_OK;
 }
 
+/* One token over bundles: one pass over its active neurons' bundles (one_token_rows). */
+static int one_rows_of(const pi2_ctx *c, const pi2_layer *L, int32_t n) {
+    return n == 1 && L->down_rows.data && !c->ffn.score_up;
+}
+
+/* The parts a streamed layer reads whole (bit p: part p): the bundles unless one pass over them; streamed gate rows
+ * unless one token's predicted set chooses them (ffn_predict.c reads only P's). */
+static uint32_t whole_parts(const pi2_ctx *c, const pi2_layer *L, int32_t n) {
+    const int gate = pi2_cache_streams_gate(c->cache) && !(c->ffn.rule == PI2_FFN_PREDICTED && n == 1);
+    return (one_rows_of(c, L, n) ? 0u : 1u << PI2_PART_BUNDLES) | (gate ? 1u << PI2_PART_GATE : 0u);
+}
+
 pi2_status pi2_ffn_sparse_early(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     if (!c->cache) return PI2_OK;
-    const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* as pi2_ffn_sparse decides */
-    const int pred_one = c->ffn.rule == PI2_FFN_PREDICTED && n == 1, gate = pi2_cache_streams_gate(c->cache);
-    const uint32_t whole = (one_rows ? 0u : 1u << PI2_PART_BUNDLES) | (gate && !pred_one ? 1u << PI2_PART_GATE : 0u);
-    if (whole) return pi2_cache_ahead(c->cache, il, whole);   /* the regions it loads whole */
-    return one_rows && !gate ? pi2_cache_early(c->cache, il) : PI2_OK;   /* one_token_rows' streamed clusters */
+    const uint32_t whole = whole_parts(c, L, n);
+    if (whole) return pi2_cache_ahead(c->cache, il, whole);
+    return one_rows_of(c, L, n) && !pi2_cache_streams_gate(c->cache) ? pi2_cache_early(c->cache, il) : PI2_OK;
 }
 
 pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
-    const int one_rows = n == 1 && L->down_rows.data && !c->ffn.score_up;   /* one pass over the bundles */
-    const int pred_one = c->ffn.rule == PI2_FFN_PREDICTED && n == 1;   /* gate rows of P only (ffn_predict.c) */
+    const int one_rows = one_rows_of(c, L, n);
+    const uint32_t whole = c->cache ? whole_parts(c, L, n) : 0;
     pi2_layer view = *L;
-    if (c->cache) {   /* the bundles of a batch, and streamed gate rows all needed, read whole: then as if mapped */
-        pi2_status s = one_rows ? PI2_OK : pi2_cache_load_layer(c->cache, PI2_PART_BUNDLES, il, &view);
-        if (!s && !pred_one && pi2_cache_streams_gate(c->cache))
-            s = pi2_cache_load_layer(c->cache, PI2_PART_GATE, il, &view);
+    for (int32_t p = 0; p < 2; p++) {   /* regions read whole (ahead, pi2_ffn_sparse_early): then as if mapped */
+        const pi2_status s = whole >> p & 1 ? pi2_cache_load_layer(c->cache, p, il, &view) : PI2_OK;
         if (s) return s;
-        L = &view;
     }
+    if (whole) L = &view;
     /* batches compute every up row with the tiled product (the same value per row and token as one row's
      * kernel) rather than fetch each token's rows again */
     const int full_up = !one_rows && (n > 1 || c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
@@ -364,9 +304,9 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     else if (!chosen)
         pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
     if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);
-    if (full_up && n > 1 && c->cache && pi2_cache_streams_gate(c->cache) && il + 1 < hp->n_layer) {
-        const pi2_status s = pi2_cache_ahead(c->cache, il + 1, 1u << PI2_PART_GATE);   /* done with these gate rows: */
-        if (s) return s;                                                             /* the next layer's stream in */
+    if (n > 1 && whole >> PI2_PART_GATE & 1 && il + 1 < hp->n_layer) {   /* done with these gate rows: */
+        const pi2_status s = pi2_cache_ahead(c->cache, il + 1, 1u << PI2_PART_GATE);   /* the next layer's come */
+        if (s) return s;
     }
 
     /* the active set, then the up rows it needs, then h */

@@ -12,6 +12,7 @@ is plain C; and they agree with pi2/reference.py within NMSE_LOGITS with the sam
 tolerance of tests/test_forward_c.py (random fixtures amplify 8-bit activation roundings).
 Skipped, with the reason, when aarch64-linux-gnu-gcc or qemu-aarch64-static is missing.
 """
+import ast
 import shutil
 import struct
 import subprocess
@@ -31,11 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")
 pytestmark = pytest.mark.skipif(not (CC and QEMU), reason="aarch64 cross tools missing: apt-get install -y "
                                 "gcc-aarch64-linux-gnu qemu-user-static")
-SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
-           "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c",
-           "ffn_predict.c", "ffn_pwri.c", "ffn_groups.c", "kernels/lowbit.c", "cache.c", "cache_read.c", "cache_layer.c",
-           "cache_pool.c", "npu.c", "npu_ffn.c", "nnapi.c", "nnapi_graph.c", "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c",
-           "io/mmap.c", "io/bench.c", "io/probe.c"]
+
+
+def _core_sources() -> list:
+    """The C core's sources as csrc/ffi_build.py lists them for the extension (read, not imported: no cffi)."""
+    tree = ast.parse((ROOT / "csrc" / "ffi_build.py").read_text())
+    return next(ast.literal_eval(n.value) for n in tree.body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "SOURCES")
+
+
+SOURCES = _core_sources()
 CPUS = ["max", "cortex-a72"]
 NMSE_LOGITS = 1e-3
 REAL_TIMEOUT = 60                                    # seconds for one qemu run of a real model

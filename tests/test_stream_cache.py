@@ -1,53 +1,21 @@
 """test_stream_cache.py — streamed FFN bundles (csrc/cache.c): a context serving its bundles from a resident hot
 prefix and an LRU of cold cluster slots read by the flash I/O backends gives logits bit-identical to the mapped
 run, for several keeps, cache sizes (a tiny cache that mostly misses, a big one that hits), cluster sizes, backends
-and thread counts; its statistics add up; bad parameters and a failing read are refused with a message."""
+and thread counts; its statistics add up; bad parameters and a failing read are refused with a message; streamed
+bundles stay out of the page cache. The planner and the CLI flags: test_budget_plan.py."""
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 import pytest
-from fixtures import write_model
 from pagecache import cold_copy, resident_pages
-from pi2file import write_pi2
+from stream_files import TOKENS, ctx_for, files, run  # noqa: F401 (files: the fixture)
 
 from pi2 import sparse
 from pi2.engine import CContext, CModel, stream_sizes
-from pi2.errors import EngineError, UnsupportedError, UsageError
+from pi2.errors import EngineError, UnsupportedError
 from pi2.model.loader import load_model
-
-TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64, 3, 99, 12, 250, 77, 5, 9, 1]
-
-
-def run(ctx) -> np.ndarray:
-    """A prompt batch of 6, 8 single tokens, a batch of 3, then 3 single tokens: logits of every token."""
-    out = [ctx.decode(TOKENS[:6], all_logits=True)]
-    out += [ctx.decode([t], all_logits=True) for t in TOKENS[6:14]]
-    out.append(ctx.decode(TOKENS[14:17], all_logits=True))
-    out += [ctx.decode([t], all_logits=True) for t in TOKENS[17:]]
-    return np.concatenate(out)
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("stream")
-    q8 = write_model(d / "q8.gguf", wtype="Q8_0", n_ff=320, n_embd=64)      # 5 groups of 64
-    odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)
-    return {"plain": q8, "q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
-            "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
-            "i8": write_pi2(odd, d / "i8.pi2.gguf", down_type="I8", default_keep=0.5),
-            "gud": write_pi2(q8, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
-
-
-def ctx_for(path, keep, threads, stream=None):
-    m = load_model(path)
-    c = CContext(CModel.from_model(m), 64, threads)
-    c.set_ffn(sparse.choose_rule(m, keep))
-    if stream:
-        c.set_stream(**stream)
-    return c
 
 
 @pytest.mark.parametrize("name", ["q8", "f16", "i8"])
@@ -186,93 +154,6 @@ def test_failed_read_is_an_error(files, tmp_path):
             c.decode([t])
 
 
-# ---- the planner and the CLI flags ----
-
-def test_parse_size():
-    from pi2.errors import UsageError
-    from pi2.plan.budget import parse_size
-    assert parse_size("500M") == 500 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("64k") == 65536
-    assert parse_size("800MiB") == 800 << 20 and parse_size("4096") == 4096
-    for bad in ("", "abc", "5X", "-1M", "0"):
-        with pytest.raises(UsageError):
-            parse_size(bad)
-
-
-def test_plan_split(files):
-    from pi2.errors import UsageError
-    from pi2.plan.budget import make_plan
-    m = load_model(files["q8"])
-    cm = CModel.from_model(m)
-    kw = dict(io="pread", cluster=64, runtime=50 << 20)
-    small = make_plan(m, cm, 1 << 40, 64, 1, **kw)
-    with pytest.raises(UsageError, match="below the minimum of"):
-        make_plan(m, cm, small.floor - 4096, 64, 1, **kw)
-    bb = stream_sizes(cm, 64)["bundle_bytes"]
-    tight = make_plan(m, cm, small.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)   # three clusters hot
-    assert tight.n_hot == [128, 64]
-    assert tight.n_slots == tight.min_slots and 0 < sum(tight.n_hot) < m.config.n_ff * m.config.n_layer
-    assert all(h % 64 == 0 for h in tight.n_hot)
-    assert tight.floor + tight.hot_bytes + (tight.n_slots - tight.min_slots) * tight.slot_bytes <= tight.budget
-    assert sum(small.n_hot) == m.config.n_ff * m.config.n_layer       # everything fits: all hot, no extra slots
-    assert small.n_slots == small.min_slots
-    # the split streams bit-identically
-    want = run(ctx_for(files["q8"], 0.5, 1))
-    assert np.array_equal(run(ctx_for(files["q8"], 0.5, 2, tight.stream_args())), want)
-
-
-def test_cli_budget(files):
-    from clirun import cli
-    from pi2.plan.budget import make_plan
-    path = str(files["q8"])
-    base = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64")
-    assert base.code == 0, base.err
-    low = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "-c", "64", "--memory-budget", "1M")
-    assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
-    m = load_model(files["q8"])
-    need = make_plan(m, CModel.from_model(m), 1 << 40, 64, 1).floor
-    budget = f"{(need >> 20) + 40}M"
-    res = cli("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--memory-budget", budget,
-              "--io", "pread", "--verbose")
-    assert res.code == 0, res.err
-    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
-    assert "pi2: cache: hit rate" in res.err
-    bad = cli("run", path, "-p", "hello", "-n", "2", "--memory-budget", budget, "--io", "floppy")
-    assert bad.code != 0 and "--io must be one of" in bad.err
-    plan = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "--io", "pread")
-    assert plan.code == 0 and "hot prefix" in plan.out and "cold cache" in plan.out, plan.err
-    assert "flash per token" in plan.out and "predicted" in plan.out
-    plain = cli("run", str(files["plain"]), "-p", "hello", "-n", "2", "-c", "64", "--memory-budget", "1M")
-    assert plain.code == 0 and "not enforced" in plain.err and "pi2 convert" in plain.err, plain.err
-    gud = cli("plan", "-m", str(files["gud"]), "--memory-budget", "1G")
-    assert gud.code != 0 and "bundle-ud" in gud.err
-    b = cli("bench", path, "-p", "4", "-n", "4", "-r", "1", "-o", "json", "--memory-budget", budget, "--io", "pread",
-            timeout=120)
-    assert b.code == 0, b.err
-    recs = json.loads(b.out)
-    tg = [r for r in recs if r["n_gen"] == 4][0]
-    assert 0 <= tg["pi2_cache_hit_rate"] <= 1 and tg["pi2_flash_bytes_per_token"] >= 0
-    assert 0 <= tg["pi2_io_wait_share"] <= 1 and "pi2_read_mbps" in tg
-
-
-def test_plan_flash_bytes_follow_the_hot_prefix(files):
-    """Expected flash bytes per token: every cold cluster with an active neuron (by ffn_freq) read once; none when
-    all is hot; fewer as the hot prefix grows."""
-    from pi2.plan.budget import make_plan
-    m = load_model(files["q8"])
-    cm = CModel.from_model(m)
-    kw = dict(io="pread", cluster=64, runtime=50 << 20)
-    base = make_plan(m, cm, 1 << 40, 64, 1, **kw)
-    assert sum(base.n_hot) == m.config.n_ff * m.config.n_layer and base.flash_bytes == 0
-    bb = stream_sizes(cm, 64)["bundle_bytes"]
-    none = make_plan(m, cm, base.floor + 100, 64, 1, **kw)
-    some = make_plan(m, cm, base.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)
-    assert sum(none.n_hot) == 0 and none.flash_bytes > some.flash_bytes > 0
-    freq = [np.asarray(m.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1)
-            for il in range(m.config.n_layer)]
-    p_need = sum(1 - np.prod(1 - f[c * 64:(c + 1) * 64].astype(np.float64)) for f in freq for c in range(5))
-    assert none.flash_bytes == int(p_need * min(none.slot_bytes, 64 * bb + 4096))
-
-
 def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     """A streamed context reads its bundles with O_DIRECT and never through the mapping: after decoding, the pages
     wholly inside the bundle regions are not in the page cache (the mapped run puts them there)."""
@@ -290,121 +171,3 @@ def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     d.set_ffn(sparse.choose_rule(m, 1.0))
     d.decode(TOKENS[:4])
     assert sum(resident_pages(p, s, e) for s, e in ranges) > 0
-
-
-def test_plan_cluster_from_device_profile(files, tmp_path, monkeypatch):
-    """With no cluster given, the planner takes the cluster whose expected reads finish first on the device profile:
-    a device much faster at big reads gets 64-neuron clusters; one as fast at every size the plan reading the fewest
-    bytes; no profile: cluster_for's rule. An explicit cluster is kept."""
-    from pi2.plan import profile
-    from pi2.plan.budget import cluster_for, make_plan
-    m = load_model(files["q8"])
-    cm = CModel.from_model(m)
-    monkeypatch.setattr(profile, "default_cache_dir", lambda: tmp_path)
-    kw = dict(io="pread", runtime=50 << 20)
-    floor = max(make_plan(m, cm, 1 << 40, 64, 1, cluster=c, **kw).floor for c in (8, 16, 32, 64))
-    budget = floor + 8192 * 2 + 100                    # nothing hot: every active cluster is read
-    assert make_plan(m, cm, budget, 64, 1, **kw).cluster == cluster_for(stream_sizes(cm, 64)["bundle_bytes"])
-
-    def write(mbps_of_block):
-        f = profile.cache_file(files["q8"])
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps({"backend": "pread", "points": [
-            {"block": b, "qd": 32, "mb_s": mbps_of_block(b)} for b in (4096, 8192, 16384, 32768, 65536, 131072)]}))
-
-    write(lambda b: b / 64.0)                           # throughput grows with the read size
-    fast = make_plan(m, cm, budget, 64, 1, **kw)
-    assert fast.cluster == 64 and fast.read_mbps > make_plan(m, cm, budget, 64, 1, cluster=8, **kw).read_mbps
-    write(lambda b: 500.0)                              # flat: the fewest expected bytes win
-    flat = make_plan(m, cm, budget, 64, 1, **kw)
-    each = [make_plan(m, cm, budget, 64, 1, cluster=c, **kw) for c in (8, 16, 32, 64)]
-    assert flat.read_seconds == min(p.read_seconds for p in each)
-    assert flat.flash_bytes == min(p.flash_bytes for p in each) < max(p.flash_bytes for p in each)
-    assert make_plan(m, cm, budget, 64, 1, cluster=16, **kw).cluster == 16
-
-
-def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypatch):
-    """Without --memory-budget a pi2 file larger than the memory the process may use streams within that limit
-    (same tokens as the mapped run); a plain GGUF that does not fit runs from its mapping and suggests pi2 convert;
-    files that fit run mapped with nothing said; a limit below the floor is refused with the minimum."""
-    from clirun import cli
-    from pi2 import devices
-    from pi2.plan.budget import make_plan
-    src = write_model(tmp_path / "big.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
-    path = str(write_pi2(src, tmp_path / "big.pi2.gguf", down_type="Q8_0", default_keep=0.5))
-    args = ("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread", "--verbose")
-    base = cli(*args)
-    assert base.code == 0 and "may use" not in base.err and "pi2: cache:" not in base.err, base.err
-    m = load_model(path)
-    limit = make_plan(m, CModel.from_model(m), 1 << 40, 64, 1).floor + (4 << 20)   # 5 of 6 layers' bundles short
-    monkeypatch.setattr(devices, "memory_limit", lambda: limit)
-    res = cli(*args)
-    assert res.code == 0, res.err
-    assert f"may use {limit / 2**20:.1f} MiB: its FFN streams" in res.err and "pi2: cache: hit rate" in res.err
-    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
-    plain = cli("run", str(src), "-p", "hello", "-n", "2", "-c", "64")
-    assert plain.code == 0 and "runs from its mapping" in plain.err and "pi2 convert" in plain.err, plain.err
-    monkeypatch.setattr(devices, "memory_limit", lambda: 1 << 20)
-    low = cli(*args)
-    assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
-
-
-def test_memory_limit_reads_meminfo_and_cgroup(monkeypatch):
-    from pi2 import devices
-    monkeypatch.setattr(devices, "cgroup_limit", lambda: None)
-    meminfo = "MemTotal:       1000000 kB\nMemAvailable:    500000 kB\n"
-    free = devices.memory_limit(meminfo)
-    assert free >= 500000 * 1024 and free < 500000 * 1024 + (8 << 30)   # + this process's RSS
-    monkeypatch.setattr(devices, "cgroup_limit", lambda: 300 << 20)
-    assert devices.memory_limit(meminfo) == 300 << 20
-    assert devices.memory_limit("nothing here\n") is None
-
-
-def test_plan_early_reads(files):
-    """The plan reads before attention the leading cold clusters whose chance of being needed is >= EARLY_P (at
-    most a queue's worth per layer), passes them to the cache, and none when the gate rows stream."""
-    from pi2.plan.budget import EARLY_P, make_plan
-    m = load_model(files["q8"])
-    cm = CModel.from_model(m)
-    base = make_plan(m, cm, 1 << 40, 64, 1, io="pread", cluster=8, runtime=50 << 20)
-    p = make_plan(m, cm, base.floor + 100, 64, 1, io="pread", cluster=8, runtime=50 << 20)
-    n_cl = m.config.n_ff // 8
-    for il, e in enumerate(p.n_early):
-        f = np.asarray(m.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).reshape(-1).astype(np.float64)
-        need = 1 - np.prod(1 - f.reshape(n_cl, 8), axis=1)
-        h = p.n_hot[il] // 8
-        assert 0 <= e <= min(p.queue_depth, n_cl - h)
-        assert np.all(need[h:h + e] >= EARLY_P) and (e == min(p.queue_depth, n_cl - h) or need[h + e] < EARLY_P)
-    assert p.stream_args()["n_early"] == p.n_early
-    assert sum(base.n_early) == 0                     # all hot: nothing to read
-
-
-def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
-    """A budget below the floor with the gate rows mapped streams them too, read whole each token (any rule): the
-    plan says so, the tokens equal the mapped run's, and the refusal below that gives the lower minimum."""
-    from clirun import cli
-    from pi2.plan.budget import make_plan
-    src = write_model(tmp_path / "g.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
-    path = write_pi2(src, tmp_path / "g.pi2.gguf", down_type="Q8_0", default_keep=0.5)
-    m = load_model(path)
-    cm = CModel.from_model(m)
-    kw = dict(io="pread", cluster=64, runtime=50 << 20)
-    mapped = make_plan(m, cm, 1 << 40, 64, 1, **kw)
-    assert not mapped.gate_whole and "n_gate_hot" not in mapped.stream_args()
-    p = make_plan(m, cm, mapped.floor - 4096, 64, 1, **kw)
-    assert p.gate_whole and not p.gate and p.floor < mapped.floor and p.floor_mapped_gate == mapped.floor
-    assert p.fixed < mapped.fixed and p.gate_flash_bytes == p.gate_bytes > 0
-    args = p.stream_args()
-    assert args["stream_gate"] and args["n_gate_hot"] == [0] * m.config.n_layer and "n_early" not in args
-    assert any("read whole each token" in line for line in p.lines())
-    want = run(ctx_for(path, 0.5, 1))
-    assert np.array_equal(run(ctx_for(path, 0.5, 2, args)), want)
-    with pytest.raises(UsageError, match=f"minimum of {p.floor / 2**20:.1f} MiB"):
-        make_plan(m, cm, p.floor - 4096, 64, 1, **kw)
-    base = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64")
-    need = make_plan(m, cm, 1 << 40, 64, 1, io="pread").floor
-    res = cli("run", str(path), "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread",
-              "--memory-budget", f"{(need >> 20) - 2}M", "--verbose")
-    assert res.code == 0 and "gate rows read whole each token" in res.err, res.err
-    assert "read whole (prompt batches, gate rows), 100% of them submitted before their FFN" in res.err, res.err
-    assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]

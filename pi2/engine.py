@@ -5,6 +5,8 @@ numpy wrappers over the C kernels (dequantize, quantize_act, matvec) for tests a
 the C forward pass: CModel (a model's hyper-parameters and tensor descriptors handed to C) and
 CContext (KV cache and threads; the interface of reference.ReferenceContext).
 Does not: loop over weights in Python or decide anything about models; the NNAPI handles are in engine_nnapi.py.
+Over 400 lines on purpose: it is the one module that touches pi2._pi2, so the ABI check and every cffi
+conversion of model, context, stream and statistics live together.
 """
 from __future__ import annotations
 

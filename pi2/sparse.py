@@ -8,6 +8,7 @@ bundles), and the count of FFN weight bytes each token touches.
 The FFN over active neurons is llama.cpp's dense FFN with the inactive neurons' h = act(gate)·up set to 0
 (gate and up rows are the same quantized dot products); with every neuron active it is the dense FFN bit
 for bit. Down stored as rows (PowerInfer, pi2) is the axpy y = Σ_i h_i·down_row_i in float32.
+One module on purpose: it is the specification csrc/ffn_*.c are tested against, rules and FFN read together.
 """
 from __future__ import annotations
 

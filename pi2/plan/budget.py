@@ -12,7 +12,9 @@ being read per token per byte it holds, i.e. the mean frequency of its neurons: 
 predicted frequency for gate rows (ffn_freq scaled, capped at 1, to the layer's predicted share: the keep at which
 the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L − m_L); clusters are taken in
 descending worth while they fit, each kind's choice staying a prefix per layer.
-Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py measures the device).
+Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py measures the device and
+reads its throughput back). Over 400 lines on purpose: the floor, the split and the fallbacks below the floor
+(gate rows streamed whole, cluster sizes) fill one Plan and are read as one rule.
 """
 from __future__ import annotations
 
@@ -341,6 +343,7 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
     npu = npu if npu is not None and npu.use else None
     from pi2.engine import stream_sizes
+    from pi2.plan.profile import cached_throughput
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
     gate = rule is not None and rule.rule == "predicted"
@@ -409,26 +412,8 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     elif gate_whole:   # every token reads every layer's gate region
         p.gate_flash_bytes = p.gate_bytes
         p.flash_bytes += p.gate_flash_bytes
-    p.read_mbps, p.profile_note = _profile_mbps(model.path, p.slot_bytes, p.queue_depth)
+    p.read_mbps, p.profile_note = cached_throughput(model.path, p.slot_bytes, p.queue_depth)
     n_cold = sum(n_cl - h - (npu.n_hot[il] // cluster if npu else 0) for il, h in enumerate(hot_cl))
     if left > p.slot_bytes:                        # what the hot prefixes left over: more cold slots, as many as
         p.n_slots = max(p.min_slots, min(p.n_slots + int(left // p.slot_bytes), n_cold))   # there are cold clusters
     return p
-
-
-def _profile_mbps(path, block: int, qd: int) -> tuple:
-    """(MB/s, note) from the cached device profile of path's device (pi2 profile-io), at the measured block size
-    nearest `block` and the measured queue depth nearest `qd`; (None, why) when there is none."""
-    import json
-    from pi2.plan.profile import cache_file
-    try:
-        prof = json.loads(cache_file(path).read_text())
-        points = [p for p in prof["points"] if p.get("mb_s")]
-    except (OSError, ValueError, KeyError, TypeError, UsageError):
-        return None, "run pi2 profile-io MODEL to measure this device"
-    if not points:
-        return None, "the device profile has no measured points"
-    b = min({p["block"] for p in points}, key=lambda x: abs(np.log2(x / block)))
-    q = min({p["qd"] for p in points if p["block"] == b}, key=lambda x: abs(x - qd))
-    mbps = next(p["mb_s"] for p in points if p["block"] == b and p["qd"] == q)
-    return float(mbps), f"device profile, {b // 1024} KiB reads at qd {q}, {prof.get('backend', '?')}"

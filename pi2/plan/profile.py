@@ -2,7 +2,8 @@
 on a given file (the model), measured once per device and file system and cached as JSON.
 
 Owns: the grid (block sizes, queue depths), the cache location and key
-(<cache>/devices/dev<major>-<minor>-fs<fsid>.json), reuse versus `--refresh`, and the table text.
+(<cache>/devices/dev<major>-<minor>-fs<fsid>.json), reuse versus `--refresh`, the table text, and the cached
+throughput nearest a read size and queue depth (the planner's).
 Does not: time reads (pi2_io_bench in C runs every timed loop) or pick a plan from the numbers.
 The page cache never serves a measured read: O_DIRECT when the file system allows it, else each range
 read is dropped (posix_fadvise DONTNEED) and the whole file is dropped before every point.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 from pathlib import Path
 
@@ -133,3 +135,19 @@ def format_table(prof: dict, cache: Path | None = None, reused: bool = False) ->
 def show(path: Path, *, refresh: bool, io: str, as_json: bool, cache_dir: str | None, seconds: float) -> None:
     prof, reused = load_or_measure(path, refresh=refresh, io=io, cache_dir=cache_dir, seconds=seconds)
     print(json.dumps(prof, indent=1) if as_json else format_table(prof, cache_file(path, cache_dir), reused))
+
+
+def cached_throughput(path, block: int, qd: int) -> tuple:
+    """(MB/s, note) from the cached device profile of path's device (pi2 profile-io), at the measured block size
+    nearest `block` and the measured queue depth nearest `qd`; (None, why) when there is none."""
+    try:
+        prof = json.loads(cache_file(path).read_text())
+        points = [p for p in prof["points"] if p.get("mb_s")]
+    except (OSError, ValueError, KeyError, TypeError, UsageError):
+        return None, "run pi2 profile-io MODEL to measure this device"
+    if not points:
+        return None, "the device profile has no measured points"
+    b = min({p["block"] for p in points}, key=lambda x: abs(math.log2(x / block)))
+    q = min({p["qd"] for p in points if p["block"] == b}, key=lambda x: abs(x - qd))
+    mbps = next(p["mb_s"] for p in points if p["block"] == b and p["qd"] == q)
+    return float(mbps), f"device profile, {b // 1024} KiB reads at qd {q}, {prof.get('backend', '?')}"

@@ -1,4 +1,5 @@
 /* kernel_selftest.c — checks every kernel of the C core against the scalar reference (kernels/ref.c)
+ * (one file on purpose: one compiler command builds it natively and for aarch64 under qemu)
  * and plain double-precision math, without Python: built natively (gcc, and clang when present) and
  * cross-compiled for aarch64 under qemu by scripts/test_aarch64.sh.
  * Does: at the sizes 1, 7, 31, 32, 33, 255, 256, 4096+32 (values for F32/F16/BF16 rows and the ops;

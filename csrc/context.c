@@ -1,16 +1,17 @@
-/* context.c — pi2_ctx_init / free / reset, parameters, abort flag, trace hook, and switching a context
- * to streamed FFN bundles and gate rows (the neuron cache itself is cache.c).
- * Does: size and allocate the KV cache and every scratch buffer once (decode never allocates);
- *       start the thread pool.
+/* context.c — pi2_ctx_init / free / reset / query, parameters, abort flag, trace hook, the sparse FFN's buffers,
+ * switching a context to streamed FFN bundles and gate rows (the read pipeline, csrc/pipeline/), and statistics.
+ * Does: list every buffer of a context with its size once (ctx_buffers, ffn_buffers): pi2_ctx_init allocates them
+ *       (decode never allocates), pi2_ctx_query adds them up for the planner; start the thread pool.
  * Does not: compute (forward.c). */
 #include "context.h"
-#include "cache.h"
-#include "ffn_predict.h"
-#include "ffn_pwri.h"
+
+#include "ffn/predicted.h"
+#include "ffn/pwri.h"
 #include "internal.h"
-#include "npu.h"
-#include "npu_ffn.h"
+#include "nnapi/batches.h"
+#include "nnapi/hot_ffn.h"
 #include "ops.h"
+#include "pipeline/pipeline.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -36,53 +37,121 @@ static size_t matmul_scratch(const pi2_model *m, int32_t n_tok, int32_t impl) {
     return need;
 }
 
-static void *alloc(size_t n_elems, size_t size, int *ok) {
-    void *p = calloc(n_elems ? n_elems : 1, size);
-    if (!p) *ok = 0;
-    return p;
+typedef struct {
+    void **ptr;      /* the context's field */
+    size_t bytes;
+} ctx_buffer;
+
+enum { N_CTX_BUFFERS = 16, N_FFN_BUFFERS = 8 };
+
+/* Every buffer pi2_ctx_init allocates for params p (n_batch already capped at n_ctx); [0] and [1]: the KV cache. */
+static void ctx_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p, ctx_buffer *out) {
+    const pi2_model_params *hp = &m->hp;
+    const size_t B = (size_t)p->n_batch, T = (size_t)p->n_threads, L = (size_t)hp->n_layer, C = (size_t)p->n_ctx;
+    const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
+    const size_t f = sizeof(float);
+    const ctx_buffer list[N_CTX_BUFFERS] = {
+        {(void **)&c->k_cache, L * C * kd * f}, {(void **)&c->v_cache, L * C * vd * f},
+        {(void **)&c->x, B * hp->n_embd * f}, {(void **)&c->xn, B * hp->n_embd * f},
+        {(void **)&c->q, B * hp->n_head * hp->head_dim * f}, {(void **)&c->k, B * kd * f}, {(void **)&c->v, B * vd * f},
+        {(void **)&c->att, B * hp->n_head * hp->head_dim_v * f}, {(void **)&c->o, B * hp->n_embd * f},
+        {(void **)&c->gate, B * hp->n_ff * f}, {(void **)&c->up, B * hp->n_ff * f},
+        {(void **)&c->rope, 2 * B * hp->n_rot * f}, {(void **)&c->scores, T * C * f},
+        {(void **)&c->qf, T * hp->head_dim * f},
+        {(void **)&c->acc, T * (size_t)pi2_attn_acc_floats(hp->head_dim, hp->head_dim_v) * f},
+        {(void **)&c->mm.xq, matmul_scratch(m, (int32_t)B, p->impl)}};
+    memcpy(out, list, sizeof list);
+}
+
+/* The sparse FFN's buffers (pi2_ctx_set_ffn; every context of a model with down rows has them). */
+static void ffn_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p, ctx_buffer *out) {
+    const pi2_model_params *hp = &m->hp;
+    const size_t B = (size_t)p->n_batch, F = (size_t)hp->n_ff, L = (size_t)hp->n_layer;
+    const size_t G = F / PI2_FFN_GROUP + 1;
+    size_t xq = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const pi2_weight *up = &m->layers[il].up;
+        const pi2_type_traits *a = pi2_traits(pi2_traits(up->type, p->impl)->vec_dot_type, p->impl);
+        const size_t rb = (size_t)(up->n_in / a->block_size) * (size_t)a->type_size;
+        if (rb > xq) xq = rb;
+    }
+    const ctx_buffer list[N_FFN_BUFFERS] = {
+        {(void **)&c->ffn_thresholds, L * sizeof(float)}, {(void **)&c->ffn_score, B * F * sizeof(float)},
+        {(void **)&c->ffn_idx, B * F * sizeof(int32_t)}, {(void **)&c->ffn_n_active, B * sizeof(int32_t)},
+        {(void **)&c->ffn_xq, B * xq}, {(void **)&c->ffn_active, L * sizeof(int64_t)},
+        {(void **)&c->ffn_group_start, (G + 1) * sizeof(int32_t)},
+        {(void **)&c->ffn_part, m->layers[0].down_rows.data ? G * (size_t)hp->n_embd * sizeof(float) : 0}};
+    memcpy(out, list, sizeof list);
+}
+
+/* Allocate n buffers (zeroed; ffn_part of a model without down rows stays NULL); 0 and every field NULL again when
+ * one fails. */
+static int allocate(const pi2_ctx *c, ctx_buffer *list, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        const int none = list[i].ptr == (void **)&c->ffn_part && !list[i].bytes;
+        *list[i].ptr = none ? NULL : calloc(list[i].bytes ? list[i].bytes : 1, 1);
+        if (!none && !*list[i].ptr) {
+            for (int32_t k = 0; k <= i; k++) {
+                free(*list[k].ptr);
+                *list[k].ptr = NULL;
+            }
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static pi2_status check_params(const pi2_ctx_params *p) {
+    if (p->n_ctx < 1 || p->n_ctx > (1 << 24) || p->n_batch < 1 || p->n_batch > 65536 || p->impl < PI2_IMPL_AUTO ||
+        p->impl > PI2_IMPL_BASE)
+        return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d", (int)p->n_ctx,
+                             (int)p->n_batch, (int)p->impl);
+    return PI2_OK;
+}
+
+pi2_status pi2_ctx_query(const pi2_model *m, const pi2_ctx_params *params, pi2_ctx_sizes *out) {
+    if (!m || !params || !out || !out->size) return pi2_set_error(PI2_ERR_INVALID, "NULL model, params or output");
+    pi2_ctx_params p = *params;
+    const pi2_status s = check_params(&p);
+    if (s) return s;
+    if (p.n_threads < 1) return pi2_set_error(PI2_ERR_INVALID, "%d threads", (int)p.n_threads);
+    p.n_batch = p.n_batch < p.n_ctx ? p.n_batch : p.n_ctx;
+    pi2_ctx dummy;
+    ctx_buffer list[N_CTX_BUFFERS + N_FFN_BUFFERS];
+    ctx_buffers(&dummy, m, &p, list);
+    const int32_t n = m->layers[0].down_rows.data ? N_CTX_BUFFERS + N_FFN_BUFFERS : N_CTX_BUFFERS;
+    if (n > N_CTX_BUFFERS) ffn_buffers(&dummy, m, &p, list + N_CTX_BUFFERS);
+    pi2_ctx_sizes sizes = {.kv_bytes = (int64_t)(list[0].bytes + list[1].bytes)};
+    for (int32_t i = 2; i < n; i++) sizes.scratch_bytes += (int64_t)list[i].bytes;
+    sizes.size = out->size < sizeof sizes ? out->size : (uint32_t)sizeof sizes;
+    memcpy(out, &sizes, sizes.size);
+    return PI2_OK;
 }
 
 pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **out) {
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
     *out = NULL;
     if (!m || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL model or params");
-    const pi2_ctx_params p = *params;
-    if (p.n_ctx < 1 || p.n_ctx > (1 << 24) || p.n_batch < 1 || p.n_batch > 65536 ||
-        p.impl < PI2_IMPL_AUTO || p.impl > PI2_IMPL_BASE)
-        return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d",
-                             (int)p.n_ctx, (int)p.n_batch, (int)p.impl);
+    pi2_status s = check_params(params);
+    if (s) return s;
     pi2_ctx *c = calloc(1, sizeof *c);
     if (!c) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context");
     c->m = m;
-    c->p = p;
-    c->p.n_batch = p.n_batch < p.n_ctx ? p.n_batch : p.n_ctx;
-    pi2_status s = pi2_pool_create(p.n_threads, &c->pool);
-    if (s) { free(c); return s; }
-    const pi2_model_params *hp = &m->hp;
-    const size_t B = (size_t)c->p.n_batch, T = (size_t)p.n_threads, L = (size_t)hp->n_layer, C = (size_t)p.n_ctx;
-    const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
-    int ok = 1;
-    c->k_cache = alloc(L * C * kd, sizeof(float), &ok);
-    c->v_cache = alloc(L * C * vd, sizeof(float), &ok);
-    c->x = alloc(B * hp->n_embd, sizeof(float), &ok);
-    c->xn = alloc(B * hp->n_embd, sizeof(float), &ok);
-    c->q = alloc(B * hp->n_head * hp->head_dim, sizeof(float), &ok);
-    c->k = alloc(B * kd, sizeof(float), &ok);
-    c->v = alloc(B * vd, sizeof(float), &ok);
-    c->att = alloc(B * hp->n_head * hp->head_dim_v, sizeof(float), &ok);
-    c->o = alloc(B * hp->n_embd, sizeof(float), &ok);
-    c->gate = alloc(B * hp->n_ff, sizeof(float), &ok);
-    c->up = alloc(B * hp->n_ff, sizeof(float), &ok);
-    c->rope = alloc(2 * B * hp->n_rot, sizeof(float), &ok);
-    c->scores = alloc(T * C, sizeof(float), &ok);
-    c->qf = alloc(T * hp->head_dim, sizeof(float), &ok);
-    c->acc = alloc(T * pi2_attn_acc_floats(hp->head_dim, hp->head_dim_v), sizeof(float), &ok);
-    c->mm = (pi2_matmul_env){.pool = c->pool, .impl = p.impl, .xq = alloc(matmul_scratch(m, (int32_t)B, p.impl), 1, &ok)};
-    if (!ok) {
-        pi2_ctx_free(c);
-        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context of %d positions", (int)p.n_ctx);
+    c->p = *params;
+    c->p.n_batch = c->p.n_batch < c->p.n_ctx ? c->p.n_batch : c->p.n_ctx;
+    if ((s = pi2_pool_create(c->p.n_threads, &c->pool))) {
+        free(c);
+        return s;
     }
-    c->embd = pi2_traits(m->token_embd.type, p.impl);
+    ctx_buffer list[N_CTX_BUFFERS];
+    ctx_buffers(c, m, &c->p, list);
+    if (!allocate(c, list, N_CTX_BUFFERS)) {
+        pi2_ctx_free(c);
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context of %d positions", (int)c->p.n_ctx);
+    }
+    c->mm.pool = c->pool;
+    c->mm.impl = c->p.impl;
+    c->embd = pi2_traits(m->token_embd.type, c->p.impl);
     c->ffn.rule = PI2_FFN_DENSE;
     if (m->layers[0].down_rows.data && (s = pi2_ctx_set_ffn(c, &c->ffn))) {   /* FFN_DOWN_ROWS needs the buffers */
         pi2_ctx_free(c);
@@ -94,18 +163,17 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
 
 void pi2_ctx_free(pi2_ctx *c) {
     if (!c) return;
-    pi2_npu_free(c->mm.npu);
-    pi2_npu_ffn_free(c->npu_ffn);
-    pi2_cache_free(c->cache);
+    pi2_nnapi_batches_free(c->mm.npu);
+    pi2_nnapi_hot_free(c->nnapi_hot);
+    pi2_pipeline_free(c->pipeline);
     pi2_ffn_pred_free(c->ffn_pred);
     pi2_ffn_pwri_free(c->ffn_pwri);
-    free(c->ffn_ready);
-    free(c->ffn_task_group);
     pi2_pool_free(c->pool);
-    void *bufs[] = {c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up,
-                    c->rope, c->scores, c->qf, c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx,
-                    c->ffn_n_active, c->ffn_xq, c->ffn_active, c->ffn_group_start, c->ffn_part};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    void *bufs[N_CTX_BUFFERS + N_FFN_BUFFERS] = {   /* ctx_buffers' and ffn_buffers' fields (the model may be gone) */
+        c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up, c->rope, c->scores, c->qf,
+        c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx, c->ffn_n_active, c->ffn_xq, c->ffn_active,
+        c->ffn_group_start, c->ffn_part};
+    for (int32_t i = 0; i < N_CTX_BUFFERS + N_FFN_BUFFERS; i++) free(bufs[i]);
     free(c);
 }
 
@@ -126,8 +194,8 @@ void pi2_set_trace(pi2_ctx *c, pi2_trace_fn fn, void *user) {
 pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
     if (!c || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL context or FFN parameters");
     const pi2_ffn_params p = *params;
-    const pi2_model_params *hp = &c->m->hp;
-    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_PREDICTOR)
+    const size_t L = (size_t)c->m->hp.n_layer;
+    if (p.rule < PI2_FFN_DENSE || p.rule > PI2_FFN_PWRI_PREDICTOR)
         return pi2_set_error(PI2_ERR_INVALID, "unknown FFN rule %d", (int)p.rule);
     if (p.rule == PI2_FFN_TOPK && !(p.keep > 0.0f && p.keep <= 1.0f))
         return pi2_set_error(PI2_ERR_INVALID, "keep %g is not a fraction in (0, 1]", (double)p.keep);
@@ -135,41 +203,14 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
         return pi2_set_error(PI2_ERR_INVALID, "the threshold rule needs one threshold per layer");
     if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
     pi2_status ps;
-    if (p.rule == PI2_FFN_PREDICTED && (ps = pi2_ffn_pred_set(c, &p))) return ps;
-    if (p.rule == PI2_FFN_PREDICTOR && (ps = pi2_ffn_pwri_set(c, &p))) return ps;
-    const size_t B = (size_t)c->p.n_batch, F = (size_t)hp->n_ff, L = (size_t)hp->n_layer;
+    if (p.rule == PI2_FFN_PREDICTED_GATE && (ps = pi2_ffn_pred_set(c, &p))) return ps;
+    if (p.rule == PI2_FFN_PWRI_PREDICTOR && (ps = pi2_ffn_pwri_set(c, &p))) return ps;
     if (!c->ffn_idx) {   /* sized once; the dense rule over FFN_DOWN_ROWS uses them too */
-        size_t xq = 0;
-        for (int32_t il = 0; il < hp->n_layer; il++) {
-            const pi2_weight *up = &c->m->layers[il].up;
-            const pi2_type_traits *a = pi2_traits(pi2_traits(up->type, c->p.impl)->vec_dot_type, c->p.impl);
-            const size_t rb = (size_t)(up->n_in / a->block_size) * (size_t)a->type_size;
-            if (rb > xq) xq = rb;
-        }
-        int ok = 1;
-        c->ffn_thresholds = alloc(L, sizeof(float), &ok);
-        c->ffn_score = alloc(B * F, sizeof(float), &ok);
-        c->ffn_idx = alloc(B * F, sizeof(int32_t), &ok);
-        c->ffn_n_active = alloc(B, sizeof(int32_t), &ok);
-        c->ffn_xq = alloc(B * xq, 1, &ok);
-        c->ffn_active = alloc(L, sizeof(int64_t), &ok);
-        const size_t G = F / PI2_FFN_GROUP + 1;
-        c->ffn_group_start = alloc(G + 1, sizeof(int32_t), &ok);
-        c->ffn_part = c->m->layers[0].down_rows.data ? alloc(G * (size_t)hp->n_embd, sizeof(float), &ok) : NULL;
-        if (!ok) {
-            void *bufs[] = {c->ffn_thresholds, c->ffn_score, c->ffn_idx, c->ffn_n_active, c->ffn_xq, c->ffn_active,
-                            c->ffn_group_start, c->ffn_part};
-            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-            c->ffn_thresholds = c->ffn_score = NULL;
-            c->ffn_idx = c->ffn_n_active = NULL;
-            c->ffn_xq = NULL;
-            c->ffn_active = NULL;
-            c->ffn_group_start = NULL;
-            c->ffn_part = NULL;
-            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the sparse FFN");
-        }
+        ctx_buffer list[N_FFN_BUFFERS];
+        ffn_buffers(c, c->m, &c->p, list);
+        if (!allocate(c, list, N_FFN_BUFFERS)) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the sparse FFN");
     }
-    if (p.rule == PI2_FFN_THRESHOLD || p.rule == PI2_FFN_PREDICTED || p.rule == PI2_FFN_PREDICTOR)
+    if (p.rule == PI2_FFN_THRESHOLD || p.rule == PI2_FFN_PREDICTED_GATE || p.rule == PI2_FFN_PWRI_PREDICTOR)
         memcpy(c->ffn_thresholds, p.thresholds, L * sizeof(float));
     c->ffn = p;
     c->ffn.thresholds = c->ffn_thresholds;
@@ -178,38 +219,38 @@ pi2_status pi2_ctx_set_ffn(pi2_ctx *c, const pi2_ffn_params *params) {
     return PI2_OK;
 }
 
-int64_t pi2_ctx_ffn_stats(const pi2_ctx *c, int64_t *active) {
-    if (active) {
-        for (int32_t il = 0; il < c->m->hp.n_layer; il++) active[il] = c->ffn_active ? c->ffn_active[il] : 0;
-    }
-    return c->ffn_tokens;
-}
-
 pi2_status pi2_ctx_set_stream(pi2_ctx *c, const pi2_stream_params *params) {
     if (!c) return pi2_set_error(PI2_ERR_INVALID, "NULL context");
     if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
-    pi2_cache_free(c->cache);
-    c->cache = NULL;
+    pi2_pipeline_free(c->pipeline);
+    c->pipeline = NULL;
     if (!params) return PI2_OK;
     if (!c->ffn_part) return pi2_set_error(PI2_ERR_UNSUPPORTED, "only files with FFN down rows can be streamed");
-    const size_t G = (size_t)c->m->hp.n_ff / PI2_FFN_GROUP + 1;
-    if (!c->ffn_ready) {
-        c->ffn_ready = calloc(G, 1);
-        c->ffn_task_group = calloc(G, sizeof(int32_t));
-        if (!c->ffn_ready || !c->ffn_task_group) {
-            free(c->ffn_ready);
-            free(c->ffn_task_group);
-            c->ffn_ready = NULL;
-            c->ffn_task_group = NULL;
-            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a streamed context");
-        }
-    }
-    return pi2_cache_create(c->m, params, &c->cache);
+    return pi2_pipeline_create(c->m, params, &c->pipeline);
 }
 
-pi2_status pi2_ctx_cache_stats(const pi2_ctx *c, pi2_cache_stats *out) {
-    if (!c || !out) return pi2_set_error(PI2_ERR_INVALID, "NULL context or output");
-    if (!c->cache) return pi2_set_error(PI2_ERR_INVALID, "the context does not stream its FFN bundles");
-    pi2_cache_get_stats(c->cache, out);
+pi2_status pi2_ctx_get_stats(const pi2_ctx *c, pi2_ctx_stats *out, pi2_cache_stats *cache) {
+    if (!c || (out && !out->size) || (cache && !cache->size))
+        return pi2_set_error(PI2_ERR_INVALID, "NULL context, or a statistics struct without its size");
+    if (cache && !c->pipeline) return pi2_set_error(PI2_ERR_INVALID, "the context does not stream its FFN bundles");
+    if (out) {
+        pi2_ctx_stats st = {.ffn_active = out->ffn_active, .ffn_predicted = out->ffn_predicted,
+                            .ffn_tokens = c->ffn_tokens, .nnapi_bytes = (int64_t)pi2_nnapi_batches_bytes(c),
+                            .hot_bytes = (int64_t)pi2_nnapi_hot_bytes(c)};
+        st.nnapi_runs = pi2_nnapi_batches_runs(c, &st.nnapi_fallbacks);
+        st.hot_runs = pi2_nnapi_hot_runs(c, &st.hot_fallbacks);
+        for (int32_t il = 0; il < c->m->hp.n_layer; il++) {
+            if (st.ffn_active) st.ffn_active[il] = c->ffn_active ? c->ffn_active[il] : 0;
+            if (st.ffn_predicted) st.ffn_predicted[il] = pi2_ffn_pred_count(c, il);
+        }
+        st.size = out->size < sizeof st ? out->size : (uint32_t)sizeof st;
+        memcpy(out, &st, st.size);
+    }
+    if (cache) {
+        pi2_cache_stats st;
+        pi2_pipeline_stats(c->pipeline, &st);
+        st.size = cache->size < sizeof st ? cache->size : (uint32_t)sizeof st;
+        memcpy(cache, &st, st.size);
+    }
     return PI2_OK;
 }

@@ -4,6 +4,7 @@
 #define PI2_CONTEXT_H
 #include <stdatomic.h>
 
+#include "internal.h"
 #include "matmul.h"
 #include "model.h"
 #include "threadpool.h"
@@ -33,7 +34,7 @@ struct pi2_ctx {
     float *scores;               /* [n_threads][n_ctx] attention weights */
     float *qf;                   /* [n_threads][head_dim] a query head rounded to F16 */
     float *acc;                  /* [n_threads][attention accumulators] (pi2_attn_acc_floats) */
-    /* the sparse FFN (ffn_sparse.c); buffers allocated by pi2_ctx_set_ffn */
+    /* the sparse FFN (ffn/sparse.c); buffers allocated by pi2_ctx_set_ffn */
     pi2_ffn_params ffn;          /* rule; ffn.thresholds points to ffn_thresholds */
     float *ffn_thresholds;       /* [n_layer] */
     float *ffn_score;            /* [B][n_ff] act(gate), the score of the rules */
@@ -42,14 +43,12 @@ struct pi2_ctx {
     uint8_t *ffn_xq;             /* [B][row of up's activation format] */
     int32_t *ffn_group_start;    /* [n_ff/GROUP + 2] one token's active list split by neuron group */
     float *ffn_part;             /* [n_ff/GROUP + 1][n_embd] one token's partial sums per group */
-    struct pi2_cache *cache;     /* the neuron cache when streamed (pi2_ctx_set_stream), else NULL */
-    uint8_t *ffn_ready;          /* [n_ff/GROUP + 1] streamed: group's clusters present before the reads */
-    int32_t *ffn_task_group;     /* [n_ff/GROUP + 1] streamed: the groups one pool run computes */
-    struct pi2_ffn_pred *ffn_pred; /* PI2_FFN_PREDICTED's parameters and buffers (ffn_predict.c), or NULL */
-    struct pi2_ffn_pwri *ffn_pwri; /* PI2_FFN_PREDICTOR's buffers (ffn_pwri.c), or NULL */
+    struct pi2_pipeline *pipeline; /* the read pipeline over the neuron cache when streamed (pi2_ctx_set_stream) */
+    struct pi2_ffn_pred *ffn_pred; /* PI2_FFN_PREDICTED_GATE's parameters and buffers (ffn/predicted.c), or NULL */
+    struct pi2_ffn_pwri *ffn_pwri; /* PI2_FFN_PWRI_PREDICTOR's buffers (ffn/pwri.c), or NULL */
     int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
     int64_t *ffn_active;         /* [n_layer] */
-    struct pi2_npu_ffn *npu_ffn; /* a single token's hot prefix on NNAPI (npu_ffn.c), or NULL: CPU only */
+    struct pi2_nnapi_hot *nnapi_hot; /* a single token's hot prefix on NNAPI (nnapi_hot.c), or NULL: CPU only */
 };
 
 #endif

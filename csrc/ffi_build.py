@@ -1,32 +1,41 @@
 # ffi_build.py — the cffi API-mode build of pi2's C core into the extension module pi2._pi2.
-# Reads csrc/pi2.h (minus preprocessor lines) as the cdef and compiles every C source directly.
+# The cdef is csrc/pi2.h (the API) and csrc/pi2_test.h (the test entry points), minus preprocessor lines and the
+# PI2_API marks; every C source is compiled directly with hidden visibility, so the module exports only the
+# functions pi2.h marks PI2_API (and Python's init). cffi checks the enum values and struct layouts against C.
 import os
-import re
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
-SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
-           "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c", "ffn_predict.c",
-           "ffn_pwri.c", "ffn_select.c", "ffn_groups.c", "kernels/lowbit.c", "cache.c", "cache_read.c", "cache_layer.c", "cache_pool.c",
-           "nnapi.c", "nnapi_graph.c", "npu.c", "npu_ffn.c",
+SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "ops.c", "threadpool.c", "matmul.c",
+           "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
+           "kernels/lowbit.c", "kernels/api.c",
+           "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c",
+           "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c",
+           "cache/cache.c", "cache/read.c", "cache/slots.c",
+           "nnapi/nnapi.c", "nnapi/graph.c", "nnapi/bench.c", "nnapi/batches.c", "nnapi/hot_ffn.c",
            "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c", "io/mmap.c", "io/bench.c", "io/probe.c"]
 
 
+HEADERS = ["pi2.h", "pi2_test.h"]
+
+
 def _cdef(header: str) -> str:
-    return "\n".join(line for line in header.splitlines() if not line.lstrip().startswith("#"))
+    lines = (line for line in header.splitlines() if not line.lstrip().startswith("#"))
+    return "\n".join(line.replace("PI2_API ", "") for line in lines)
 
 
 ffi = FFI()
-ffi.cdef(_cdef((HERE / "pi2.h").read_text()))
+ffi.cdef("\n".join(_cdef((HERE / h).read_text()) for h in HEADERS))
 ffi.set_source(
     "pi2._pi2",
-    '#include "pi2.h"',
+    "".join(f'#include "{h}"\n' for h in HEADERS),
     sources=[os.path.relpath(HERE / s) for s in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
-    extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-pthread"],
+    extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-pthread",
+                        "-fvisibility=hidden"],
     extra_link_args=["-pthread"],
     libraries=["m", "dl"],   # dl: nnapi.c opens libneuralnetworks.so at run time
 )

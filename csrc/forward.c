@@ -7,10 +7,11 @@
  * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
  *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
 #include "context.h"
-#include "ffn_predict.h"
-#include "ffn_sparse.h"
+#include "ffn/predicted.h"
+#include "ffn/sparse.h"
 #include "internal.h"
 #include "ops.h"
+#include "pipeline/pipeline.h"
 
 #include <math.h>
 
@@ -144,10 +145,12 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
             return PI2_ERR_ABORTED;
         }
         pi2_pool_mark(c->pool, n);   /* layers of a step are alike: the pool times them to choose sharing or not */
-        const pi2_status es = pi2_ffn_sparse_early(c, L, il, n);   /* streamed bundles: reads during attention */
-        if (es) {
-            pi2_pool_mark(c->pool, -1);
-            return es;
+        if (c->pipeline) {   /* streamed: the layer's read plan, and the reads that land during attention */
+            const pi2_status ps = pi2_pipeline_begin_layer(c->pipeline, il, n, pi2_ffn_unit_parts(c, L, n));
+            if (ps) {
+                pi2_pool_mark(c->pool, -1);
+                return ps;
+            }
         }
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */

@@ -27,7 +27,7 @@ typedef struct {
     int32_t impl;          /* pi2_impl */
     uint8_t *xq;           /* scratch for quantized activations (pi2_matmul_scratch bytes) */
     struct pi2_npu *npu;   /* the NNAPI delegate's prompt-batch graphs (npu.c), or NULL: CPU only */
-    /* npu's product (pi2_npu_matmul, set with npu so matmul.c links without the delegate): 0 when done */
+    /* npu's product (pi2_nnapi_batches_matmul, set with npu so matmul.c links without the delegate): 0 when done */
     int (*npu_matmul)(struct pi2_npu *npu, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
 } pi2_matmul_env;
 

@@ -182,14 +182,14 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
 
 static pi2_status map_file(pi2_model *m, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return pi2_set_error(PI2_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (fd < 0) return pi2_set_io_error(errno, path, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     pi2_status s = PI2_OK;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
-        s = pi2_set_error(PI2_ERR_IO, "%s is not a readable, non-empty regular file", path);
+        s = pi2_set_io_error(0, path, "%s is not a readable, non-empty regular file", path);
     } else {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) s = pi2_set_error(PI2_ERR_IO, "cannot map %s: %s", path, strerror(errno));
+        if (p == MAP_FAILED) s = pi2_set_io_error(errno, path, "cannot map %s: %s", path, strerror(errno));
         else { m->map = p; m->map_size = (size_t)st.st_size; }
     }
     close(fd);

@@ -1,34 +1,50 @@
-/* pi2.h — the one public header of pi2's C core; the only header Python binds (cffi API mode).
- * Owns: status codes, the ABI version, error reporting, the kernel entry points, the model, context
- *       and decode entry points, the sparse FFN, the NNAPI delegate, flash I/O and the neuron cache.
- * Long on purpose: the design keeps one public header, in sections, so Python binds one cdef.
- * Lines starting with '#' are stripped before ffi.cdef, so keep declarations free of macros. */
+/* pi2.h — the engine's API: the one header a program using pi2's C core includes, and the one pi2/engine binds.
+ * Owns: status codes and errors, the ABI version, kernel facts, the model, the context and its decode, the sparse
+ *       FFN rule, the streamed FFN (the neuron cache), the statistics, the NNAPI delegate and flash I/O.
+ * Shape: opaque handles, init/free pairs, params structs with a *_default_params() or documented zero defaults,
+ *       statistics structs whose first field is their size (the caller sets it; C fills only the fields that fit,
+ *       so a field added at the end is no ABI break). 29 functions; test entry points are in pi2_test.h.
+ * Only declarations marked PI2_API are exported from the built module (the rest is built with hidden visibility).
+ * Lines starting with '#' and the word PI2_API are stripped before ffi.cdef, so keep declarations free of other
+ * macros. Python reads every enum value below from the compiled module (cffi checks them against C). */
 #ifndef PI2_H
 #define PI2_H
-#include <stdint.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define PI2_API __attribute__((visibility("default")))
+#else
+#define PI2_API
+#endif
 
 typedef enum {
     PI2_OK = 0,
     PI2_ERR_INVALID = -1,     /* a bad argument */
-    PI2_ERR_IO = -2,          /* a read failed */
+    PI2_ERR_IO = -2,          /* a read failed (pi2_error.sys_errno and .path say which) */
     PI2_ERR_NOMEM = -3,       /* an allocation failed */
     PI2_ERR_FORMAT = -4,      /* malformed model data */
     PI2_ERR_UNSUPPORTED = -5, /* a type or feature this build does not support */
     PI2_ERR_ABORTED = -6      /* pi2_abort() stopped a decode */
 } pi2_status;
 
-/* Bumped whenever a declaration in this header changes; checked by pi2/engine.py at import. */
-uint32_t pi2_abi_version(void);
+/* Bumped whenever a declaration in this header changes; checked by pi2/engine at import. */
+PI2_API uint32_t pi2_abi_version(void);
 
-/* The message of the last error on this thread ("" when none). */
-const char *pi2_last_error(void);
+/* The last error on the calling thread. */
+typedef struct {
+    uint32_t size;            /* sizeof(pi2_error), set by the caller */
+    int32_t status;           /* its pi2_status (PI2_OK: none since the thread started) */
+    int32_t sys_errno;        /* PI2_ERR_IO: the errno of the failed call or read (ENODATA: the file ended first) */
+    const char *message;      /* one line; "" when none; valid until the thread's next error */
+    const char *path;         /* the file a PI2_ERR_IO is about, or "" */
+} pi2_error;
+PI2_API void pi2_last_error(pi2_error *out);
 
-/* ---- kernels: ggml block types, dequantization, activation quantization, matvec ----
- * Types are ggml type ids (formats.md §2). Known: F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7,
- * Q8_0 8, Q8_1 9, Q4_K 12, Q5_K 13, Q6_K 14, Q8_K 15, BF16 30 (Q8_1 and Q8_K are activation-only).
- * A row of n_cols values of a type takes n_cols / block_size * type_size bytes. */
-
+/* ---- kernels: ggml block types ----
+ * Types are ggml type ids (formats.md §2). Known: F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q8_1 9,
+ * Q4_K 12, Q5_K 13, Q6_K 14, Q8_K 15, BF16 30 (Q8_1 and Q8_K are activation-only). A row of n_cols values of a
+ * type takes n_cols / block_size * type_size bytes. */
 typedef enum {
     PI2_IMPL_AUTO = 0,   /* the fastest kernels this CPU supports */
     PI2_IMPL_REF = 1,    /* the scalar reference (kernels/ref.c) */
@@ -48,39 +64,31 @@ typedef struct {
     int32_t type_size;         /* bytes per block */
     int32_t vec_dot_type;      /* activation format rows of this type are multiplied with */
     int32_t has_vec_dot;       /* 1 for weight types pi2_matvec accepts, 0 for activation-only */
-    const char *vec_dot_impl;  /* kernel pi2_matvec uses for `impl`: "ref", "avx2", "avx512vnni",
-                                  "neon", "dotprod" (NULL when has_vec_dot is 0) */
+    const char *vec_dot_impl;  /* kernel pi2_matvec uses for `impl`: "ref", "avx2", "avx512vnni", "neon", "dotprod"
+                                  (NULL when has_vec_dot is 0) */
+    uint32_t isa;              /* bit set of PI2_ISA_* the PI2_IMPL_AUTO kernels use on this CPU (0: reference only) */
 } pi2_type_info;
 
-/* Bit set of PI2_ISA_* the PI2_IMPL_AUTO kernels use on this CPU (0: reference only). */
-uint32_t pi2_kernel_isa(void);
-
-/* Facts about ggml type `type` under implementation `impl` (a pi2_impl).
+/* Facts about ggml type `type` under implementation `impl` (a pi2_impl), and the CPU's kernels.
  * PI2_ERR_UNSUPPORTED: unknown type; PI2_ERR_INVALID: bad impl or NULL out. */
-pi2_status pi2_kernel_type_info(int32_t type, int32_t impl, pi2_type_info *out);
+PI2_API pi2_status pi2_kernel_info(int32_t type, int32_t impl, pi2_type_info *out);
 
-/* dst[r * n_cols + c] = value c of row r, for n_rows rows of `type` starting row_bytes apart in src
- * (row_bytes >= the row size; use the row size for contiguous data). Bit-exact with gguf.quants.
- * PI2_ERR_UNSUPPORTED: unknown type; PI2_ERR_INVALID: NULL pointer, n_cols <= 0 or not a multiple
- * of the block size, n_rows < 0, row_bytes too small, bad impl. */
-pi2_status pi2_dequantize_rows(int32_t type, const void *src, size_t row_bytes, float *dst,
-                               int64_t n_rows, int64_t n_cols, int32_t impl);
+/* out = the n floats of x in activation format `vdt` (F32, F16, BF16, Q8_0, Q8_1 or Q8_K), the bytes llama.cpp's
+ * x86 build writes, on every CPU (n / block_size * type_size of them).
+ * PI2_ERR_UNSUPPORTED: vdt is not an activation format; PI2_ERR_INVALID: as pi2_matvec. */
+PI2_API pi2_status pi2_quantize_act(int32_t vdt, const float *x, int64_t n, void *out);
 
-/* out = the n floats of x in activation format `vdt` (F32, F16, BF16, Q8_0, Q8_1 or Q8_K), the
- * bytes llama.cpp's x86 build writes, on every CPU (n / block_size * type_size of them).
- * PI2_ERR_UNSUPPORTED: vdt is not an activation format; PI2_ERR_INVALID: as above. */
-pi2_status pi2_quantize_act(int32_t vdt, const float *x, int64_t n, void *out);
+/* out[r] = row r of w (n_rows rows of `type`, row_bytes apart, n_cols values each) · x_q, where x_q holds n_cols
+ * values already in the type's vec_dot_type (pi2_quantize_act); the planner times it.
+ * PI2_ERR_UNSUPPORTED: unknown or activation-only type; PI2_ERR_INVALID: NULL pointer, n_cols <= 0 or not a
+ * multiple of the block size, n_rows < 0, row_bytes too small, bad impl. */
+PI2_API pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t n_cols,
+                              const void *x_q, float *out, int32_t impl);
 
-/* out[r] = row r of w (n_rows rows of `type`, row_bytes apart, n_cols values each) · x_q, where
- * x_q holds n_cols values already quantized to the type's vec_dot_type (pi2_quantize_act).
- * impl selects the kernels (pi2_impl). Errors as pi2_dequantize_rows; also activation-only type. */
-pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t n_cols,
-                      const void *x_q, float *out, int32_t impl);
-
-/* ---- models, contexts and the forward pass ----
- * Python reads the GGUF metadata and describes every tensor the forward pass uses with a flat
- * pi2_tensor_desc; C maps the file read-only and checks each descriptor (role, layer, type,
- * shape, offset, size) against the hyper-parameters and the file size before touching it. */
+/* ---- models ----
+ * Python reads the GGUF metadata and describes every tensor the forward pass uses with a flat pi2_tensor_desc;
+ * C maps the file read-only and checks each descriptor (role, layer, type, shape, offset, size) against the
+ * hyper-parameters and the file size before touching it. */
 
 /* PI2_ARCH_BAMBOO: PowerInfer's Bamboo / TurboSparse-Mistral, llama's forward pass with its own FFN activation */
 typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2, PI2_ARCH_BAMBOO = 3 } pi2_arch;
@@ -114,7 +122,7 @@ typedef enum {
                                       bundles, PowerInfer's ffn_down_t); a layer has this or FFN_DOWN */
     PI2_TENSOR_FFN_GATE_PRED = 21, /* [n_ff][n_embd] PI2_T_LOWBIT1/2: a pi2-made low-bit gate copy, optional */
     PI2_TENSOR_FFN_PRED_FC1 = 22,  /* [r][n_embd] a predictor's fc1, optional (with FC2): a pi2-made low-rank one
-                                      (PI2_PRED_LOWRANK) or PowerInfer's (PI2_FFN_PREDICTOR) */
+                                      (PI2_PRED_LOWRANK) or PowerInfer's (PI2_FFN_PWRI_PREDICTOR) */
     PI2_TENSOR_FFN_PRED_FC2 = 23,  /* [n_ff][r] its fc2 */
     PI2_TENSOR_FFN_DOWN_SCALE = 24,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
     PI2_TENSOR_FFN_DOWN_COLSCALE = 25, /* [n_embd] F32: column scales of those I8 rows (value = col·row·q) */
@@ -163,11 +171,12 @@ typedef struct pi2_ctx pi2_ctx;       /* KV cache, scratch buffers, thread pool 
  * PI2_ERR_IO: the file cannot be opened or mapped; PI2_ERR_FORMAT: a descriptor is out of range,
  * has the wrong shape or size, repeats or is missing; PI2_ERR_UNSUPPORTED: a type or arch pi2
  * cannot compute; PI2_ERR_INVALID: NULL arguments or bad hyper-parameters. */
-pi2_status pi2_model_load(const char *path, const pi2_model_params *params,
-                          const pi2_tensor_desc *tensors, int32_t n_tensors, pi2_model **out);
+PI2_API pi2_status pi2_model_load(const char *path, const pi2_model_params *params,
+                                  const pi2_tensor_desc *tensors, int32_t n_tensors, pi2_model **out);
 /* Unmap and free (NULL is fine). Free every context of the model first. */
-void pi2_model_free(pi2_model *model);
+PI2_API void pi2_model_free(pi2_model *model);
 
+/* ---- contexts and the forward pass ---- */
 typedef struct {
     int32_t n_ctx;      /* positions in the KV cache */
     int32_t n_batch;    /* tokens computed per step of a longer decode (scratch size) */
@@ -176,38 +185,41 @@ typedef struct {
 } pi2_ctx_params;
 
 /* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO. */
-pi2_ctx_params pi2_ctx_default_params(void);
+PI2_API pi2_ctx_params pi2_ctx_default_params(void);
+
+/* Bytes a context allocates (what pi2_ctx_init makes of the params; the planner budgets with it). */
+typedef struct {
+    uint32_t size;            /* sizeof(pi2_ctx_sizes), set by the caller */
+    int64_t kv_bytes;         /* the KV cache */
+    int64_t scratch_bytes;    /* every other buffer of pi2_ctx_init (a model with down rows: the sparse FFN's too) */
+} pi2_ctx_sizes;
+/* PI2_ERR_INVALID: NULL arguments or bad params (as pi2_ctx_init). */
+PI2_API pi2_status pi2_ctx_query(const pi2_model *model, const pi2_ctx_params *params, pi2_ctx_sizes *out);
 
 /* A context on `model` (which must outlive it). PI2_ERR_NOMEM, PI2_ERR_INVALID (bad params), or
  * an error starting threads (PI2_ERR_NOMEM). */
-pi2_status pi2_ctx_init(pi2_model *model, const pi2_ctx_params *params, pi2_ctx **out);
+PI2_API pi2_status pi2_ctx_init(pi2_model *model, const pi2_ctx_params *params, pi2_ctx **out);
 /* Stop the threads and free (NULL is fine). */
-void pi2_ctx_free(pi2_ctx *ctx);
+PI2_API void pi2_ctx_free(pi2_ctx *ctx);
 
 /* Evaluate n_tokens tokens after the n_past cached ones and advance n_past. logits receives
  * n_vocab floats of the last token, or n_tokens * n_vocab (row per token) when all_logits.
  * PI2_ERR_INVALID: bad token id, n_tokens < 1, the context would overflow n_ctx, or another decode
  * is running on this context (one decode at a time per context; any thread may call);
- * PI2_ERR_ABORTED: pi2_abort() was called during the decode; n_past is then unchanged. */
-pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, float *logits,
-                      int32_t all_logits);
+ * PI2_ERR_ABORTED: pi2_abort() was called during the decode; n_past is then unchanged;
+ * PI2_ERR_IO: a streamed context's read failed (n_past unchanged). */
+PI2_API pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, float *logits,
+                              int32_t all_logits);
 /* Forget the cache (n_past = 0). */
-void pi2_ctx_reset(pi2_ctx *ctx);
-int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
+PI2_API void pi2_ctx_reset(pi2_ctx *ctx);
+PI2_API int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
 /* Ask the running decode to stop at its next layer boundary (each decode clears the flag when it
  * starts). Safe from any thread or a signal handler. */
-void pi2_abort(pi2_ctx *ctx);
+PI2_API void pi2_abort(pi2_ctx *ctx);
 
-/* Called during decode with (name, layer or -1, data, n floats), rows of the current tokens, at
- * the checkpoints of pi2/reference.py (llama.cpp's graph names): per layer "attn_norm", "Qcur",
- * "Kcur", "Vcur" (projections), "Qcur.bias" (qkv_bias), "Qcur.rope", "Kcur.rope" (after norm and
- * RoPE), "kqv_out", "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu" (act(gate)
- * * up), "ffn_out", "l_out"; then "result_norm" and "result_output" (logits). NULL turns it off;
- * unused, it costs one test per checkpoint.
- * A sparse FFN (pi2_ctx_set_ffn, or FFN_DOWN_ROWS) traces "ffn_gate", "ffn_out" and "l_out" only. */
 /* ---- the sparse FFN ----
- * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED and
- * PI2_FFN_PREDICTOR: see there); up rows only for the active ones; h_i = act(gate_i)·up_i (PI2_ACT_DRELU:
+ * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED_GATE and
+ * PI2_FFN_PWRI_PREDICTOR: see there); up rows only for the active ones; h_i = act(gate_i)·up_i (PI2_ACT_DRELU:
  * relu(gate_i)·relu(up_i), one float product) is 0 for the others. Down as FFN_DOWN: the dense product of h
  * (zeros included, so every rule with all neurons active is the dense FFN bit for bit). Down as
  * FFN_DOWN_ROWS: y = Σ h_i·row_i in groups of PI2_FFN_GROUP neurons: each element of a group's
@@ -217,19 +229,21 @@ void pi2_abort(pi2_ctx *ctx);
  * thread count; pi2/sparse.py is the specification. I8 rows (with FFN_DOWN_SCALE and _COLSCALE): a
  * group's partial sum is the integer scheme of pi2/down_i8.py (kernels/axpy_i8.c), and y is multiplied
  * by the column scales once the groups are added. */
-enum { PI2_FFN_GROUP = 64 };  /* neurons per partial sum of FFN_DOWN_ROWS */
+enum { PI2_FFN_GROUP = 64 };  /* neurons per partial sum of FFN_DOWN_ROWS (a group) */
 
 typedef enum {
     PI2_FFN_DENSE = 0,      /* every neuron */
     PI2_FFN_THRESHOLD = 1,  /* |score_i| > thresholds[layer] */
     PI2_FFN_TOPK = 2,       /* the ceil(keep·n_ff) largest |score_i| of each token, ties to the lower index */
     PI2_FFN_RELU = 3,       /* gate_i > 0 */
-    PI2_FFN_PREDICTED = 4,  /* a pi2-made predictor ĝ: P = {|act(ĝ_i)| > pred_cuts[layer]}; gate rows of P only
-                               (one token; a batch computes them all); active = P ∩ {|act(gate_i)| > thresholds[layer]} */
-    PI2_FFN_PREDICTOR = 5   /* PowerInfer's predictor (PWRI files): s = FC2 · relu(FC1 · h), h the residual before
-                               ffn_norm, each a matrix product like the model's own, relu(v) = v <= 0 ? 0 : v;
-                               active = {s_i >= thresholds[layer]}; gate rows of the active neurons only (one token;
-                               a batch computes them all); every layer needs FC1 and FC2; not with score_up */
+    PI2_FFN_PREDICTED_GATE = 4, /* a pi2-made predictor ĝ chooses the gate rows: P = {|act(ĝ_i)| > pred_cuts[layer]};
+                               gate rows of P only (one token; a batch computes them all);
+                               active = P ∩ {|act(gate_i)| > thresholds[layer]} */
+    PI2_FFN_PWRI_PREDICTOR = 5  /* PowerInfer's predictor (PWRI files) alone chooses: s = FC2 · relu(FC1 · h), h the
+                               residual before ffn_norm, each a matrix product like the model's own,
+                               relu(v) = v <= 0 ? 0 : v; active = {s_i >= thresholds[layer]}; gate rows of the active
+                               neurons only (one token; a batch computes them all); every layer needs FC1 and FC2;
+                               not with score_up */
 } pi2_ffn_rule;
 
 typedef enum {
@@ -237,265 +251,38 @@ typedef enum {
     PI2_PRED_LOWRANK = 1    /* ĝ = FC2 · (FC1 · z), each a matrix product like the model's own */
 } pi2_pred_kind;
 
+typedef enum {
+    PI2_PRED_INPUT_FFN_NORM = 0,   /* z = ffn_norm(h) */
+    PI2_PRED_INPUT_ATTN_NORM = 1   /* z = attn_norm of the layer's input (the predictor can run during attention) */
+} pi2_pred_input;
+
 typedef struct {
     int32_t rule;             /* pi2_ffn_rule */
     int32_t score_up;         /* 0: score = act(gate); 1: score = act(gate)·up (every up row computed; not
-                                 with PI2_FFN_PREDICTED) */
+                                 with PI2_FFN_PREDICTED_GATE) */
     float keep;               /* PI2_FFN_TOPK: fraction in (0, 1] */
-    const float *thresholds;  /* PI2_FFN_THRESHOLD, PI2_FFN_PREDICTED, PI2_FFN_PREDICTOR: [n_layer], copied */
-    int32_t pred_kind;        /* PI2_FFN_PREDICTED: pi2_pred_kind; every layer needs its tensors */
-    int32_t pred_input;       /* PI2_FFN_PREDICTED: z = 0 ffn_norm(h), 1 attn_norm of the layer's input */
-    const float *pred_cuts;   /* PI2_FFN_PREDICTED: [n_layer] t_L − m_L, copied */
+    const float *thresholds;  /* PI2_FFN_THRESHOLD, _PREDICTED_GATE, _PWRI_PREDICTOR: [n_layer], copied */
+    int32_t pred_kind;        /* PI2_FFN_PREDICTED_GATE: pi2_pred_kind; every layer needs its tensors */
+    int32_t pred_input;       /* PI2_FFN_PREDICTED_GATE: pi2_pred_input */
+    const float *pred_cuts;   /* PI2_FFN_PREDICTED_GATE: [n_layer] t_L − m_L, copied */
 } pi2_ffn_params;
 
-/* Set how the context computes FFN layers (the default is PI2_FFN_DENSE) and zero its statistics.
+/* Set how the context computes FFN layers (the default is PI2_FFN_DENSE) and zero its FFN statistics.
  * PI2_ERR_INVALID: bad rule, keep or NULL thresholds; PI2_ERR_NOMEM. */
-pi2_status pi2_ctx_set_ffn(pi2_ctx *ctx, const pi2_ffn_params *params);
-/* Tokens that went through the FFN since the last pi2_ctx_set_ffn, and the active neurons of each
- * layer summed over them (active: [n_layer], may be NULL). */
-int64_t pi2_ctx_ffn_stats(const pi2_ctx *ctx, int64_t *active);
-/* PI2_FFN_PREDICTED: the predicted neurons (|P|) of each layer summed over the same tokens ([n_layer]; zeros
- * under other rules). */
-void pi2_ctx_ffn_predicted(const pi2_ctx *ctx, int64_t *predicted);
+PI2_API pi2_status pi2_ctx_set_ffn(pi2_ctx *ctx, const pi2_ffn_params *params);
 
-typedef void (*pi2_trace_fn)(const char *name, int32_t layer, const float *data, int64_t n, void *user);
-void pi2_set_trace(pi2_ctx *ctx, pi2_trace_fn fn, void *user);
-
-/* ---- NNAPI delegate (nnapi.c: the library and its graphs; npu.c: a context's prompt batches;
- * npu_ffn.c: a context's single-token hot prefix) ----
- * Android's Neural Networks API, opened with dlopen at run time (never linked, so one build runs
- * everywhere). Graphs of FULLY_CONNECTED operations over F16 (or F32) copies of the weights, made once
- * when a graph is created; one compilation per batch size, cached; runs started asynchronously so the
- * CPU computes meanwhile. Every failure of the delegate returns PI2_ERR_UNSUPPORTED: the caller computes
- * that operation on the CPU; a graph that failed to compile or run is not tried again, and the reason is
- * kept once in pi2_nnapi_notes(). */
-
-typedef struct pi2_nnapi pi2_nnapi;               /* the opened library, its devices and notes */
-typedef struct pi2_nnapi_graph pi2_nnapi_graph;   /* weight copies + compilations per batch size */
-
-typedef struct {
-    const char *lib_path;        /* NULL: "libneuralnetworks.so" (the dynamic linker's search) */
-    int32_t accelerators_only;   /* 1: compile for GPU/accelerator devices only; 0: any device listed */
-    int32_t weight_type;         /* 1: F16 weights and activations (default); 0: F32 with relaxed F16 math */
-    int32_t max_shapes;          /* compiled batch sizes kept per graph, least recently used dropped (4) */
-    int32_t batch_matmul;        /* 1: BATCH_MATMUL (x · Wᵀ, then RELU where fused) instead of FULLY_CONNECTED
-                                    when the runtime and every selected device have feature level 6 */
-} pi2_nnapi_params;
-
-typedef struct {
-    const char *name;            /* the driver's name, e.g. "qti-gpu", "nnapi-reference" */
-    int32_t type;                /* NNAPI DeviceTypeCode: 0 unknown, 1 other, 2 CPU, 3 GPU, 4 accelerator */
-    int64_t feature_level;       /* 27..31, then 1000006.. */
-    int32_t selected;            /* 1: graphs compile for this device */
-} pi2_nnapi_device;
-
-/* A weight matrix in ggml layout: n_rows rows of n_cols values of `type`, row_bytes apart. */
-typedef struct {
-    const void *data;
-    int32_t type;                /* ggml type id (any type pi2_dequantize_rows reads) */
-    int64_t n_rows, n_cols;
-    size_t row_bytes;
-} pi2_nnapi_matrix;
-
-/* lib_path NULL, accelerators_only 0, weight_type 1 (F16), max_shapes 4, batch_matmul 0. */
-pi2_nnapi_params pi2_nnapi_default_params(void);
-
-/* Open the library and list its devices. PI2_ERR_UNSUPPORTED: no library, a missing function, or a
- * failing device query (the message says which); PI2_ERR_INVALID: NULL out or bad params. */
-pi2_status pi2_nnapi_open(const pi2_nnapi_params *params, pi2_nnapi **out);
-/* Close (NULL is fine). Free its graphs and detach it from contexts first. */
-void pi2_nnapi_close(pi2_nnapi *d);
-int64_t pi2_nnapi_runtime_feature_level(const pi2_nnapi *d);
-int32_t pi2_nnapi_device_count(const pi2_nnapi *d);
-/* Device i (0 <= i < count); the name lives as long as d. PI2_ERR_INVALID: bad index. */
-pi2_status pi2_nnapi_device_info(const pi2_nnapi *d, int32_t i, pi2_nnapi_device *out);
-/* Why the delegate fell back to the CPU, one line per distinct reason ("" when it never did). */
-const char *pi2_nnapi_notes(const pi2_nnapi *d);
-
-/* out_i[t] = w[i] · x[t] for n_w (1..4) matrices sharing n_cols: one FULLY_CONNECTED (or BATCH_MATMUL)
- * per matrix on a shared input [n_tok][n_cols]. PI2_ERR_UNSUPPORTED: no device selected; PI2_ERR_NOMEM;
- * PI2_ERR_INVALID: bad matrices. */
-pi2_status pi2_nnapi_fc_create(pi2_nnapi *d, const pi2_nnapi_matrix *w, int32_t n_w, pi2_nnapi_graph **out);
-
-/* The hot prefix (neurons 0..n_hot-1) of one FFN layer as one graph:
- *   out[t] = down_hot · (act(gate_hot · x[t]) * (up_hot · x[t]))
- * gate, up: ffn_gate / ffn_up, [n_ff][n_embd]; down: ffn_down [n_embd][n_ff] (down_t 0, n_hot a multiple
- * of its block size) or ffn_down_t [n_ff][n_embd] (down_t 1). act: PI2_ACT_SILU (LOGISTIC then MUL:
- * NNAPI has no SiLU) or PI2_ACT_RELU (FUSED_RELU on the gate); PI2_ACT_GELU: PI2_ERR_UNSUPPORTED. */
-pi2_status pi2_nnapi_ffn_create(pi2_nnapi *d, int32_t act, const pi2_nnapi_matrix *gate, const pi2_nnapi_matrix *up,
-                                const pi2_nnapi_matrix *down, int32_t down_t, int64_t n_hot, pi2_nnapi_graph **out);
-
-/* Start g on x [n_tok][n_in] and return at once; out[i] receives output i ([n_tok][n_out_i]) at
- * pi2_nnapi_wait. x may be reused as soon as this returns; out must stay valid until the wait.
- * The first start at a batch size compiles the graph for it (slow, once). PI2_ERR_UNSUPPORTED: the
- * graph failed now or earlier (compute on the CPU); PI2_ERR_INVALID: bad arguments or a run pending. */
-pi2_status pi2_nnapi_start(pi2_nnapi_graph *g, const float *x, int32_t n_tok, float *const *out);
-/* Wait for the started run and fill out. PI2_ERR_UNSUPPORTED: the run failed (out is untouched:
- * compute on the CPU; the graph is not used again); PI2_ERR_INVALID: nothing started. */
-pi2_status pi2_nnapi_wait(pi2_nnapi_graph *g);
-/* Bytes of the weight copies and staging buffers g holds (they count against the memory budget). */
-size_t pi2_nnapi_graph_bytes(const pi2_nnapi_graph *g);
-/* Free (NULL is fine; waits for a pending run). */
-void pi2_nnapi_graph_free(pi2_nnapi_graph *g);
-
-/* Hand the dense matrix products of prompt batches of >= min_batch tokens in ctx (every layer's
- * q/k/v, output, gate/up and down) to d, with weight copies made now; NULL d detaches. d must outlive
- * the context or a later detach. A product whose graph fails runs on the CPU. PI2_ERR_UNSUPPORTED or
- * PI2_ERR_NOMEM: nothing attached. */
-pi2_status pi2_ctx_set_nnapi(pi2_ctx *ctx, pi2_nnapi *d, int32_t min_batch);
-/* Bytes of the attached weight copies (0 when none). */
-size_t pi2_ctx_nnapi_bytes(const pi2_ctx *ctx);
-/* Matrix products the delegate computed / handed back to the CPU after a failure, since attaching. */
-int64_t pi2_ctx_nnapi_runs(const pi2_ctx *ctx, int64_t *fallbacks);
-
-/* Hand the hot prefix of single-token decode to d (npu_ffn.c): for each layer with n_hot[il] > 0
- * ([n_layer] counts), a hot-FFN graph over neurons 0..n_hot[il]-1 of ffn_gate, ffn_up and the down rows
- * (F16 copies made now). A token's sparse FFN then starts the graph before its gate rows, computes the
- * rule's active neurons from n_hot[il] on with the CPU meanwhile, and adds the graph's output: the hot
- * neurons are all computed, densely, in the graph's F16 arithmetic. NULL d detaches; d must outlive the
- * context or a later detach. A layer whose graph fails to compile or run is computed by the CPU alone
- * (for a failed run, that token again from its active list). PI2_ERR_INVALID: a count outside 0..n_ff, or
- * a layer without down rows; PI2_ERR_UNSUPPORTED (GELU, no device selected) or PI2_ERR_NOMEM: nothing attached. */
-pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *ctx, pi2_nnapi *d, const int32_t *n_hot);
-/* Bytes the attached hot prefix holds now: copies, staging (made at a graph's first run), output and
- * index scratch (0 when none); pi2/plan/npu_plan.py's copy_bytes once every graph has run. */
-size_t pi2_ctx_npu_ffn_bytes(const pi2_ctx *ctx);
-/* Layer-tokens whose hot prefix the delegate computed / the CPU computed after a failure, since attaching. */
-int64_t pi2_ctx_npu_ffn_runs(const pi2_ctx *ctx, int64_t *fallbacks);
-
-/* ---- flash I/O (csrc/io/): aligned reads of one file, and the probe that picks a backend ----
- * Backends: io_uring (raw system calls), Linux native AIO, a pread thread pool, mmap (MADV_RANDOM,
- * copies in the submitting thread). Every backend returns the same bytes for the same requests.
- * Offsets, lengths and destinations are multiples of PI2_IO_ALIGN. Errors are per request, as an
- * errno in the completion: EINVAL misaligned or empty request, EBADF the file descriptor was closed
- * under the handle, EIO the device failed, ENODATA the file ended before the request did (a request
- * starting at or past the end, or a short read inside the file; a request covering the file's last
- * partial block reads the bytes up to the end with no error and nbytes < length).
- * io_uring is refused (PI2_ERR_UNSUPPORTED) until pi2_io_probe has run it in a child in this process
- * and seen it work: Android's app sandbox kills a process that calls it (SIGSYS). */
-typedef enum { PI2_IO_AUTO = 0, PI2_IO_URING = 1, PI2_IO_AIO = 2, PI2_IO_PREAD = 3, PI2_IO_MMAP = 4 } pi2_io_backend;
-enum { PI2_IO_ALIGN = 4096, PI2_IO_MAX_QD = 1024, PI2_IO_N_BACKENDS = 4 };
-
-typedef struct pi2_io pi2_io;   /* one open file and one backend's queue; one thread at a time */
-
-typedef enum {
-    PI2_IO_TEST_DIRECT_OPEN_EINVAL = 1,  /* tests: behave as if the O_DIRECT open failed with EINVAL */
-    PI2_IO_TEST_DIRECT_READ_EINVAL = 2   /* tests: ... as if the first O_DIRECT read failed with EINVAL */
-} pi2_io_test_flag;
-
-typedef struct {
-    int32_t backend;      /* pi2_io_backend, not PI2_IO_AUTO (Python resolves auto with the probe) */
-    int32_t queue_depth;  /* requests in flight at most, 1..PI2_IO_MAX_QD (pread: min(it, 64) threads) */
-    int32_t direct;       /* 1: O_DIRECT when the file system allows it, else buffered; 0: buffered */
-    int32_t drop_cache;   /* 1: when buffered, drop every range read from the page cache (DONTNEED) */
-    int32_t test_flags;   /* pi2_io_test_flag bits; 0 outside tests */
-} pi2_io_params;
-
-typedef struct {
-    uint64_t offset;      /* byte offset in the file, a multiple of PI2_IO_ALIGN */
-    uint64_t length;      /* bytes, a multiple of PI2_IO_ALIGN, 1 .. 1 GiB */
-    void *dest;           /* PI2_IO_ALIGN-aligned, length bytes */
-    uint64_t user;        /* returned in the completion */
-} pi2_io_request;
-
-typedef struct {
-    uint64_t user;        /* the request's */
-    int64_t nbytes;       /* bytes read into dest (may be > 0 with ENODATA: a short read) */
-    int32_t error;        /* 0 or an errno (see above) */
-} pi2_io_completion;
-
-typedef struct {
-    int32_t backend;      /* pi2_io_backend */
-    int32_t direct;       /* 1: O_DIRECT is in effect */
-    int32_t queue_depth;
-    int32_t fd;           /* the descriptor the handle reads (owned by it) */
-    int64_t file_size;    /* bytes, at open */
-    const char *note;     /* how the file was opened, e.g. why O_DIRECT was not used; lives as long as io */
-} pi2_io_info;
-
-/* backend PI2_IO_PREAD, queue_depth 32, direct 1, drop_cache 1, test_flags 0. */
-pi2_io_params pi2_io_default_params(void);
-/* "uring", "aio", "pread", "mmap" ("auto" for 0; NULL for anything else). */
-const char *pi2_io_backend_name(int32_t backend);
-
-/* Open `path` for reading. O_DIRECT falls back to buffered reads when the open or the first aligned
- * read fails with EINVAL, or statx says the file has no direct I/O (the note says which).
- * PI2_ERR_IO: cannot open/stat/map; PI2_ERR_UNSUPPORTED: the kernel refuses the backend (io_setup,
- * io_uring_setup) or io_uring was not cleared by a probe; PI2_ERR_INVALID; PI2_ERR_NOMEM. */
-pi2_status pi2_io_open(const char *path, const pi2_io_params *params, pi2_io **out);
-/* Wait for every request in flight, then close (NULL is fine). */
-void pi2_io_close(pi2_io *io);
-pi2_status pi2_io_get_info(const pi2_io *io, pi2_io_info *out);
-
-/* Queue requests in order until queue_depth are in flight; *n_accepted says how many were taken (the
- * rest: reap, then submit them again). A request that is invalid takes a slot and completes at once
- * with EINVAL. PI2_ERR_INVALID: NULL arguments or n < 0; PI2_ERR_IO: the backend itself failed. */
-pi2_status pi2_io_submit(pi2_io *io, const pi2_io_request *reqs, int32_t n, int32_t *n_accepted);
-/* Wait until min_complete requests (capped at those in flight) have finished, then move up to max
- * finished ones into out (*n_out of them, in completion order). min_complete 0 never blocks. */
-pi2_status pi2_io_reap(pi2_io *io, pi2_io_completion *out, int32_t max, int32_t min_complete, int32_t *n_out);
-/* Requests submitted and not yet reaped. */
-int32_t pi2_io_in_flight(const pi2_io *io);
-/* Submit and reap all n requests with queue_depth in flight; out[i] is reqs[i]'s completion.
- * Needs nothing in flight before. Per-request errors stay in out; the status is for the call. */
-pi2_status pi2_io_read_all(pi2_io *io, const pi2_io_request *reqs, int32_t n, pi2_io_completion *out);
-/* Drop the file's pages from the page cache (posix_fadvise DONTNEED on the whole file). */
-pi2_status pi2_io_drop_cache(pi2_io *io);
-
-/* Random reads of `block` bytes (a multiple of PI2_IO_ALIGN, <= the file size) at aligned offsets,
- * qd in flight (<= the handle's queue_depth), for `seconds`; offsets from `seed`. Buffered handles
- * drop every range read, so the page cache never serves a repeat. errors: reads that failed. */
-typedef struct { int64_t reads, bytes, errors; double seconds; } pi2_io_bench_result;
-pi2_status pi2_io_bench(pi2_io *io, uint64_t block, int32_t qd, double seconds, uint64_t seed,
-                        pi2_io_bench_result *out);
-
-/* The probe: for each backend in the order uring, aio, pread, mmap, a forked child opens `path` with
- * it, checks its bytes against pread, and times 16 concurrent 4 KiB reads against single ones (SERIAL
- * unless the batch takes under 0.55 of the time of the reads one by one, in one of two rounds); the
- * child's exit code and a report through a pipe are the verdict, a child killed by a signal means the
- * backend is refused (the parent never makes the call itself). A child that takes over 10 s is killed. */
-typedef enum {
-    PI2_IO_VERDICT_OK = 0,          /* works, and reads run concurrently (or come from memory) */
-    PI2_IO_VERDICT_SERIAL = 1,      /* works, but concurrent reads do not overlap */
-    PI2_IO_VERDICT_REFUSED = 2,     /* the child was killed by a signal (seccomp: SIGSYS) */
-    PI2_IO_VERDICT_UNAVAILABLE = 3, /* the kernel returned an error (ENOSYS, EPERM, ...) */
-    PI2_IO_VERDICT_FAILED = 4       /* wrong bytes, a read error, or the child hung */
-} pi2_io_verdict_code;
-
-typedef enum {
-    PI2_IO_PROBE_BUFFERED = 1,          /* probe without O_DIRECT */
-    PI2_IO_PROBE_TEST_SECCOMP_URING = 2,/* tests: the child installs a seccomp filter trapping io_uring_setup */
-    PI2_IO_PROBE_TEST_RAISE_SIGSYS = 4  /* tests: the uring child raises SIGSYS before any system call */
-} pi2_io_probe_flag;
-
-typedef struct {
-    int32_t backend;        /* pi2_io_backend */
-    int32_t verdict;        /* pi2_io_verdict_code */
-    int32_t signal;         /* the signal that killed the child (REFUSED), else 0 */
-    int32_t direct;         /* 1: the child read with O_DIRECT */
-    double read_us;         /* wall time of one read alone (median) */
-    double read_submit_us;  /* of which inside submit (median) */
-    double submit_us;       /* time inside submit for 16 reads */
-    double batch_us;        /* 16 reads from submit to the last completion */
-    char reason[200];       /* one line */
-} pi2_io_verdict;
-
-/* out: PI2_IO_N_BACKENDS verdicts in probe order; *chosen: the first OK backend, else the first SERIAL,
- * else PI2_IO_AUTO (none works). PI2_ERR_INVALID: NULL arguments; PI2_ERR_IO: path unreadable, fork or
- * pipe failed. */
-pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, int32_t *chosen);
-
-/* ---- streamed FFN bundles and gate rows (cache.c): the neuron cache of a context ----
+/* ---- the streamed FFN: the neuron cache of a context ----
  * For files whose down rows and up rows are strided views of one bundle region per layer (pi2 files in
  * the bundle-ud layout), a context can stop reading the bundles through the mapping: each layer's first
  * n_hot neurons (whole clusters) are read once into resident memory, the others are served from an LRU
  * of cluster slots shared by all layers, read with the flash I/O backend (4 KiB-aligned, O_DIRECT when
- * allowed) straight into the slots. The bundle range of the mapping gets MADV_RANDOM and MADV_DONTNEED
- * and is not touched again. Decode of one token computes hot and cached clusters while the misses are
- * read; a batch reads each layer's whole bundle region sequentially into the slots (dropping the cached
- * clusters). Results are bit-identical to the mapped run.
+ * allowed) straight into the slots (csrc/cache/); the read/compute pipeline (csrc/pipeline/) plans each layer's
+ * reads. The bundle range of the mapping gets MADV_RANDOM and MADV_DONTNEED and is not touched again. Decode
+ * of one token computes hot and cached clusters while the misses are read; a batch reads each layer's whole
+ * bundle region sequentially into the slots (dropping the cached clusters). Results are bit-identical to the
+ * mapped run.
  * With stream_gate the gate rows (one region of packed rows per layer) are streamed the same way, in their
- * own hot prefixes and slots (two-phase loading): one token under PI2_FFN_PREDICTED reads the gate clusters
+ * own hot prefixes and slots (two-phase loading): one token under PI2_FFN_PREDICTED_GATE reads the gate clusters
  * of its predicted set P and computes each group of P's gate rows as soon as its reads land, then the
  * bundle clusters of its active set; every other FFN computation (batches, other rules) reads the layer's
  * gate region whole into the gate slots first. Without it the gate rows stay mapped (the fixed region). */
@@ -529,14 +316,32 @@ typedef struct {
 
 /* Sizes of a streamed context's cache (the gate_* sizes 0 when the gate rows cannot stream: not packed rows).
  * PI2_ERR_INVALID: bad cluster or layer; PI2_ERR_UNSUPPORTED: the model's FFN is not in streamable bundles. */
-pi2_status pi2_stream_query(const pi2_model *model, int32_t cluster, int32_t layer, int32_t n_hot,
-                            pi2_stream_sizes *out);
+PI2_API pi2_status pi2_stream_query(const pi2_model *model, int32_t cluster, int32_t layer, int32_t n_hot,
+                                    pi2_stream_sizes *out);
 /* Stream the context's FFN bundles as `params` says (NULL: back to reading through the mapping), and
  * zero the statistics. Reads the hot prefixes now. Errors: PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID
  * (bad params, too few slots, an arena of 2 GiB or more, a decode running), PI2_ERR_UNSUPPORTED. */
-pi2_status pi2_ctx_set_stream(pi2_ctx *ctx, const pi2_stream_params *params);
+PI2_API pi2_status pi2_ctx_set_stream(pi2_ctx *ctx, const pi2_stream_params *params);
+
+/* ---- statistics ---- */
+typedef struct {
+    uint32_t size;         /* sizeof(pi2_ctx_stats), set by the caller */
+    int64_t *ffn_active;   /* in: the caller's [n_layer] or NULL; out: active neurons of each layer summed over
+                              ffn_tokens */
+    int64_t *ffn_predicted;/* in: [n_layer] or NULL; out: PI2_FFN_PREDICTED_GATE's |P| per layer, summed alike
+                              (zeros under other rules) */
+    int64_t ffn_tokens;    /* tokens that went through the FFN since pi2_ctx_set_ffn */
+    int64_t nnapi_runs;    /* prompt-batch products the delegate computed since pi2_ctx_set_nnapi_batches */
+    int64_t nnapi_fallbacks;   /* ... handed back to the CPU after a failure */
+    int64_t nnapi_bytes;   /* bytes of the attached weight copies (0 when none) */
+    int64_t hot_runs;      /* layer-tokens whose hot prefix the delegate computed since pi2_ctx_set_nnapi_hot */
+    int64_t hot_fallbacks; /* ... the CPU computed after a failure */
+    int64_t hot_bytes;     /* bytes the attached hot prefix holds now: copies, staging (made at a graph's first run),
+                              output and index scratch; pi2/plan/npu_plan.py's copy_bytes once every graph has run */
+} pi2_ctx_stats;
 
 typedef struct {
+    uint32_t size;         /* sizeof(pi2_cache_stats), set by the caller */
     int64_t tokens;        /* single tokens computed by clusters since pi2_ctx_set_stream */
     int64_t hot;           /* needed bundle clusters found in the hot prefix (per token and layer) */
     int64_t hits;          /* needed cold bundle clusters found in a slot */
@@ -561,7 +366,150 @@ typedef struct {
                                 * (during the layer's attention, or the previous layer's FFN in a batch) */
 } pi2_cache_stats;
 
-/* The statistics of a streamed context. PI2_ERR_INVALID: NULL arguments or the context is not streamed. */
-pi2_status pi2_ctx_cache_stats(const pi2_ctx *ctx, pi2_cache_stats *out);
+/* The context's figures into `out` (NULL: skipped) and, for a streamed context, its neuron cache's into `cache`
+ * (NULL: skipped). PI2_ERR_INVALID: NULL context, a size of 0, or `cache` given for a context not streamed. */
+PI2_API pi2_status pi2_ctx_get_stats(const pi2_ctx *ctx, pi2_ctx_stats *out, pi2_cache_stats *cache);
+
+/* ---- the NNAPI delegate (csrc/nnapi/) ----
+ * Android's Neural Networks API, opened with dlopen at run time (never linked, so one build runs
+ * everywhere). Graphs of FULLY_CONNECTED operations over F16 (or F32) copies of the weights, made once
+ * when a graph is created; one compilation per batch size, cached; runs started asynchronously so the
+ * CPU computes meanwhile. Every failure of the delegate returns PI2_ERR_UNSUPPORTED: the caller computes
+ * that operation on the CPU; a graph that failed to compile or run is not tried again, and the reason is
+ * kept once in the notes. */
+typedef struct pi2_nnapi pi2_nnapi;               /* the opened library, its devices and notes */
+
+typedef struct {
+    const char *lib_path;        /* NULL: "libneuralnetworks.so" (the dynamic linker's search) */
+    int32_t accelerators_only;   /* 1: compile for GPU/accelerator devices only; 0: any device listed */
+    int32_t weight_type;         /* 1: F16 weights and activations (default); 0: F32 with relaxed F16 math */
+    int32_t max_shapes;          /* compiled batch sizes kept per graph, least recently used dropped (4) */
+    int32_t batch_matmul;        /* 1: BATCH_MATMUL (x · Wᵀ, then RELU where fused) instead of FULLY_CONNECTED
+                                    when the runtime and every selected device have feature level 6 */
+} pi2_nnapi_params;
+
+typedef struct {
+    const char *name;            /* the driver's name, e.g. "qti-gpu", "nnapi-reference" */
+    int32_t type;                /* NNAPI DeviceTypeCode: 0 unknown, 1 other, 2 CPU, 3 GPU, 4 accelerator */
+    int64_t feature_level;       /* 27..31, then 1000006.. */
+    int32_t selected;            /* 1: graphs compile for this device */
+} pi2_nnapi_device;
+
+enum { PI2_NNAPI_MAX_DEVICES = 16 };
+
+typedef struct {
+    uint32_t size;               /* sizeof(pi2_nnapi_info), set by the caller */
+    int64_t runtime_feature_level;
+    const char *notes;           /* why the delegate fell back to the CPU, one line per distinct reason ("" when
+                                    it never did); lives as long as the delegate */
+    int32_t n_devices;
+    pi2_nnapi_device devices[16];/* [n_devices] (PI2_NNAPI_MAX_DEVICES); names live as long as the delegate */
+} pi2_nnapi_info;
+
+/* Open the library and list its devices; NULL params: lib_path NULL, accelerators_only 0, weight_type 1 (F16),
+ * max_shapes 4, batch_matmul 0. PI2_ERR_UNSUPPORTED: no library, a missing function, or a
+ * failing device query (the message says which); PI2_ERR_INVALID: NULL out or bad params. */
+PI2_API pi2_status pi2_nnapi_open(const pi2_nnapi_params *params, pi2_nnapi **out);
+/* Close (NULL is fine). Detach it from contexts first. */
+PI2_API void pi2_nnapi_close(pi2_nnapi *d);
+/* The runtime's level, the devices and the notes now. PI2_ERR_INVALID: NULL arguments or size. */
+PI2_API pi2_status pi2_nnapi_get_info(const pi2_nnapi *d, pi2_nnapi_info *out);
+/* The planner's measure of the delegate: a hot-FFN graph (pi2_test.h's pi2_nnapi_ffn_create) of n_hot neurons of
+ * random F32 weights of width n_embd and activation `act`, run once on one token (compiling it), then `runs` times;
+ * *best_seconds: the fastest of those. PI2_ERR_UNSUPPORTED: the graph failed (as the engine would fall back);
+ * PI2_ERR_INVALID; PI2_ERR_NOMEM. */
+PI2_API pi2_status pi2_nnapi_bench_ffn(pi2_nnapi *d, int32_t act, int32_t n_embd, int32_t n_hot, int32_t runs,
+                                       double *best_seconds);
+
+/* Hand the dense matrix products of prompt batches of >= min_batch tokens in ctx (every layer's
+ * q/k/v, output, gate/up and down) to d, with weight copies made now; NULL d detaches. d must outlive
+ * the context or a later detach. A product whose graph fails runs on the CPU. PI2_ERR_UNSUPPORTED or
+ * PI2_ERR_NOMEM: nothing attached. */
+PI2_API pi2_status pi2_ctx_set_nnapi_batches(pi2_ctx *ctx, pi2_nnapi *d, int32_t min_batch);
+/* Hand the hot prefix of single-token decode to d (nnapi/hot_ffn.c): for each layer with n_hot[il] > 0
+ * ([n_layer] counts), a hot-FFN graph over neurons 0..n_hot[il]-1 of ffn_gate, ffn_up and the down rows
+ * (F16 copies made now). A token's sparse FFN then starts the graph before its gate rows, computes the
+ * rule's active neurons from n_hot[il] on with the CPU meanwhile, and adds the graph's output: the hot
+ * neurons are all computed, densely, in the graph's F16 arithmetic. NULL d detaches; d must outlive the
+ * context or a later detach. A layer whose graph fails to compile or run is computed by the CPU alone
+ * (for a failed run, that token again from its active list). PI2_ERR_INVALID: a count outside 0..n_ff, or
+ * a layer without down rows; PI2_ERR_UNSUPPORTED (GELU, no device selected) or PI2_ERR_NOMEM: nothing attached. */
+PI2_API pi2_status pi2_ctx_set_nnapi_hot(pi2_ctx *ctx, pi2_nnapi *d, const int32_t *n_hot);
+
+/* ---- flash I/O (csrc/io/): aligned reads of one file, and the probe that picks a backend ----
+ * Backends: io_uring (raw system calls), Linux native AIO, a pread thread pool, mmap (MADV_RANDOM,
+ * copies in the submitting thread). Every backend returns the same bytes for the same requests.
+ * io_uring is refused (PI2_ERR_UNSUPPORTED) until pi2_io_probe has run it in a child in this process
+ * and seen it work: Android's app sandbox kills a process that calls it (SIGSYS). The reads themselves
+ * (submit, reap) are the engine's own (the neuron cache); pi2_test.h declares them for tests. */
+typedef enum { PI2_IO_AUTO = 0, PI2_IO_URING = 1, PI2_IO_AIO = 2, PI2_IO_PREAD = 3, PI2_IO_MMAP = 4 } pi2_io_backend;
+enum { PI2_IO_ALIGN = 4096, PI2_IO_MAX_QD = 1024, PI2_IO_N_BACKENDS = 4 };
+
+typedef struct pi2_io pi2_io;   /* one open file and one backend's queue; one thread at a time */
+
+typedef struct {
+    int32_t backend;      /* pi2_io_backend, not PI2_IO_AUTO (Python resolves auto with the probe) */
+    int32_t queue_depth;  /* requests in flight at most, 1..PI2_IO_MAX_QD (pread: min(it, 64) threads) */
+    int32_t direct;       /* 1: O_DIRECT when the file system allows it, else buffered; 0: buffered */
+    int32_t drop_cache;   /* 1: when buffered, drop every range read from the page cache (DONTNEED) */
+} pi2_io_params;
+
+typedef struct {
+    int32_t backend;      /* pi2_io_backend */
+    int32_t direct;       /* 1: O_DIRECT is in effect */
+    int32_t queue_depth;
+    int32_t fd;           /* the descriptor the handle reads (owned by it) */
+    int64_t file_size;    /* bytes, at open */
+    const char *note;     /* how the file was opened, e.g. why O_DIRECT was not used; lives as long as io */
+} pi2_io_info;
+
+/* backend PI2_IO_PREAD, queue_depth 32, direct 1, drop_cache 1. */
+PI2_API pi2_io_params pi2_io_default_params(void);
+/* Open `path` for reading and describe the handle in *info (NULL: skipped). O_DIRECT falls back to buffered reads
+ * when the open or the first aligned read fails with EINVAL, or statx says the file has no direct I/O (the note
+ * says which). PI2_ERR_IO: cannot open/stat/map; PI2_ERR_UNSUPPORTED: the kernel refuses the backend (io_setup,
+ * io_uring_setup) or io_uring was not cleared by a probe; PI2_ERR_INVALID; PI2_ERR_NOMEM. */
+PI2_API pi2_status pi2_io_open(const char *path, const pi2_io_params *params, pi2_io **out, pi2_io_info *info);
+/* Wait for every request in flight, then close (NULL is fine). */
+PI2_API void pi2_io_close(pi2_io *io);
+
+/* Random reads of `block` bytes (a multiple of PI2_IO_ALIGN, <= the file size) at aligned offsets, qd in flight
+ * (<= the handle's queue_depth), for `seconds`; offsets from `seed`. A buffered handle drops the file from the page
+ * cache first and every range it reads, so the page cache never serves a repeat. errors: reads that failed. */
+typedef struct { int64_t reads, bytes, errors; double seconds; } pi2_io_bench_result;
+PI2_API pi2_status pi2_io_bench(pi2_io *io, uint64_t block, int32_t qd, double seconds, uint64_t seed,
+                                pi2_io_bench_result *out);
+
+/* The probe: for each backend in the order uring, aio, pread, mmap, a forked child opens `path` with
+ * it, checks its bytes against pread, and times 16 concurrent 4 KiB reads against single ones (SERIAL
+ * unless the batch takes under 0.55 of the time of the reads one by one, in one of two rounds); the
+ * child's exit code and a report through a pipe are the verdict, a child killed by a signal means the
+ * backend is refused (the parent never makes the call itself). A child that takes over 10 s is killed. */
+typedef enum {
+    PI2_IO_VERDICT_OK = 0,          /* works, and reads run concurrently (or come from memory) */
+    PI2_IO_VERDICT_SERIAL = 1,      /* works, but concurrent reads do not overlap */
+    PI2_IO_VERDICT_REFUSED = 2,     /* the child was killed by a signal (seccomp: SIGSYS) */
+    PI2_IO_VERDICT_UNAVAILABLE = 3, /* the kernel returned an error (ENOSYS, EPERM, ...) */
+    PI2_IO_VERDICT_FAILED = 4       /* wrong bytes, a read error, or the child hung */
+} pi2_io_verdict_code;
+
+enum { PI2_IO_PROBE_BUFFERED = 1 };   /* pi2_io_probe flag: probe without O_DIRECT */
+
+typedef struct {
+    int32_t backend;        /* pi2_io_backend */
+    int32_t verdict;        /* pi2_io_verdict_code */
+    int32_t signal;         /* the signal that killed the child (REFUSED), else 0 */
+    int32_t direct;         /* 1: the child read with O_DIRECT */
+    double read_us;         /* wall time of one read alone (median) */
+    double read_submit_us;  /* of which inside submit (median) */
+    double submit_us;       /* time inside submit for 16 reads */
+    double batch_us;        /* 16 reads from submit to the last completion */
+    char reason[200];       /* one line */
+} pi2_io_verdict;
+
+/* out: PI2_IO_N_BACKENDS verdicts in probe order; *chosen: the first OK backend, else the first SERIAL,
+ * else PI2_IO_AUTO (none works). flags: PI2_IO_PROBE_BUFFERED or 0. PI2_ERR_INVALID: NULL arguments or unknown
+ * flags; PI2_ERR_IO: path unreadable, fork or pipe failed. */
+PI2_API pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, int32_t *chosen);
 
 #endif

@@ -60,7 +60,7 @@ def _gbps(v: Optional[float]) -> Optional[float]:
 
 
 def parse_io(text: str) -> str:
-    from pi2.flash_io import parse_io as parse
+    from pi2.engine.flash_io import parse_io as parse
     return parse(text)
 
 
@@ -244,7 +244,7 @@ def profile_io(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = Mod
                cache_dir: Optional[str] = typer.Option(None, "--cache-dir", envvar="PI2_CACHE_DIR",
                                                        help="cache root (default ~/.cache/pi2)", show_default=False)):
     """Random-read throughput of the model file's device by block size and queue depth (cached per device)."""
-    from pi2.flash_io import parse_io
+    from pi2.engine.flash_io import parse_io
     from pi2.plan import profile
     if not 0 < seconds <= 60:
         raise UsageError(f"--seconds must be in (0, 60], not {seconds}")

@@ -142,7 +142,7 @@ def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_
     """pi2 plan: the split of a memory budget for a pi2 file (pi2/plan/budget.py) and whether the NPU computes
     the hot prefix (pi2/plan/npu_plan.py, the decision `pi2 run` takes), on stdout. predictor: as `pi2 run
     --predictor` (the file's predictor at its default keep: its gate rows stream too)."""
-    from pi2 import flash_io
+    from pi2.engine import flash_io
     from pi2.engine import CModel, _default_threads
     from pi2.npu import check_gbps, check_mode, open_delegate
     from pi2.plan.budget import make_plan, streamable

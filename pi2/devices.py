@@ -102,7 +102,7 @@ def memory_limit(meminfo: str | None = None) -> int | None:
 
 def io_backends(path: Path | None = None) -> dict:
     """The probe's verdict on every backend, on `path` or a temporary 1 MiB file in the temp directory."""
-    from pi2 import flash_io
+    from pi2.engine import flash_io
     tmp = None
     if path is None:
         import tempfile
@@ -123,7 +123,7 @@ def io_backends(path: Path | None = None) -> dict:
 
 def o_direct(path: Path) -> dict:
     """Whether pi2 reads `path` with O_DIRECT (pi2_io_open: the open, statx, a first aligned read), and why not."""
-    from pi2 import flash_io
+    from pi2.engine import flash_io
     from pi2.errors import EngineError
     try:
         with flash_io.FlashFile(path, "pread", queue_depth=1, direct=True) as f:
@@ -134,7 +134,7 @@ def o_direct(path: Path) -> dict:
 
 
 def nnapi_info(lib_path: str | None = None) -> dict:
-    from pi2.engine_nnapi import NnapiDelegate
+    from pi2.engine.nnapi import NnapiDelegate
     from pi2.errors import Pi2Error
     try:
         d = NnapiDelegate(lib_path)

@@ -27,3 +27,17 @@ class UnsupportedError(Pi2Error, NotImplementedError):
 
 class EngineError(Pi2Error, RuntimeError):
     """An error reported by the C core."""
+
+
+class FlashIOError(EngineError, OSError):
+    """A read of a model file failed in the C core (PI2_ERR_IO): `errno` and `filename` as OSError has them (errno
+    ENODATA: the file ended before the read did); catchable as OSError, EngineError or Pi2Error."""
+
+    def __init__(self, message: str, hint: str = "", *, sys_errno: int = 0, filename: str | None = None):
+        EngineError.__init__(self, message, hint)
+        self.errno = sys_errno or None
+        self.strerror = message
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return self.args[0]

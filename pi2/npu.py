@@ -53,7 +53,7 @@ def open_delegate(mode: str, lib_path: str | None = None):
     """(delegate or None, reason when None) for `mode`; never raises for a missing or broken NNAPI."""
     if check_mode(mode) == "off":
         return None, ""
-    from pi2.engine_nnapi import NnapiDelegate
+    from pi2.engine.nnapi import NnapiDelegate
     from pi2.errors import Pi2Error
     try:
         d = NnapiDelegate(lib_path, accelerators_only=(mode == "auto"))
@@ -81,7 +81,7 @@ def attach(ctx, mode: str, lib_path: str | None = None, model=None, npu_gbps: fl
         d, reason = None, (f"the F16 weight copies for NNAPI ({need >> 20} MiB) would take more than half of the "
                            f"available memory ({avail >> 20} MiB)")
     if d is not None:
-        from pi2.engine_nnapi import ctx_set_nnapi
+        from pi2.engine.nnapi import ctx_set_nnapi
         from pi2.errors import Pi2Error
         try:
             ctx_set_nnapi(ctx, d, MIN_BATCH)
@@ -104,7 +104,7 @@ def _attach_hot(ctx, model, mode: str, lib_path, npu_gbps, room) -> None:
     dec = decide(model, mode, d, reason, ctx.n_threads, room, npu_gbps)
     ctx.npu_plan = dec
     if dec.use:
-        from pi2.engine_nnapi import ctx_set_npu_ffn
+        from pi2.engine.nnapi import ctx_set_npu_ffn
         from pi2.errors import Pi2Error
         try:
             ctx_set_npu_ffn(ctx, d, dec.n_hot)
@@ -138,7 +138,7 @@ def bench_fields(ctx) -> dict:
     state = getattr(ctx, "npu_state", "off")
     fields = {"npu": state, "npu_devices": getattr(ctx, "npu_devices", "")}
     if state == "nnapi":
-        from pi2.engine_nnapi import ctx_nnapi_stats, ctx_npu_ffn_stats
+        from pi2.engine.nnapi import ctx_nnapi_stats, ctx_npu_ffn_stats
         s, h = ctx_nnapi_stats(ctx), ctx_npu_ffn_stats(ctx)
         fields.update(npu_bytes=s["bytes"] + h["bytes"], npu_runs=s["runs"] + h["runs"],
                       npu_fallbacks=s["fallbacks"] + h["fallbacks"])

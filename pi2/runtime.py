@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
-from pi2.errors import UsageError
+from pi2.errors import ModelFormatError, UnsupportedError, UsageError
 from pi2.model.loader import Model, load_model
 
 ENGINES = ("auto", "c", "reference")
@@ -113,7 +113,11 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int) -> RunConfig:
     limit = memory_limit()
     if limit is None:
         return cfg
-    kv, scratch = context_bytes(model.config, n_ctx, max(cfg.n_threads, 1))
+    from pi2.engine import CModel
+    try:
+        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1))
+    except (UnsupportedError, ModelFormatError):   # not a model the C core runs: its contexts are not counted
+        kv = scratch = 0
     need = os.path.getsize(model.path) + kv + scratch + runtime_rss(model) + MARGIN
     if need <= limit:
         return cfg
@@ -136,7 +140,8 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
     """A C context whose FFN bundles come from the neuron cache the budget leaves room for (and its gate rows, when
     the run uses the file's predictor: two-phase loading); with the NPU on, its copies of the hot prefix are part of
     the fixed region and the cache keeps no hot prefix of its own."""
-    from pi2 import flash_io, npu
+    from pi2 import npu
+    from pi2.engine import flash_io
     from pi2.engine import CContext, CModel, _default_threads
     from pi2.plan.budget import make_plan, streamable
     from pi2.sparse import choose_rule

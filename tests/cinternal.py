@@ -1,45 +1,20 @@
-"""cinternal.py — the C core's internal entry points (ops.h, matmul.h, threadpool.h) for tests.
+"""cinternal.py — the C core's test entry points (csrc/pi2_test.h) for tests, with thin numpy wrappers.
 
-They are not in pi2.h (Python never calls them in production); the extension exports them as
-ordinary symbols, so cffi's ABI mode opens the same shared object and declares them here, copied
-from the headers named beside each block. Owns: those declarations and thin numpy wrappers.
+pi2's extension binds pi2_test.h beside pi2.h (cffi API mode: declarations and layouts checked against C, none
+exported from the module), so these call `pi2._pi2.lib` directly. Owns: the ops, attention and matmul wrappers, the
+thread pool, the slot LRU, FlashFile with the reads one by one and the I/O test switches, the probe's test switches.
 """
 from __future__ import annotations
 
 import numpy as np
-from cffi import FFI
 
-from pi2 import _pi2
+from pi2._pi2 import ffi, lib
+from pi2.engine import check, flash_io
 
-ffi = FFI()
-ffi.cdef("""
-typedef uint16_t pi2_fp16;
-/* ops.h */
-void pi2_rms_norm(float *y, const float *x, const float *w, int64_t n, float eps);
-void pi2_rope_cache(float *cs, int32_t pos, int32_t n_rot, float base, float freq_scale, const float *freq_factors);
-void pi2_rope(float *x, int32_t n_heads, int32_t head_dim, int32_t n_rot, const float *cs, int32_t neox);
-void pi2_gelu_table(pi2_fp16 *table);
-void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
-typedef struct pi2_pool pi2_pool;
-typedef struct {
-    const float *q; const float *k; const float *v; float *out; float *scores; float *qf; float *acc;
-    int32_t n_tok, pos0, n_ctx; int32_t n_head, n_head_kv, head_dim, head_dim_v; int32_t window; float scale;
-} pi2_attn;
-void pi2_attention(pi2_pool *pool, pi2_attn *a);
-int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
-/* threadpool.h */
-int pi2_pool_create(int32_t n_threads, pi2_pool **out);
-void pi2_pool_free(pi2_pool *pool);
-/* matmul.h */
-typedef struct { const uint8_t *data; int32_t type; int64_t n_in, n_out; size_t row_bytes; } pi2_weight;
-typedef struct { const pi2_weight *w; float *out; } pi2_mm;
-typedef struct { pi2_pool *pool; int32_t impl; uint8_t *xq; void *npu; void *npu_matmul; } pi2_matmul_env;
-size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t impl);
-void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
-""")
-lib = ffi.dlopen(_pi2.__file__)
-IMPLS = {"auto": 0, "ref": 1, "base": 2}
-ACTS = {"silu": 0, "gelu": 1, "relu": 2}
+IMPLS = {"auto": lib.PI2_IMPL_AUTO, "ref": lib.PI2_IMPL_REF, "base": lib.PI2_IMPL_BASE}
+ACTS = {"silu": lib.PI2_ACT_SILU, "gelu": lib.PI2_ACT_GELU, "relu": lib.PI2_ACT_RELU}
+PROBE_TEST_SECCOMP_URING, PROBE_TEST_RAISE_SIGSYS = lib.PI2_IO_PROBE_TEST_SECCOMP_URING, lib.PI2_IO_PROBE_TEST_RAISE_SIGSYS
+TEST_DIRECT_OPEN_EINVAL, TEST_DIRECT_READ_EINVAL = lib.PI2_IO_TEST_DIRECT_OPEN_EINVAL, lib.PI2_IO_TEST_DIRECT_READ_EINVAL
 
 
 def _f32(a: np.ndarray):
@@ -51,8 +26,7 @@ class Pool:
 
     def __init__(self, n_threads: int = 2):
         out = ffi.new("pi2_pool **")
-        if lib.pi2_pool_create(n_threads, out) != 0:
-            raise RuntimeError("pi2_pool_create failed")
+        check(lib.pi2_pool_create(n_threads, out))
         self.h, self.n_threads = out[0], n_threads
 
     def close(self):
@@ -105,13 +79,8 @@ def attention(pool: Pool, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
     v = np.ascontiguousarray(v_cache.astype(np.float32))
     q = np.ascontiguousarray(q, np.float32)
     out = np.empty((n_tok, n_head * hdv), np.float32)
-    nt = pool.n_threads
-    scores, qf = np.empty(nt * n_ctx, np.float32), np.empty(nt * hd, np.float32)
-    acc = np.empty(nt * lib.pi2_attn_acc_floats(hd, hdv), np.float32)
-    a = ffi.new("pi2_attn *", dict(q=_f32(q), k=_f32(kT), v=_f32(v), out=_f32(out), scores=_f32(scores), qf=_f32(qf),
-                                   acc=_f32(acc), n_tok=n_tok, pos0=pos0, n_ctx=n_ctx, n_head=n_head,
-                                   n_head_kv=n_head_kv, head_dim=hd, head_dim_v=hdv, window=window, scale=scale))
-    lib.pi2_attention(pool.h, a)
+    check(lib.pi2_test_attention(pool.h, _f32(q), _f32(kT), _f32(v), _f32(out), n_tok, pos0, n_ctx, n_head, n_head_kv,
+                                 hd, hdv, window, scale))
     return out
 
 
@@ -121,11 +90,111 @@ def matmul(pool: Pool, raw: np.ndarray, qtype: int, n_in: int, x: np.ndarray, im
     x = np.ascontiguousarray(x, np.float32)
     n_tok, n_out = x.shape[0], raw.shape[0]
     out = np.empty((n_tok, n_out), np.float32)
-    w = ffi.new("pi2_weight *", dict(data=ffi.from_buffer(raw), type=qtype, n_in=n_in, n_out=n_out,
-                                     row_bytes=raw.shape[1]))
-    mm = ffi.new("pi2_mm *", dict(w=w, out=_f32(out)))
-    scratch = np.empty(max(lib.pi2_matmul_scratch(mm, 1, n_tok, IMPLS[impl]), 1), np.uint8)
-    env = ffi.new("pi2_matmul_env *", dict(pool=pool.h, impl=IMPLS[impl],
-                                           xq=ffi.from_buffer("uint8_t[]", scratch, require_writable=True)))
-    lib.pi2_matmul(env, _f32(x), n_tok, mm, 1)
+    check(lib.pi2_test_matmul(pool.h, ffi.from_buffer(raw), qtype, n_in, n_out, raw.shape[1], _f32(x), n_tok,
+                              _f32(out), IMPLS[impl]))
     return out
+
+
+class Slots:
+    """The neuron cache's slot LRU (csrc/cache/slots.c) of n_slots slots over n_layer layers of n_cl clusters."""
+
+    def __init__(self, n_slots: int, n_layer: int, n_cl: int):
+        out = ffi.new("pi2_test_slots **")
+        check(lib.pi2_test_slots_new(n_slots, n_layer, n_cl, out))
+        self.h = ffi.gc(out[0], lib.pi2_test_slots_free)
+        self.n_slots, self.n_layer, self.n_cl = n_slots, n_layer, n_cl
+
+    def find(self, il: int, cl: int) -> int:
+        return lib.pi2_test_slots_find(self.h, il, cl)
+
+    def take(self, il: int, cl: int) -> int:
+        return lib.pi2_test_slots_take(self.h, il, cl)
+
+    def forget(self, s: int) -> None:
+        lib.pi2_test_slots_forget(self.h, s)
+
+    def clear(self) -> None:
+        lib.pi2_test_slots_clear(self.h)
+
+    def check(self) -> int:
+        return lib.pi2_test_slots_check(self.h)
+
+    def poke(self, k: int, s: int) -> None:
+        lib.pi2_test_slots_poke(self.h, k, s)
+
+    def state(self) -> dict:
+        """walk: the LRU list from head (at most n_slots entries), tail, held: (layer, cluster) or None per slot,
+        slot_of: [n_layer * n_cl]."""
+        order, tail = np.zeros(self.n_slots, np.int32), ffi.new("int32_t *")
+        layer, cl = np.zeros(self.n_slots, np.int32), np.zeros(self.n_slots, np.int32)
+        slot_of = np.zeros(self.n_layer * self.n_cl, np.int32)
+        buf = lambda a: ffi.from_buffer("int32_t[]", a, require_writable=True)  # noqa: E731
+        n = lib.pi2_test_slots_state(self.h, buf(order), tail, buf(layer), buf(cl), buf(slot_of))
+        return {"walk": [int(i) for i in order[:n]], "tail": tail[0], "slot_of": slot_of,
+                "held": [(int(a), int(b)) if a >= 0 else None for a, b in zip(layer, cl)]}
+
+
+def probe(path, *, buffered: bool = False, test_flags: int = 0) -> flash_io.ProbeResult:
+    """flash_io.probe with the probe's test switches (pi2_test_io_probe); the result is not kept."""
+    return flash_io.probe(path, buffered=buffered,
+                          _run=lambda p, f, out, chosen: lib.pi2_test_io_probe(p, f, test_flags, out, chosen))
+
+
+class FlashFile(flash_io.FlashFile):
+    """flash_io.FlashFile with the reads one by one (pi2_io_submit / reap / read_all), the page-cache drop, and the
+    open's test switches (pi2_test_io_open's test_flags)."""
+
+    def __init__(self, *args, test_flags: int = 0, **kw):
+        self._test_flags = test_flags
+        self._held: dict = {}     # user -> destination kept alive while in flight
+        super().__init__(*args, **kw)
+
+    def _open(self, path: bytes, params, handle, info) -> int:
+        return lib.pi2_test_io_open(path, params, self._test_flags, handle, info)
+
+    def close(self) -> None:
+        super().close()
+        self._held.clear()
+
+    @staticmethod
+    def _reqs(requests):
+        reqs = ffi.new("pi2_io_request[]", max(len(requests), 1))
+        for i, (offset, length, dest, user) in enumerate(requests):
+            reqs[i].offset, reqs[i].length, reqs[i].user = offset, length, user
+            reqs[i].dest = ffi.from_buffer(dest, require_writable=True)
+        return reqs
+
+    def submit(self, requests) -> int:
+        """Queue (offset, length, dest buffer, user) requests; return how many were accepted."""
+        h = self._handle()
+        reqs = self._reqs(requests)
+        n = ffi.new("int32_t *")
+        check(lib.pi2_io_submit(h, reqs, len(requests), n))
+        for offset, length, dest, user in requests[:n[0]]:
+            self._held[user] = dest
+        return n[0]
+
+    def reap(self, max_n: int = 64, min_complete: int = 1) -> list:
+        h = self._handle()
+        out = ffi.new("pi2_io_completion[]", max(max_n, 1))
+        n = ffi.new("int32_t *")
+        check(lib.pi2_io_reap(h, out, max_n, min_complete, n))
+        got = [flash_io.Completion(out[i].user, out[i].nbytes, out[i].error) for i in range(n[0])]
+        for c in got:
+            self._held.pop(c.user, None)
+        return got
+
+    @property
+    def in_flight(self) -> int:
+        return lib.pi2_io_in_flight(self._handle())
+
+    def read_all(self, requests) -> list:
+        """Completions of (offset, length, dest, user) requests, in request order."""
+        h = self._handle()
+        reqs = self._reqs(requests)
+        out = ffi.new("pi2_io_completion[]", max(len(requests), 1))
+        check(lib.pi2_io_read_all(h, reqs, len(requests), out))
+        return [flash_io.Completion(out[i].user, out[i].nbytes, out[i].error) for i in range(len(requests))]
+
+    def drop_cache(self) -> None:
+        check(lib.pi2_io_drop_cache(self._handle()))

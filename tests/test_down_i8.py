@@ -103,9 +103,9 @@ def test_reference_reads_i8_rows(files):
 def test_scale_descriptor_checked(files, tmp_path):
     m = load_model(files["i8"])
     descs = engine.tensor_descs(m)
-    scales = [d for d in descs if d[0] == engine._FFN_DOWN_SCALE]
+    scales = [d for d in descs if d[0] == engine.ROLES["ffn_down_scale"]]
     assert len(scales) == m.config.n_layer
-    cols = [d for d in descs if d[0] == engine._FFN_DOWN_COLSCALE]
+    cols = [d for d in descs if d[0] == engine.ROLES["ffn_down_colscale"]]
     assert len(cols) == m.config.n_layer
     with pytest.raises(ModelFormatError, match="colscale"):
         CModel.from_model(m, [d for d in descs if d is not cols[0]])

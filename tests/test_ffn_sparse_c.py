@@ -110,7 +110,7 @@ def test_grouped_down_rows_order():
 def test_bundle_descriptors_checked(files):
     m = load_model(files["ud"])
     descs = engine.tensor_descs(m)
-    down = [d for d in descs if d[0] == engine._FFN_DOWN_ROWS]
+    down = [d for d in descs if d[0] == engine.ROLES["ffn_down_rows"]]
     assert len(down) == m.config.n_layer and all(d[2].row_stride > 0 for d in down)
     role, layer, v = down[0]
     bad = engine.RowView(v.type, v.ne, v.offset, v.nbytes, v.row_stride - 4)    # stride and size disagree

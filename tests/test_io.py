@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from clirun import assert_error, cli
-from pi2 import flash_io as fio
+import cinternal as cio
+from pi2.engine import flash_io as fio
 from pi2.errors import EngineError, UnsupportedError, UsageError
 
 SIZE = 37 * 4096 + 1234          # a partial last block
@@ -57,7 +58,7 @@ def test_backends_read_pythons_bytes(data_file, probed, backend, direct):
     rng = random.Random(f"{backend}{direct}")
     reqs = random_requests(rng, n_blocks, 60)
     bufs = [fio.aligned(length) for _, length in reqs]
-    with fio.FlashFile(data_file, backend, queue_depth=8, direct=direct) as f:
+    with cio.FlashFile(data_file, backend, queue_depth=8, direct=direct) as f:
         got = f.read_all([(o, n, b, 1000 + i) for i, ((o, n), b) in enumerate(zip(reqs, bufs))])
         assert f.in_flight == 0
     for i, ((off, length), buf, c) in enumerate(zip(reqs, bufs, got)):
@@ -76,7 +77,7 @@ def test_submit_and_reap_by_hand(data_file, probed, backend):
     want = data_file.read_bytes()
     reqs = [(i * 4096, 4096, fio.aligned(4096), i) for i in range(30)]
     seen = {}
-    with fio.FlashFile(data_file, backend, queue_depth=4) as f:
+    with cio.FlashFile(data_file, backend, queue_depth=4) as f:
         pending = list(reqs)
         while pending or f.in_flight:
             k = f.submit(pending)
@@ -103,7 +104,7 @@ def test_per_request_errors(data_file, probed, backend):
             (4096, 1000, fio.aligned(4096), 4),                 # misaligned length
             (4096, 4096, odd, 5),                               # misaligned destination
             (8192, 0, fio.aligned(4096), 6)]                    # empty
-    with fio.FlashFile(data_file, backend, queue_depth=4) as f:
+    with cio.FlashFile(data_file, backend, queue_depth=4) as f:
         got = f.read_all(reqs)
     assert [(c.user, c.error) for c in got] == [(0, 0), (1, errno.ENODATA), (2, errno.ENODATA), (3, errno.EINVAL),
                                                 (4, errno.EINVAL), (5, errno.EINVAL), (6, errno.EINVAL)]
@@ -116,7 +117,7 @@ def test_closed_descriptor(data_file, probed, backend):
     if not probed.verdict(backend).usable:
         pytest.skip(probed.verdict(backend).reason)
     want = data_file.read_bytes()
-    f = fio.FlashFile(data_file, backend, queue_depth=4)
+    f = cio.FlashFile(data_file, backend, queue_depth=4)
     os.close(f.info["fd"])
     bufs = [fio.aligned(4096) for _ in range(3)]
     got = f.read_all([(i * 4096, 4096, b, i) for i, b in enumerate(bufs)])
@@ -133,7 +134,7 @@ def test_short_read_of_a_file_truncated_under_the_handle(tmp_path, probed):
     for backend in ("pread", "aio", "uring"):
         if not probed.verdict(backend).usable:
             continue
-        with fio.FlashFile(p, backend, queue_depth=2, direct=False) as f:
+        with cio.FlashFile(p, backend, queue_depth=2, direct=False) as f:
             os.truncate(p, 5 * 4096 + 100)
             got = f.read_all([(4 * 4096, 8192, fio.aligned(8192), 0), (6 * 4096, 4096, fio.aligned(4096), 1)])
             assert [(c.error, c.nbytes) for c in got] == [(errno.ENODATA, 4096 + 100), (errno.ENODATA, 0)], backend
@@ -142,12 +143,12 @@ def test_short_read_of_a_file_truncated_under_the_handle(tmp_path, probed):
 
 def test_bad_parameters(data_file):
     with pytest.raises(UsageError):
-        fio.FlashFile(data_file, "auto")
+        cio.FlashFile(data_file, "auto")
     with pytest.raises(EngineError, match="queue depth 0"):
-        fio.FlashFile(data_file, "pread", queue_depth=0)
+        cio.FlashFile(data_file, "pread", queue_depth=0)
     with pytest.raises(EngineError, match="cannot open"):
-        fio.FlashFile(data_file.parent / "missing.bin", "pread")
-    with fio.FlashFile(data_file, "pread", queue_depth=4) as f:
+        cio.FlashFile(data_file.parent / "missing.bin", "pread")
+    with cio.FlashFile(data_file, "pread", queue_depth=4) as f:
         with pytest.raises(EngineError, match="not in 1..4"):
             f.bench(4096, 8, 0.01)
         with pytest.raises(EngineError, match="not a multiple of 4096"):
@@ -177,7 +178,7 @@ def test_probe_picks_a_working_backend(data_file, probed):
     u = probed.verdict("uring")
     if u.usable:
         assert u.reason.startswith(("O_DIRECT", "buffered")), u.reason
-        with fio.FlashFile(data_file, "uring", queue_depth=2) as f:   # cleared for this process
+        with cio.FlashFile(data_file, "uring", queue_depth=2) as f:   # cleared for this process
             assert f.info["backend"] == "uring"
     else:
         assert u.status in ("refused", "unavailable") and u.reason
@@ -187,11 +188,11 @@ def test_probe_picks_a_working_backend(data_file, probed):
 def test_probe_refuses_uring_killed_by_seccomp(data_file):
     """A child whose io_uring_setup is trapped by a seccomp filter (Android's SECCOMP_RET_TRAP) dies of
     SIGSYS: the probe reports uring refused, survives, and picks another backend."""
-    res = fio.probe(data_file, test_flags=fio.PROBE_TEST_SECCOMP_URING)
+    res = cio.probe(data_file, test_flags=cio.PROBE_TEST_SECCOMP_URING)
     u = res.verdict("uring")
     assert (u.status, u.signal) == ("refused", 31) and "seccomp" in u.reason
     assert res.chosen in ("aio", "pread", "mmap") and res.verdict(res.chosen).usable
-    res = fio.probe(data_file, test_flags=fio.PROBE_TEST_RAISE_SIGSYS)
+    res = cio.probe(data_file, test_flags=cio.PROBE_TEST_RAISE_SIGSYS)
     assert res.verdict("uring").status == "refused" and res.chosen != "uring"
 
 
@@ -217,7 +218,7 @@ def test_uring_is_refused_before_a_probe():
     """In a fresh process nothing may call io_uring before the probe has cleared it."""
     import subprocess
     import sys
-    code = ("import sys\nfrom pi2 import flash_io as f\n"
+    code = ("import sys\nfrom pi2.engine import flash_io as f\n"
             "from pi2.errors import UnsupportedError\n"
             "try:\n    f.FlashFile(sys.executable, 'uring')\n"
             "except UnsupportedError as e:\n    print('refused:', e)\n")
@@ -234,9 +235,9 @@ def test_probe_missing_file(tmp_path):
 
 def test_o_direct_fallback(data_file, tmp_path):
     want = data_file.read_bytes()
-    for flag, note in ((fio.TEST_DIRECT_OPEN_EINVAL, "EINVAL at open"),
-                       (fio.TEST_DIRECT_READ_EINVAL, "aligned O_DIRECT read failed with EINVAL")):
-        with fio.FlashFile(data_file, "pread", queue_depth=2, test_flags=flag) as f:
+    for flag, note in ((cio.TEST_DIRECT_OPEN_EINVAL, "EINVAL at open"),
+                       (cio.TEST_DIRECT_READ_EINVAL, "aligned O_DIRECT read failed with EINVAL")):
+        with cio.FlashFile(data_file, "pread", queue_depth=2, test_flags=flag) as f:
             assert f.info["direct"] is False and note in f.info["note"]
             buf = fio.aligned(8192)
             assert f.read_all([(4096, 8192, buf, 0)])[0].error == 0 and bytes(buf) == want[4096:12288]
@@ -252,7 +253,7 @@ def test_o_direct_fallback(data_file, tmp_path):
                 accepts = True
             except OSError:
                 accepts = False
-            with fio.FlashFile(p, "pread", queue_depth=2) as f:
+            with cio.FlashFile(p, "pread", queue_depth=2) as f:
                 assert f.info["direct"] is accepts
                 if not accepts:
                     assert "EINVAL at open" in f.info["note"]
@@ -281,7 +282,7 @@ def test_buffered_reads_leave_no_page_cache(tmp_path):
         return sum(v & 1 for v in vec)
 
     for drop in (False, True):
-        with fio.FlashFile(p, "pread", queue_depth=4, direct=False, drop_cache=drop) as f:
+        with cio.FlashFile(p, "pread", queue_depth=4, direct=False, drop_cache=drop) as f:
             f.drop_cache()
             if resident() != 0:
                 pytest.skip("this file system keeps pages posix_fadvise cannot drop (tmpfs?)")
@@ -289,7 +290,7 @@ def test_buffered_reads_leave_no_page_cache(tmp_path):
             assert all(c.error == 0 for c in got)
             n = resident()
         assert (n == 0) if drop else (n >= 32), (drop, n)
-    with fio.FlashFile(p, "mmap", queue_depth=4) as f:      # a mapping's pages leave with drop_cache
+    with cio.FlashFile(p, "mmap", queue_depth=4) as f:      # a mapping's pages leave with drop_cache
         assert all(c.error == 0 for c in f.read_all([(i * 8192, 8192, fio.aligned(8192), i) for i in range(32)]))
         assert resident() == 64
         f.drop_cache()

@@ -21,7 +21,7 @@ from fixtures import write_model
 from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
 from pi2 import engine, npu
 from pi2.engine import CContext, CModel
-from pi2.engine_nnapi import NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
+from pi2.engine.nnapi import NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
 from pi2.model.loader import load_model
 from pi2.runtime import RunConfig, open_context

@@ -23,7 +23,7 @@ from pi2file import write_pi2
 from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
 from pi2 import sparse
 from pi2.engine import CContext, CModel
-from pi2.engine_nnapi import NnapiDelegate, ctx_npu_ffn_stats, ctx_set_npu_ffn
+from pi2.engine.nnapi import NnapiDelegate, ctx_npu_ffn_stats, ctx_set_npu_ffn
 from pi2.errors import EngineError
 from pi2.model.loader import load_model
 from pi2.plan import npu_plan

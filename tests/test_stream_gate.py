@@ -24,6 +24,7 @@ from pi2file import writer_like
 from pi2 import sparse
 from pi2.convert import convert, predictor
 from pi2.engine import CContext, CModel, ffi, lib, stream_sizes
+from pi2.engine.lib import last_error
 from pi2.errors import EngineError
 from pi2.model.loader import load_model
 from pi2.plan.budget import fixed_bytes, make_plan
@@ -175,7 +176,7 @@ def test_truncated_file_is_a_gate_read_error(files, tmp_path):
     logits = np.empty(m.config.n_vocab, np.float32)
     st = lib.pi2_decode(c._h, ffi.from_buffer("int32_t[]", toks), 1, ffi.from_buffer("float[]", logits), 0)
     assert st == lib.PI2_ERR_IO
-    assert "gate rows of layer" in ffi.string(lib.pi2_last_error()).decode()
+    assert "gate rows of layer" in last_error()[1]
     with pytest.raises(EngineError, match="gate rows"):
         c.decode([TOKENS[1]])
     with pytest.raises(EngineError, match="gate rows"):

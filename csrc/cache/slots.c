@@ -3,7 +3,7 @@
  *       invariant check for tests.
  * Does not: own the slots' bytes or read them (cache.c, cache_read.c).
  * Invariants: the LRU list holds every slot once; slot_of[il][cl] == s exactly when slot s holds (il, cl). */
-#include "cache_pool.h"
+#include "cache/slots.h"
 
 #include "internal.h"
 

@@ -1,19 +1,17 @@
-/* ffn_predict.c — the PI2_FFN_PREDICTED rule: a pi2-made predictor guesses each token's set P of neurons worth a
+/* ffn/predicted.c — the PI2_FFN_PREDICTED_GATE rule: a pi2-made predictor guesses each token's set P of neurons worth a
  * gate row; only those gate rows are computed (one token), and active = P ∩ {|act(gate)| > t_L}.
  * Does: the rule's parameters and buffers; the predictor's input (ffn_norm(h), or attn_norm of the layer's input
  *       kept by forward.c); ĝ = the low-bit gate copy · Q8_0(z) (kernels/lowbit.c) or fc2·(fc1·z) (pi2_matmul);
  *       P = {|act(ĝ_i)| > t_L − m_L}; the gate rows of P; the active set; |P| per layer for the statistics.
- *       In a streamed context whose gate rows stream (cache.c, two-phase loading), one token's gate rows of P come
- *       from the neuron cache: the groups of P whose gate clusters are present are computed while the others are
- *       read, each as soon as its reads land.
- * Does not: up rows, h or down (ffn_sparse.c computes them for the active set as for every rule).
+ *       One token's gate rows of P come from ffn/gate_rows.c (mapped, or streamed through the read pipeline:
+ *       two-phase loading).
+ * Does not: up rows, h or down (ffn/sparse.c computes them for the active set as for every rule).
  * Float order: pi2/sparse.py (rule `predicted`) and pi2/convert/predictor.py, bit for bit; every value is
  *       computed by one task whichever thread runs it. */
-#include "ffn_predict.h"
+#include "ffn/predicted.h"
 
-#include "cache.h"
 #include "context.h"
-#include "ffn_groups.h"
+#include "ffn/gate_rows.h"
 #include "internal.h"
 #include "kernels/lowbit.h"
 #include "ops.h"
@@ -23,7 +21,6 @@
 #include <string.h>
 
 #define PRED_ROWS 64    /* low-bit rows per task */
-#define GATE_CHUNK 32   /* gate rows of P per task (one token) */
 
 struct pi2_ffn_pred {
     int32_t kind, input;
@@ -124,13 +121,12 @@ pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p) {
 }
 
 void pi2_ffn_pred_note_input(pi2_ctx *c, int32_t n) {
-    if (c->ffn.rule == PI2_FFN_PREDICTED && c->ffn_pred->input == 1)
+    if (c->ffn.rule == PI2_FFN_PREDICTED_GATE && c->ffn_pred->input == 1)
         memcpy(c->ffn_pred->z, c->xn, (size_t)n * (size_t)c->m->hp.n_embd * sizeof(float));
 }
 
-void pi2_ctx_ffn_predicted(const pi2_ctx *c, int64_t *predicted) {
-    for (int32_t il = 0; il < c->m->hp.n_layer; il++)
-        predicted[il] = c->ffn_pred && c->ffn.rule == PI2_FFN_PREDICTED ? c->ffn_pred->predicted[il] : 0;
+int64_t pi2_ffn_pred_count(const pi2_ctx *c, int32_t il) {
+    return c->ffn_pred && c->ffn.rule == PI2_FFN_PREDICTED_GATE ? c->ffn_pred->predicted[il] : 0;
 }
 
 /* ---- ĝ ---- */
@@ -161,50 +157,13 @@ static void select_p_task(void *arg, int32_t t, int32_t thread) {
     p->n_P[t] = n;
 }
 
-/* ---- one token: the gate rows of P, in P's order into gc ---- */
-
-static void gate_task(void *arg, int32_t task, int32_t thread) {
-    (void)thread;
-    const pred_job *j = arg;
-    const struct pi2_ffn_pred *p = j->c->ffn_pred;
-    const int32_t n = p->n_P[0], k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
-    pi2_dot_row_list(&j->L->gate, j->c->p.impl, j->L->gate.data, p->P, task * GATE_CHUNK, k1, p->gc, p->gq);
-}
-
-/* gate_task over the neuron cache: P's entries in one group of PI2_FFN_GROUP neurons, each row found through its
- * cluster's delta; the four-row kernel on four neighbours of one cluster (consecutive rows of its slot). Every
- * value in vec_dot's order, as gate_task computes it. */
-static void gate_task_stream(void *arg, int32_t task, int32_t thread) {
-    (void)thread;
-    const pred_job *j = arg;
-    const pi2_ctx *c = j->c;
-    const struct pi2_ffn_pred *p = c->ffn_pred;
-    const pi2_weight *w = &j->L->gate;
-    const int32_t g = c->ffn_task_group[task], k1 = c->ffn_group_start[g + 1], C = pi2_cache_cluster(c->cache);
-    const uint8_t *arena = pi2_cache_arena(c->cache, PI2_PART_GATE);
-    const int64_t row0 = w->data - c->m->map;   /* row 0's file offset */
-    const int32_t *P = p->P;
-    for (int32_t k = c->ffn_group_start[g], ke; k < k1; k = ke) {   /* P's entries cluster by cluster */
-        const int32_t cl = P[k] / C;
-        for (ke = k + 1; ke < k1 && P[ke] / C == cl; ke++) {}
-        pi2_dot_row_list(w, c->p.impl, arena + pi2_cache_delta(c->cache, PI2_PART_GATE, cl) + row0, P, k, ke, p->gc,
-                         p->gq);
-    }
-}
+/* ---- one token: the gate rows of P only (ffn/gate_rows.c), then the active set ---- */
 
 static pi2_status one_token(pi2_ctx *c, const pred_job *j) {
     struct pi2_ffn_pred *p = c->ffn_pred;
-    const pi2_layer *L = j->L;
-    const int64_t F = c->m->hp.n_ff;
     const int32_t n = p->n_P[0];
-    pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl)->quantize_act(c->xn, p->gq, L->gate.n_in);
-    if (c->cache && pi2_cache_streams_gate(c->cache)) {   /* phase 1 of two-phase loading: P's gate rows */
-        pi2_ffn_group_starts(c, p->P, n);
-        const pi2_status s = pi2_ffn_stream_groups(c, PI2_PART_GATE, j->il, p->P, n, gate_task_stream, (void *)j);
-        if (s) return s;
-    } else {
-        pi2_pool_run(c->pool, gate_task, (void *)j, (n + GATE_CHUNK - 1) / GATE_CHUNK);
-    }
+    const pi2_status s = pi2_ffn_gate_rows(c, j->L, j->il, p->P, n, p->gc, p->gq);
+    if (s) return s;
     float *a = p->ghat;   /* act(gc), in P's order (ĝ is not needed any more) */
     pi2_ffn_act_values(a, p->gc, n, c->m->hp.ffn_act, c->m->gelu_table);
     const float thr = c->ffn.thresholds[j->il];
@@ -215,10 +174,6 @@ static pi2_status one_token(pi2_ctx *c, const pred_job *j) {
             c->ffn_score[p->P[k]] = a[k];
         }
     c->ffn_n_active[0] = n_act;
-    if (c->trace) {   /* the gate values computed, zeros elsewhere */
-        memset(c->gate, 0, (size_t)F * sizeof *c->gate);
-        for (int32_t k = 0; k < n; k++) c->gate[p->P[k]] = p->gc[k];
-    }
     return PI2_OK;
 }
 

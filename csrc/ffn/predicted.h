@@ -1,4 +1,4 @@
-/* ffn_predict.h — the PI2_FFN_PREDICTED rule of the sparse FFN (ffn_predict.c), called by context.c,
+/* ffn_predict.h — the PI2_FFN_PREDICTED_GATE rule of the sparse FFN (ffn_predict.c), called by context.c,
  * forward.c and ffn_sparse.c. */
 #ifndef PI2_FFN_PREDICT_H
 #define PI2_FFN_PREDICT_H
@@ -9,7 +9,7 @@
 
 struct pi2_ffn_pred;
 
-/* Check p (rule PI2_FFN_PREDICTED) against the model, size the context's predictor buffers (once) and copy the
+/* Check p (rule PI2_FFN_PREDICTED_GATE) against the model, size the context's predictor buffers (once) and copy the
  * cuts. PI2_ERR_INVALID: a bad kind, input or NULL cuts, a layer without the kind's tensors; PI2_ERR_NOMEM. */
 pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p);
 void pi2_ffn_pred_free(struct pi2_ffn_pred *pred);
@@ -22,6 +22,9 @@ void pi2_ffn_pred_note_input(pi2_ctx *c, int32_t n);
  * select_task leaves them (*done = 1); for a batch *done = 0: the caller computes every gate row and calls
  * pi2_ffn_pred_select per token. PI2_ERR_IO: a streamed gate read failed. */
 pi2_status pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, int *done);
+
+/* |P| of layer il summed over the tokens since pi2_ctx_set_ffn (0 under other rules). */
+int64_t pi2_ffn_pred_count(const pi2_ctx *c, int32_t il);
 
 /* Token t of a batch: its active neurons P ∩ {|s_i| > t_L} (s = act(gate)) into idx, ascending; their count. */
 int32_t pi2_ffn_pred_select(const pi2_ctx *c, int32_t il, int32_t t, const float *s, int32_t *idx);

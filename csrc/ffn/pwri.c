@@ -1,13 +1,15 @@
-/* ffn_pwri.c — the PI2_FFN_PREDICTOR rule: PowerInfer's own predictor (PWRI files, and pi2 files converted from
+/* ffn/pwri.c — the PI2_FFN_PWRI_PREDICTOR rule: PowerInfer's own predictor (PWRI files, and pi2 files converted from
  * them) chooses each token's active neurons before the FFN runs.
  * Does: the rule's buffers; s = fc2·relu(fc1·h) by pi2_matmul, like the model's own products, on the residual h
  *       before ffn_norm (c->x: forward.c adds the FFN's output to it only afterwards), into c->up (free until the
  *       up rows); each token's active set {s_i >= t_L}; for one token the gate rows of its active neurons only,
  *       and act(gate) of them.
- * Does not: up rows, h or down (ffn_sparse.c computes them for the active set as for every rule).
+ * Does not: up rows, h or down (ffn/sparse.c computes them for the active set as for every rule).
  * Float order: pi2/sparse.py (rule `predictor`, predictor_scores) bit for bit; relu(v) = v <= 0 ? 0 : v is numpy's
  *       maximum(v, 0); every value is computed by one task whichever thread runs it. */
-#include "ffn_pwri.h"
+#include "ffn/pwri.h"
+
+#include "ffn/gate_rows.h"
 
 #include "context.h"
 #include "internal.h"
@@ -15,8 +17,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-
-#define GATE_CHUNK 32   /* gate rows of the active set per task (one token) */
 
 struct pi2_ffn_pwri {
     float *hid;         /* [B][r_max] relu(fc1·h) */
@@ -81,44 +81,30 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     c->ffn_n_active[t] = k;
 }
 
-/* ---- one token: the gate rows of its active neurons, in their order into gc ---- */
+/* ---- one token: the gate rows of its active neurons only (ffn/gate_rows.c), and act(gate) of them ---- */
 
-static void gate_task(void *arg, int32_t task, int32_t thread) {
-    (void)thread;
-    const pwri_job *j = arg;
-    const pi2_ctx *c = j->c;
-    const struct pi2_ffn_pwri *pw = c->ffn_pwri;
-    const int32_t n = c->ffn_n_active[0], k1 = (task + 1) * GATE_CHUNK < n ? (task + 1) * GATE_CHUNK : n;
-    pi2_dot_row_list(&j->L->gate, c->p.impl, j->L->gate.data, c->ffn_idx, task * GATE_CHUNK, k1, pw->gc, pw->gq);
-}
-
-static void one_token(pi2_ctx *c, const pwri_job *j) {
+static pi2_status one_token(pi2_ctx *c, const pwri_job *j) {
     struct pi2_ffn_pwri *pw = c->ffn_pwri;
-    const pi2_layer *L = j->L;
-    const int64_t F = c->m->hp.n_ff;
     const int32_t n = c->ffn_n_active[0];
-    pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl)->quantize_act(c->xn, pw->gq, L->gate.n_in);
-    pi2_pool_run(c->pool, gate_task, (void *)j, (n + GATE_CHUNK - 1) / GATE_CHUNK);
-    if (c->trace) {   /* the gate values computed, zeros elsewhere */
-        memset(c->gate, 0, (size_t)F * sizeof *c->gate);
-        for (int32_t k = 0; k < n; k++) c->gate[c->ffn_idx[k]] = pw->gc[k];
-    }
+    const pi2_status s = pi2_ffn_gate_rows(c, j->L, j->il, c->ffn_idx, n, pw->gc, pw->gq);
+    if (s) return s;
     pi2_ffn_act_values(pw->gc, pw->gc, n, c->m->hp.ffn_act, c->m->gelu_table);   /* in place */
     for (int32_t k = 0; k < n; k++) c->ffn_score[c->ffn_idx[k]] = pw->gc[k];
+    return PI2_OK;
 }
 
-int pi2_ffn_pwri(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+pi2_status pi2_ffn_pwri(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, int *done) {
     struct pi2_ffn_pwri *pw = c->ffn_pwri;
     const size_t hid = (size_t)n * (size_t)L->fc1.n_out;
     pi2_matmul(&c->mm, c->x, n, &(pi2_mm){&L->fc1, pw->hid}, 1);
     for (size_t i = 0; i < hid; i++) pw->hid[i] = pw->hid[i] <= 0.0f ? 0.0f : pw->hid[i];
     pi2_matmul(&c->mm, pw->hid, n, &(pi2_mm){&L->fc2, c->up}, 1);
     pwri_job j = {.c = c, .L = L, .il = il};
+    *done = n == 1;
     if (n > 1) {
         pi2_pool_run(c->pool, select_task, &j, n);
-        return 0;
+        return PI2_OK;
     }
     select_task(&j, 0, 0);
-    one_token(c, &j);
-    return 1;
+    return one_token(c, &j);
 }

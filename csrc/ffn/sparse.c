@@ -1,28 +1,31 @@
-/* ffn_sparse.c — the FFN of one layer when a token computes only its active neurons, or when the
+/* ffn/sparse.c — the FFN of one layer when a token computes only its active neurons, or when the
  * layer's down projection is stored as rows (pi2 bundles, PowerInfer's ffn_down_t).
  * Does: gate rows for every neuron (one token under the predicted rule: of the predicted ones only,
- *       ffn_predict.c; under PowerInfer's predictor: of the active ones only, ffn_pwri.c);
- *       the active set of each token by the context's rule (ffn_select.c);
+ *       ffn/predicted.c; under PowerInfer's predictor: of the active ones only, ffn/pwri.c);
+ *       the active set of each token by the context's rule (ffn/select.c);
  *       up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
  *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
  *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
- *       In a streamed context (cache.c) the bundles come from the neuron cache: one token computes the
- *       groups whose clusters are present while the misses are read, then the rest; a batch reads each
- *       layer's bundles whole and runs the same code on them (and streamed gate rows, whenever all are needed).
+ *       In a streamed context the read pipeline (csrc/pipeline/) brings the bytes: one token computes each
+ *       group as its clusters become present (the same group task as mapped rows, with the rows' addressing
+ *       passed in); a batch gets each layer's bundles read whole and runs the same code on them (and streamed
+ *       gate rows, whenever all are needed).
+ * Does not: read or decide what to read (the pipeline); it only tells the pipeline which parts it reads unit by
+ *       unit (pi2_ffn_unit_parts).
  * Determinism: every up value is computed in vec_dot's order (vec_dot, the four-row kernel, or the tiled
  *       product for batches, which keep it), every output element one fixed sequence of float operations,
  *       whichever thread runs it, wherever the bytes live. */
-#include "ffn_sparse.h"
+#include "ffn/sparse.h"
 
-#include "cache.h"
 #include "context.h"
-#include "ffn_groups.h"
-#include "ffn_predict.h"
-#include "ffn_pwri.h"
-#include "ffn_select.h"
+#include "ffn/gate_rows.h"
+#include "ffn/predicted.h"
+#include "ffn/pwri.h"
+#include "ffn/select.h"
 #include "internal.h"
-#include "npu_ffn.h"
+#include "nnapi/hot_ffn.h"
 #include "ops.h"
+#include "pipeline/pipeline.h"
 
 #include <string.h>
 
@@ -40,6 +43,10 @@ typedef struct {
     size_t xq_row;
     int64_t slice;               /* down rows: output values per task */
     size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
+    /* one token over down rows: where the rows are (pi2_rows) and their file offsets of neuron 0 (0: at base) */
+    pi2_rows up_rows, down_rows;
+    int64_t up0, down0;
+    const int32_t *groups;       /* the pipeline's ready groups (task -> group), or NULL: task = group */
 } ffn_job;
 
 /* ---- the active set (ffn_select.c) ---- */
@@ -130,30 +137,42 @@ static void down_rows_task(void *arg, int32_t task, int32_t thread) {
 
 /* ---- one token over down rows: each group's up rows, h and partial sum together, then the sum ---- */
 
-static void group_task(void *arg, int32_t g, int32_t thread) {
+/* One group of the token's active neurons: up rows, h, then the group's partial sum. Rows are found through
+ * j->up_rows / j->down_rows, mapped or in the neuron cache's slots (the four-row kernel on four neighbours of one
+ * cluster: consecutive records); streamed rows go to axpy_group as byte offsets from the arena (row_bytes 1), so
+ * one call still covers the whole group in the same order. */
+static void group_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const ffn_job *j = arg;
     const pi2_ctx *c = j->c;
+    const int32_t g = j->groups ? j->groups[task] : task;
     const int32_t k0 = c->ffn_group_start[g], k = c->ffn_group_start[g + 1] - k0;
     if (!k) return;
     const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
-    const int32_t *idx = c->ffn_idx + k0;
+    const pi2_rows *ur = &j->up_rows, *dr = &j->down_rows;
+    const int32_t *idx = c->ffn_idx + k0, cluster = ur->cluster;
+    const int64_t us = (int64_t)up->row_bytes, ds = (int64_t)down->row_bytes;
     const float *s = c->ffn_score;
     const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
+    int32_t off[PI2_FFN_GROUP];
     for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
-        const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3;
+        const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / cluster == idx[i + 3] / cluster;
         for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
-            const uint8_t *u = up->data + (size_t)idx[pf] * up->row_bytes;   /* scattered rows defeat the */
-            const uint8_t *d = down->data + (size_t)idx[pf] * down->row_bytes; /* hardware prefetcher: ask */
-            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);      /* PREFETCH ahead */
+            const uint8_t *u = pi2_row_at(ur, idx[pf], j->up0 + idx[pf] * us);      /* scattered rows defeat the */
+            const uint8_t *d = pi2_row_at(dr, idx[pf], j->down0 + idx[pf] * ds);    /* hardware prefetcher: ask */
+            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);   /* PREFETCH ahead */
             for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(d + o);
         }
-        const uint8_t *row = up->data + (size_t)idx[i] * up->row_bytes;
+        const uint8_t *row = pi2_row_at(ur, idx[i], j->up0 + idx[i] * us);
+        if (dr->delta) off[i] = (int32_t)(pi2_row_at(dr, idx[i], j->down0 + idx[i] * ds) - dr->base);
         if (four) {   /* four neighbours: the four-row kernel */
             float u4[4];
-            j->up_rows4(up->n_in, u4, row, up->row_bytes, c->ffn_xq);
-            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
+            j->up_rows4(up->n_in, u4, row, (size_t)us, c->ffn_xq);
+            for (int r = 0; r < 4; r++, i++) {
+                hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
+                if (dr->delta) off[i] = off[i - r] + (int32_t)(r * ds);
+            }
             continue;
         }
         float u;
@@ -163,52 +182,9 @@ static void group_task(void *arg, int32_t g, int32_t thread) {
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
     row_scales(j->L, hg, idx, k);
-    pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, down->data, down->row_bytes, idx, hg, k);
-}
-
-/* group_task over the neuron cache: rows found through their cluster's delta; axpy_group gets byte offsets
- * from the arena (row_bytes 1), so one call still covers the whole group in the same order. */
-static void group_task_stream(void *arg, int32_t task, int32_t thread) {
-    (void)thread;
-    const ffn_job *j = arg;
-    const pi2_ctx *c = j->c;
-    const int32_t g = c->ffn_task_group[task];
-    const int32_t k0 = c->ffn_group_start[g], k = c->ffn_group_start[g + 1] - k0;
-    const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
-    const int32_t *idx = c->ffn_idx + k0, C = pi2_cache_cluster(c->cache);
-    const uint8_t *arena = pi2_cache_arena(c->cache, PI2_PART_BUNDLES), *map = c->m->map;
-    const int64_t up0 = up->data - map, down0 = down->data - map, bb = (int64_t)up->row_bytes;
-    const float *s = c->ffn_score;
-    const int32_t act = c->m->hp.ffn_act;
-    float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
-    int32_t off[PI2_FFN_GROUP];
-    for (int32_t i = 0, pf = 0; i < k;) {
-        const int64_t d = pi2_cache_delta(c->cache, PI2_PART_BUNDLES, idx[i] / C) + (int64_t)idx[i] * bb;
-        const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / C == idx[i + 3] / C;
-        for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
-            const int32_t a = idx[pf];     /* as group_task: every row PREFETCH neurons ahead */
-            const uint8_t *r = arena + pi2_cache_delta(c->cache, PI2_PART_BUNDLES, a / C) + (int64_t)a * bb;
-            for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(r + up0 + o);
-            for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(r + down0 + o);
-        }
-        if (four) {
-            float u4[4];   /* four neighbours in one cluster: consecutive records of its slot */
-            j->up_rows4(up->n_in, u4, arena + d + up0, (size_t)bb, c->ffn_xq);
-            for (int r = 0; r < 4; r++, i++) {
-                hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
-                off[i] = (int32_t)(d + (int64_t)r * bb + down0);
-            }
-            continue;
-        }
-        float u;
-        j->up_tr->vec_dot(up->n_in, &u, arena + d + up0, c->ffn_xq);
-        hg[i] = s[idx[i]] * pi2_ffn_up_factor(u, act);
-        off[i] = (int32_t)(d + down0);
-        i++;
-    }
-    memset(part, 0, (size_t)j->n_embd * sizeof *part);
-    row_scales(j->L, hg, idx, k);
-    pi2_traits(down->type, c->p.impl)->axpy_group(j->n_embd, part, arena, 1, off, hg, k);
+    const pi2_type_traits *dt = pi2_traits(down->type, c->p.impl);
+    if (dr->delta) dt->axpy_group(j->n_embd, part, dr->base, 1, off, hg, k);
+    else dt->axpy_group(j->n_embd, part, dr->base + j->down0, down->row_bytes, idx, hg, k);
 }
 
 /* y = the groups' partial sums added in group order (a slice of the columns per task) */
@@ -229,15 +205,35 @@ static void reduce_task(void *arg, int32_t task, int32_t thread) {
         for (int64_t e = j0; e < j1; e++) y[e] *= j->L->down_colscale[e];
 }
 
+int32_t pi2_ffn_group_starts(pi2_ctx *c, const int32_t *idx, int32_t n) {
+    const int32_t n_groups = (int32_t)((c->m->hp.n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP);
+    for (int32_t g = 0, k = 0; g <= n_groups; g++) {
+        while (k < n && idx[k] < g * PI2_FFN_GROUP) k++;
+        c->ffn_group_start[g] = k;
+    }
+    return n_groups;
+}
+
 static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     const int32_t n = c->ffn_n_active[0], *idx = c->ffn_idx;
     const int32_t n_groups = pi2_ffn_group_starts(c, idx, n);   /* where each group's active neurons start */
+    const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
     quantize_task(j, 0, 0);
-    const pi2_type_traits *ut = pi2_traits(j->L->up.type, c->p.impl), *dt = pi2_traits(j->L->down_rows.type, c->p.impl);
+    const pi2_type_traits *ut = pi2_traits(up->type, c->p.impl), *dt = pi2_traits(down->type, c->p.impl);
     j->up_bytes = (size_t)(j->n_embd / ut->block_size) * (size_t)ut->type_size;
     j->down_bytes = (size_t)(j->n_embd / dt->block_size) * (size_t)dt->type_size;
-    if (c->cache) {   /* hits and the hot prefix while the misses are read, then groups as their reads land */
-        const pi2_status s = pi2_ffn_stream_groups(c, PI2_PART_BUNDLES, j->il, idx, n, group_task_stream, j);
+    j->up_rows = (pi2_rows){.base = up->data, .cluster = PI2_FFN_GROUP};
+    j->down_rows = (pi2_rows){.base = down->data, .cluster = PI2_FFN_GROUP};
+    j->up0 = j->down0 = 0;
+    j->groups = NULL;
+    if (c->pipeline && pi2_pipeline_by_units(c->pipeline, PI2_PART_BUNDLES)) {
+        /* hits and the hot prefix while the misses are read, then groups as their reads land */
+        j->up_rows = j->down_rows = pi2_pipeline_rows(c->pipeline, PI2_PART_BUNDLES);
+        j->up0 = up->data - c->m->map;   /* file offsets: the mapping's bundles are never read */
+        j->down0 = down->data - c->m->map;
+        j->groups = pi2_pipeline_groups(c->pipeline);
+        const pi2_status s = pi2_pipeline_run(c->pipeline, c->pool, PI2_PART_BUNDLES, j->il, idx, n,
+                                              c->ffn_group_start, group_task, j);
         if (s) return s;
     } else {
         pi2_pool_run(c->pool, group_task, j, n_groups);
@@ -253,30 +249,20 @@ static int one_rows_of(const pi2_ctx *c, const pi2_layer *L, int32_t n) {
     return n == 1 && L->down_rows.data && !c->ffn.score_up;
 }
 
-/* The parts a streamed layer reads whole (bit p: part p): the bundles unless one pass over them; streamed gate rows
- * unless one token's predicted set chooses them (ffn_predict.c reads only P's). */
-static uint32_t whole_parts(const pi2_ctx *c, const pi2_layer *L, int32_t n) {
-    const int gate = pi2_cache_streams_gate(c->cache) && !(c->ffn.rule == PI2_FFN_PREDICTED && n == 1);
-    return (one_rows_of(c, L, n) ? 0u : 1u << PI2_PART_BUNDLES) | (gate ? 1u << PI2_PART_GATE : 0u);
-}
-
-pi2_status pi2_ffn_sparse_early(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
-    if (!c->cache) return PI2_OK;
-    const uint32_t whole = whole_parts(c, L, n);
-    if (whole) return pi2_cache_ahead(c->cache, il, whole);
-    return one_rows_of(c, L, n) && !pi2_cache_streams_gate(c->cache) ? pi2_cache_early(c->cache, il) : PI2_OK;
+uint32_t pi2_ffn_unit_parts(const pi2_ctx *c, const pi2_layer *L, int32_t n) {
+    return (one_rows_of(c, L, n) ? 1u << PI2_PART_BUNDLES : 0u) |
+           (c->ffn.rule == PI2_FFN_PREDICTED_GATE && n == 1 ? 1u << PI2_PART_GATE : 0u);
 }
 
 pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const int one_rows = one_rows_of(c, L, n);
-    const uint32_t whole = c->cache ? whole_parts(c, L, n) : 0;
     pi2_layer view = *L;
-    for (int32_t p = 0; p < 2; p++) {   /* regions read whole (ahead, pi2_ffn_sparse_early): then as if mapped */
-        const pi2_status s = whole >> p & 1 ? pi2_cache_load_layer(c->cache, p, il, &view) : PI2_OK;
+    if (c->pipeline) {   /* the parts the layer's plan reads whole (ahead, during attention): then as if mapped */
+        const pi2_status s = pi2_pipeline_whole(c->pipeline, il, &view);
         if (s) return s;
+        L = &view;
     }
-    if (whole) L = &view;
     /* batches compute every up row with the tiled product (the same value per row and token as one row's
      * kernel) rather than fetch each token's rows again */
     const int full_up = !one_rows && (n > 1 || c->ffn.rule == PI2_FFN_DENSE || c->ffn.score_up);
@@ -285,27 +271,31 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
                  .up_tr = pi2_traits(L->up.type, c->p.impl), .up_rows4 = pi2_kernels_dot_rows4(L->up.type, c->p.impl)};
     const pi2_type_traits *a = pi2_traits(j.up_tr->vec_dot_type, c->p.impl);
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
-    const int npu = one_rows && pi2_npu_ffn_start(c, il);   /* the hot prefix on NNAPI meanwhile (npu_ffn.c) */
+    const int npu = one_rows && pi2_nnapi_hot_start(c, il);   /* the hot prefix on NNAPI meanwhile (nnapi_hot.c) */
 
     /* gate rows of every neuron (and every up row when the rule needs them); one token under the predicted
      * rule or PowerInfer's predictor: its active set first, and the gate rows of its chosen neurons only */
     int chosen = 0;
-    if (c->ffn.rule == PI2_FFN_PREDICTED) {
+    if (c->ffn.rule == PI2_FFN_PREDICTED_GATE) {
         const pi2_status s = pi2_ffn_predict(c, L, il, n, &chosen);
         if (s) {
-            if (npu) pi2_npu_ffn_finish(c, s);
+            if (npu) pi2_nnapi_hot_finish(c, s);
             return s;
         }
-    } else if (c->ffn.rule == PI2_FFN_PREDICTOR) {
-        chosen = pi2_ffn_pwri(c, L, il, n);
+    } else if (c->ffn.rule == PI2_FFN_PWRI_PREDICTOR) {
+        const pi2_status s = pi2_ffn_pwri(c, L, il, n, &chosen);
+        if (s) {
+            if (npu) pi2_nnapi_hot_finish(c, s);
+            return s;
+        }
     }
     if (full_up)
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
     else if (!chosen)
         pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
     if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);
-    if (n > 1 && whole >> PI2_PART_GATE & 1 && il + 1 < hp->n_layer) {   /* done with these gate rows: */
-        const pi2_status s = pi2_cache_ahead(c->cache, il + 1, 1u << PI2_PART_GATE);   /* the next layer's come */
+    if (c->pipeline) {   /* done with these gate rows: a batch's next layer's come meanwhile */
+        const pi2_status s = pi2_pipeline_release(c->pipeline, PI2_PART_GATE, il);
         if (s) return s;
     }
 
@@ -315,9 +305,9 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
         c->ffn_active[il] += c->ffn_n_active[0];
         if (il == 0) c->ffn_tokens += 1;
         if (!npu) return one_token_rows(c, &j);
-        pi2_npu_ffn_take_hot(c);
+        pi2_nnapi_hot_take_hot(c);
         const pi2_status s = one_token_rows(c, &j);
-        return pi2_npu_ffn_finish(c, s) ? one_token_rows(c, &j) : s;
+        return pi2_nnapi_hot_finish(c, s) ? one_token_rows(c, &j) : s;
     }
     if (!full_up) {   /* a single token (plain files' down) */
         quantize_task(&j, 0, 0);

@@ -86,7 +86,7 @@ static pi2_status wait_done(pi2_io *io, int32_t min) {
         long r = syscall(__NR_io_getevents, a->ctx, (long)(min - got > 0 ? min - got : 0), (long)io->n_started,
                          a->events, min - got > 0 ? NULL : &zero);
         if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return pi2_set_error(PI2_ERR_IO, "io_getevents: %s", strerror(errno));
+        if (r < 0) return pi2_set_io_error(errno, "", "io_getevents: %s", strerror(errno));
         for (long i = 0; i < r; i++) {
             io->n_started--;
             io_finish(io, (int32_t)a->events[i].data, a->events[i].res);

@@ -19,13 +19,11 @@
 
 #define MAX_LEN (1ull << 30)
 
+static const char *const NAMES[] = {"auto", "uring", "aio", "pread", "mmap"};
+
 static atomic_int uring_cleared;
 int io_uring_cleared(void) { return atomic_load(&uring_cleared); }
 void io_uring_set_cleared(void) { atomic_store(&uring_cleared, 1); }
-
-static const char *const NAMES[] = {"auto", "uring", "aio", "pread", "mmap"};
-
-const char *pi2_io_backend_name(int32_t b) { return b >= 0 && b <= PI2_IO_MMAP ? NAMES[b] : NULL; }
 
 pi2_io_params pi2_io_default_params(void) {
     return (pi2_io_params){.backend = PI2_IO_PREAD, .queue_depth = 32, .direct = 1, .drop_cache = 1};
@@ -57,14 +55,14 @@ static int statx_no_dio(int fd) {
 }
 
 /* Open path with O_DIRECT if it works for an aligned read; else buffered. Sets io->fd/direct/note. */
-static pi2_status open_file(pi2_io *io, const char *path, const pi2_io_params *p) {
+static pi2_status open_file(pi2_io *io, const char *path, const pi2_io_params *p, int32_t test_flags) {
     const int base = O_RDONLY | O_CLOEXEC;
     int want_direct = p->direct && p->backend != PI2_IO_MMAP;
     if (want_direct) {
-        int fd = (p->test_flags & PI2_IO_TEST_DIRECT_OPEN_EINVAL) ? (errno = EINVAL, -1)
+        int fd = (test_flags & PI2_IO_TEST_DIRECT_OPEN_EINVAL) ? (errno = EINVAL, -1)
                                                                     : open(path, base | O_DIRECT);
         if (fd < 0 && errno != EINVAL)
-            return pi2_set_error(PI2_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+            return pi2_set_io_error(errno, path, "cannot open %s: %s", path, strerror(errno));
         if (fd < 0) {
             snprintf(io->note, sizeof io->note, "buffered: the file system refuses O_DIRECT (EINVAL at open)");
         } else if (statx_no_dio(fd)) {
@@ -77,7 +75,7 @@ static pi2_status open_file(pi2_io *io, const char *path, const pi2_io_params *p
                 close(fd);
                 return pi2_set_error(PI2_ERR_NOMEM, "no memory for a 4 KiB buffer");
             }
-            if (p->test_flags & PI2_IO_TEST_DIRECT_READ_EINVAL) errno = EINVAL;
+            if (test_flags & PI2_IO_TEST_DIRECT_READ_EINVAL) errno = EINVAL;
             else r = pread(fd, buf, PI2_IO_ALIGN, 0);
             int err = errno;
             free(buf);
@@ -89,20 +87,31 @@ static pi2_status open_file(pi2_io *io, const char *path, const pi2_io_params *p
             }
             close(fd);
             if (err != EINVAL)
-                return pi2_set_error(PI2_ERR_IO, "cannot read %s: %s", path, strerror(err));
+                return pi2_set_io_error(err, path, "cannot read %s: %s", path, strerror(err));
             snprintf(io->note, sizeof io->note, "buffered: an aligned O_DIRECT read failed with EINVAL");
         }
     } else {
         snprintf(io->note, sizeof io->note, p->backend == PI2_IO_MMAP ? "mapped (page cache)" : "buffered: as asked");
     }
     io->fd = open(path, base);
-    if (io->fd < 0) return pi2_set_error(PI2_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (io->fd < 0) return pi2_set_io_error(errno, path, "cannot open %s: %s", path, strerror(errno));
     io->direct = 0;
     posix_fadvise(io->fd, 0, 0, POSIX_FADV_RANDOM);
     return PI2_OK;
 }
 
-pi2_status pi2_io_open(const char *path, const pi2_io_params *p, pi2_io **out) {
+static pi2_status get_info(const pi2_io *io, pi2_io_info *out) {
+    *out = (pi2_io_info){.backend = io->backend, .direct = io->direct, .queue_depth = io->qd, .fd = io->fd,
+                         .file_size = io->size, .note = io->note};
+    return PI2_OK;
+}
+
+pi2_status pi2_io_open(const char *path, const pi2_io_params *p, pi2_io **out, pi2_io_info *info) {
+    return pi2_test_io_open(path, p, 0, out, info);
+}
+
+pi2_status pi2_test_io_open(const char *path, const pi2_io_params *p, int32_t test_flags, pi2_io **out,
+                            pi2_io_info *info) {
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
     *out = NULL;
     if (!path || !p) return pi2_set_error(PI2_ERR_INVALID, "NULL path or params");
@@ -126,9 +135,9 @@ pi2_status pi2_io_open(const char *path, const pi2_io_params *p, pi2_io **out) {
         return pi2_set_error(PI2_ERR_NOMEM, "no memory for %d I/O slots", p->queue_depth);
     }
     for (int32_t i = 0; i < io->qd; i++) io->slots[i].next_free = i + 1 < io->qd ? i + 1 : -1;
-    pi2_status st = open_file(io, path, p);
+    pi2_status st = open_file(io, path, p, test_flags);
     struct stat sb;
-    if (st == PI2_OK && fstat(io->fd, &sb) != 0) st = pi2_set_error(PI2_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    if (st == PI2_OK && fstat(io->fd, &sb) != 0) st = pi2_set_io_error(errno, path, "cannot stat %s: %s", path, strerror(errno));
     if (st == PI2_OK) {
         io->size = sb.st_size;
         st = ops->init(io);
@@ -139,7 +148,7 @@ pi2_status pi2_io_open(const char *path, const pi2_io_params *p, pi2_io **out) {
         return st;
     }
     *out = io;
-    return PI2_OK;
+    return info ? get_info(io, info) : PI2_OK;
 }
 
 void io_finish(pi2_io *io, int32_t slot, int64_t res) {
@@ -179,10 +188,10 @@ pi2_status pi2_io_submit(pi2_io *io, const pi2_io_request *reqs, int32_t n, int3
     int32_t off = 0;
     while (off < n_start) {
         int32_t k = io->ops->start(io, start + off, n_start - off);
-        if (k < 0) return pi2_set_error((pi2_status)k, "%s: submitting reads failed", pi2_io_backend_name(io->backend));
+        if (k < 0) return pi2_set_error((pi2_status)k, "%s: submitting reads failed", NAMES[io->backend]);
         if (k == 0 && io->n_started == 0)   /* nothing to wait for: the kernel would never make room */
             return pi2_set_error(PI2_ERR_IO, "%s: the kernel takes no reads with none in flight",
-                                 pi2_io_backend_name(io->backend));
+                                 NAMES[io->backend]);
         off += k;
         if (off < n_start) {   /* the kernel is full: make room by finishing what is ready */
             pi2_status st = io->ops->wait(io, 1);
@@ -255,14 +264,7 @@ pi2_status pi2_io_drop_cache(pi2_io *io) {
     if (!io) return pi2_set_error(PI2_ERR_INVALID, "NULL handle");
     if (io->backend == PI2_IO_MMAP) io_mmap_release(io);
     int e = posix_fadvise(io->fd, 0, 0, POSIX_FADV_DONTNEED);
-    return e ? pi2_set_error(PI2_ERR_IO, "posix_fadvise(DONTNEED): %s", strerror(e)) : PI2_OK;
-}
-
-pi2_status pi2_io_get_info(const pi2_io *io, pi2_io_info *out) {
-    if (!io || !out) return pi2_set_error(PI2_ERR_INVALID, "NULL handle or output");
-    *out = (pi2_io_info){.backend = io->backend, .direct = io->direct, .queue_depth = io->qd, .fd = io->fd,
-                         .file_size = io->size, .note = io->note};
-    return PI2_OK;
+    return e ? pi2_set_io_error(e, "", "posix_fadvise(DONTNEED): %s", strerror(e)) : PI2_OK;
 }
 
 void pi2_io_close(pi2_io *io) {

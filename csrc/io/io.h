@@ -6,6 +6,7 @@
 #ifndef PI2_IO_H
 #define PI2_IO_H
 #include "../pi2.h"
+#include "../pi2_test.h"
 
 #include <stdint.h>
 #include <sys/syscall.h>

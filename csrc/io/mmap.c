@@ -24,7 +24,7 @@ static pi2_status init(pi2_io *io) {
         if (m->base == MAP_FAILED) {
             int e = errno;
             free(m);
-            return pi2_set_error(PI2_ERR_IO, "cannot map the file: %s", strerror(e));
+            return pi2_set_io_error(e, "", "cannot map the file: %s", strerror(e));
         }
         madvise(m->base, m->size, MADV_RANDOM);
     }

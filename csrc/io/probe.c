@@ -34,6 +34,12 @@
 #define MEMORY_US 20.0       /* a single read faster than this came from memory */
 #define TIMEOUT_MS 10000
 
+static const char *last_message(void) {
+    pi2_error e = {.size = sizeof e};
+    pi2_last_error(&e);
+    return e.message;
+}
+
 static const int32_t ORDER[PI2_IO_N_BACKENDS] = {PI2_IO_URING, PI2_IO_AIO, PI2_IO_PREAD, PI2_IO_MMAP};
 
 static double now_us(void) {
@@ -107,7 +113,7 @@ static int report(int wfd, pi2_io_verdict *v, int32_t verdict, const char *fmt, 
 }
 
 /* The child's work; returns its exit code (the verdict). */
-static int child(const char *path, int32_t backend, int32_t flags, int wfd, char *bufs) {
+static int child(const char *path, int32_t backend, int32_t flags, int wfd, char *bufs) {   /* flags: test bits too */
     pi2_io_verdict v = {.backend = backend};
     struct rlimit no_core = {0, 0};
     setrlimit(RLIMIT_CORE, &no_core);
@@ -121,10 +127,10 @@ static int child(const char *path, int32_t backend, int32_t flags, int wfd, char
     pi2_io_params p = {.backend = backend, .queue_depth = BATCH, .direct = !(flags & PI2_IO_PROBE_BUFFERED),
                        .drop_cache = 1};
     pi2_io *io;
-    pi2_status st = pi2_io_open(path, &p, &io);
+    pi2_status st = pi2_io_open(path, &p, &io, NULL);
     if (st != PI2_OK)
         return report(wfd, &v, st == PI2_ERR_UNSUPPORTED ? PI2_IO_VERDICT_UNAVAILABLE : PI2_IO_VERDICT_FAILED,
-                      "%s", pi2_last_error());
+                      "%s", last_message());
     v.direct = io->direct;
     int ref = open(path, O_RDONLY | O_CLOEXEC);
     if (ref < 0) return report(wfd, &v, PI2_IO_VERDICT_FAILED, "cannot open %s: %s", path, strerror(errno));
@@ -136,7 +142,7 @@ static int child(const char *path, int32_t backend, int32_t flags, int wfd, char
         pi2_io_completion c;
         int32_t k;
         if (pi2_io_submit(io, &r, 1, &k) != PI2_OK || pi2_io_reap(io, &c, 1, 1, &k) != PI2_OK)
-            return report(wfd, &v, PI2_IO_VERDICT_FAILED, "%s", pi2_last_error());
+            return report(wfd, &v, PI2_IO_VERDICT_FAILED, "%s", last_message());
         ssize_t n = pread(ref, want, PI2_IO_ALIGN, (off_t)r.offset);
         if (c.error && !(c.error == ENODATA && c.nbytes == n))
             return report(wfd, &v, PI2_IO_VERDICT_FAILED, "a 4 KiB read at %llu failed: %s",
@@ -160,7 +166,7 @@ static int child(const char *path, int32_t backend, int32_t flags, int wfd, char
         for (int rep = 0; rep < REPS; rep++) {
             pi2_io_drop_cache(io);
             if (v.read_us < 0 || time_batch(io, bufs, blk + SINGLES + rep * BATCH, &sub[rep], &all[rep]) != 0)
-                return report(wfd, &v, PI2_IO_VERDICT_FAILED, "timed reads failed: %s", pi2_last_error());
+                return report(wfd, &v, PI2_IO_VERDICT_FAILED, "timed reads failed: %s", last_message());
             for (int j = rep; j > 0 && all[j] < all[j - 1]; j--) {
                 double x = all[j]; all[j] = all[j - 1]; all[j - 1] = x;
                 x = sub[j]; sub[j] = sub[j - 1]; sub[j - 1] = x;
@@ -184,11 +190,11 @@ static int child(const char *path, int32_t backend, int32_t flags, int wfd, char
 /* Run one backend's child; fill *v from its report or its fate. */
 static pi2_status probe_one(const char *path, int32_t backend, int32_t flags, char *bufs, pi2_io_verdict *v) {
     int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0) return pi2_set_error(PI2_ERR_IO, "pipe: %s", strerror(errno));
+    if (pipe2(fds, O_CLOEXEC) != 0) return pi2_set_io_error(errno, "", "pipe: %s", strerror(errno));
     pid_t pid = fork();
     if (pid < 0) {
         close(fds[0]), close(fds[1]);
-        return pi2_set_error(PI2_ERR_IO, "fork: %s", strerror(errno));
+        return pi2_set_io_error(errno, "", "fork: %s", strerror(errno));
     }
     if (pid == 0) {
         close(fds[0]);
@@ -229,10 +235,17 @@ static pi2_status probe_one(const char *path, int32_t backend, int32_t flags, ch
 }
 
 pi2_status pi2_io_probe(const char *path, int32_t flags, pi2_io_verdict *out, int32_t *chosen) {
+    if (flags & ~PI2_IO_PROBE_BUFFERED) return pi2_set_error(PI2_ERR_INVALID, "unknown probe flags %d", (int)flags);
+    return pi2_test_io_probe(path, flags, 0, out, chosen);
+}
+
+pi2_status pi2_test_io_probe(const char *path, int32_t flags, int32_t test_flags, pi2_io_verdict *out,
+                             int32_t *chosen) {
     if (!path || !out || !chosen) return pi2_set_error(PI2_ERR_INVALID, "NULL path or output");
+    flags |= test_flags;
     *chosen = PI2_IO_AUTO;
     struct stat sb;
-    if (stat(path, &sb) != 0) return pi2_set_error(PI2_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return pi2_set_io_error(errno, path, "cannot stat %s: %s", path, strerror(errno));
     char *bufs = NULL;   /* allocated before fork: the child need not allocate these */
     if (posix_memalign((void **)&bufs, PI2_IO_ALIGN, (BATCH + 1) * PI2_IO_ALIGN) != 0)
         return pi2_set_error(PI2_ERR_NOMEM, "no memory for probe buffers");

@@ -93,7 +93,7 @@ static int enter(uring *u, unsigned min_complete) {
         if (errno == EINTR) continue;
         if ((errno == EAGAIN || errno == EBUSY) && !min_complete) return 0;   /* retried at the next enter */
         if (errno == EAGAIN || errno == EBUSY) { min_complete = 0; continue; }
-        return pi2_set_error(PI2_ERR_IO, "io_uring_enter: %s", strerror(errno));
+        return pi2_set_io_error(errno, "", "io_uring_enter: %s", strerror(errno));
     }
 }
 

@@ -6,7 +6,7 @@
  * A group whose graph fails once stays on the CPU (nnapi.c marks the graph failed). */
 #include "context.h"
 #include "internal.h"
-#include "npu.h"
+#include "nnapi/batches.h"
 
 #include <stdlib.h>
 
@@ -25,7 +25,7 @@ struct pi2_npu {
     int64_t runs, fallbacks;
 };
 
-void pi2_npu_free(struct pi2_npu *npu) {
+void pi2_nnapi_batches_free(struct pi2_npu *npu) {
     if (!npu) return;
     for (int32_t i = 0; i < npu->n_groups; i++) pi2_nnapi_graph_free(npu->groups[i].g);
     free(npu->groups);
@@ -47,9 +47,9 @@ static pi2_status add_group(struct pi2_npu *npu, const pi2_weight *const *w, int
     return PI2_OK;
 }
 
-pi2_status pi2_ctx_set_nnapi(pi2_ctx *c, pi2_nnapi *d, int32_t min_batch) {
+pi2_status pi2_ctx_set_nnapi_batches(pi2_ctx *c, pi2_nnapi *d, int32_t min_batch) {
     if (!c) return pi2_set_error(PI2_ERR_INVALID, "NULL context");
-    pi2_npu_free(c->mm.npu);
+    pi2_nnapi_batches_free(c->mm.npu);
     c->mm.npu = NULL;
     if (!d) return PI2_OK;
     const pi2_model *m = c->m;
@@ -66,21 +66,21 @@ pi2_status pi2_ctx_set_nnapi(pi2_ctx *c, pi2_nnapi *d, int32_t min_batch) {
             !(s = add_group(npu, (const pi2_weight *[]){&L->gate, &L->up}, 2)))
             s = add_group(npu, (const pi2_weight *[]){&L->down}, 1);
     }
-    if (s) { pi2_npu_free(npu); return s; }
+    if (s) { pi2_nnapi_batches_free(npu); return s; }
     c->mm.npu = npu;
-    c->mm.npu_matmul = pi2_npu_matmul;
+    c->mm.npu_matmul = pi2_nnapi_batches_matmul;
     return PI2_OK;
 }
 
-size_t pi2_ctx_nnapi_bytes(const pi2_ctx *c) { return c && c->mm.npu ? c->mm.npu->bytes : 0; }
+size_t pi2_nnapi_batches_bytes(const pi2_ctx *c) { return c && c->mm.npu ? c->mm.npu->bytes : 0; }
 
-int64_t pi2_ctx_nnapi_runs(const pi2_ctx *c, int64_t *fallbacks) {
+int64_t pi2_nnapi_batches_runs(const pi2_ctx *c, int64_t *fallbacks) {
     const struct pi2_npu *npu = c ? c->mm.npu : NULL;
     if (fallbacks) *fallbacks = npu ? npu->fallbacks : 0;
     return npu ? npu->runs : 0;
 }
 
-int pi2_npu_matmul(struct pi2_npu *npu, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
+int pi2_nnapi_batches_matmul(struct pi2_npu *npu, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
     if (n_tok < npu->min_batch || n_mm > 4) return 1;
     for (int32_t i = 0; i < npu->n_groups; i++) {
         npu_group *gr = &npu->groups[i];

@@ -7,7 +7,7 @@
  * Products are FULLY_CONNECTED (level 1; F16 from level 3) with zero bias, or, when asked for and every
  * selected device is at level 6, BATCH_MATMUL(x, W, adj_x false, adj_y true) with RELU as its own operation. */
 #include "kernels/traits.h"
-#include "nnapi_internal.h"
+#include "nnapi/delegate.h"
 
 #include <stdio.h>
 #include <stdlib.h>

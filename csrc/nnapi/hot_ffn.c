@@ -1,4 +1,4 @@
-/* npu_ffn.c — a context's single-token hot prefix on the NNAPI delegate (pi2_ctx_set_npu_ffn), as
+/* nnapi_hot.c — a context's single-token hot prefix on the NNAPI delegate (pi2_ctx_set_nnapi_hot), as
  * PowerInfer-2 splits decode: the NPU computes the hot neurons of a layer densely while the CPU computes
  * the active cold ones sparsely; the CPU adds the two partial outputs.
  * Does: one hot-FFN graph per layer (nnapi_graph.c: F16 copies of gate, up and down rows of neurons
@@ -7,14 +7,14 @@
  *       the layer as if no graph existed; counts runs and fallbacks.
  * Does not: choose n_hot (Python's planner, pi2/plan/npu_plan.py) or touch the CPU's own arithmetic: with
  *       nothing attached, ffn_sparse.c runs exactly as before. */
-#include "npu_ffn.h"
+#include "nnapi/hot_ffn.h"
 
 #include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-struct pi2_npu_ffn {
+struct pi2_nnapi_hot {
     pi2_nnapi *d;
     int32_t n_layer;
     pi2_nnapi_graph **g;      /* [n_layer], NULL where n_hot is 0 */
@@ -26,7 +26,7 @@ struct pi2_npu_ffn {
     int64_t runs, fallbacks;
 };
 
-void pi2_npu_ffn_free(struct pi2_npu_ffn *f) {
+void pi2_nnapi_hot_free(struct pi2_nnapi_hot *f) {
     if (!f) return;
     for (int32_t il = 0; il < f->n_layer; il++) pi2_nnapi_graph_free(f->g ? f->g[il] : NULL);
     free(f->g);
@@ -40,11 +40,11 @@ static pi2_nnapi_matrix matrix(const pi2_weight *w) {
     return (pi2_nnapi_matrix){w->data, w->type, w->n_out, w->n_in, w->row_bytes};
 }
 
-pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
+pi2_status pi2_ctx_set_nnapi_hot(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
     if (!c) return pi2_set_error(PI2_ERR_INVALID, "NULL context");
     if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
-    pi2_npu_ffn_free(c->npu_ffn);
-    c->npu_ffn = NULL;
+    pi2_nnapi_hot_free(c->nnapi_hot);
+    c->nnapi_hot = NULL;
     if (!d) return PI2_OK;
     const pi2_model_params *hp = &c->m->hp;
     if (!n_hot) return pi2_set_error(PI2_ERR_INVALID, "NULL hot counts");
@@ -59,7 +59,7 @@ pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
             return pi2_set_error(PI2_ERR_UNSUPPORTED, "layer %d: the hot prefix on NNAPI does not take int8 down rows",
                                  (int)il);
     }
-    struct pi2_npu_ffn *f = calloc(1, sizeof *f);
+    struct pi2_nnapi_hot *f = calloc(1, sizeof *f);
     if (f) {
         f->n_layer = hp->n_layer;
         f->g = calloc((size_t)hp->n_layer, sizeof *f->g);
@@ -68,7 +68,7 @@ pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
         f->hot_idx = malloc((size_t)hp->n_ff * sizeof *f->hot_idx);
     }
     if (!f || !f->g || !f->n_hot || !f->y || !f->hot_idx) {
-        pi2_npu_ffn_free(f);
+        pi2_nnapi_hot_free(f);
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory");
     }
     f->d = d;
@@ -80,28 +80,28 @@ pi2_status pi2_ctx_set_npu_ffn(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
         const pi2_layer *L = &c->m->layers[il];
         const pi2_nnapi_matrix gate = matrix(&L->gate), up = matrix(&L->up), down = matrix(&L->down_rows);
         pi2_status s = pi2_nnapi_ffn_create(d, hp->ffn_act, &gate, &up, &down, 1, n_hot[il], &f->g[il]);
-        if (s) { pi2_npu_ffn_free(f); return s; }
+        if (s) { pi2_nnapi_hot_free(f); return s; }
     }
-    c->npu_ffn = f;
+    c->nnapi_hot = f;
     return PI2_OK;
 }
 
-size_t pi2_ctx_npu_ffn_bytes(const pi2_ctx *c) {
-    const struct pi2_npu_ffn *f = c ? c->npu_ffn : NULL;
+size_t pi2_nnapi_hot_bytes(const pi2_ctx *c) {
+    const struct pi2_nnapi_hot *f = c ? c->nnapi_hot : NULL;
     if (!f) return 0;
     size_t n = f->own;
     for (int32_t il = 0; il < f->n_layer; il++) n += pi2_nnapi_graph_bytes(f->g[il]);
     return n;
 }
 
-int64_t pi2_ctx_npu_ffn_runs(const pi2_ctx *c, int64_t *fallbacks) {
-    const struct pi2_npu_ffn *f = c ? c->npu_ffn : NULL;
+int64_t pi2_nnapi_hot_runs(const pi2_ctx *c, int64_t *fallbacks) {
+    const struct pi2_nnapi_hot *f = c ? c->nnapi_hot : NULL;
     if (fallbacks) *fallbacks = f ? f->fallbacks : 0;
     return f ? f->runs : 0;
 }
 
-int pi2_npu_ffn_start(pi2_ctx *c, int32_t il) {
-    struct pi2_npu_ffn *f = c->npu_ffn;
+int pi2_nnapi_hot_start(pi2_ctx *c, int32_t il) {
+    struct pi2_nnapi_hot *f = c->nnapi_hot;
     if (!f || !f->g[il]) return 0;
     float *out[1] = {f->y};
     if (pi2_nnapi_start(f->g[il], c->xn, 1, out)) {   /* failed now or before: noted once by nnapi_graph.c */
@@ -113,8 +113,8 @@ int pi2_npu_ffn_start(pi2_ctx *c, int32_t il) {
     return 1;
 }
 
-void pi2_npu_ffn_take_hot(pi2_ctx *c) {
-    struct pi2_npu_ffn *f = c->npu_ffn;
+void pi2_nnapi_hot_take_hot(pi2_ctx *c) {
+    struct pi2_nnapi_hot *f = c->nnapi_hot;
     const int32_t H = f->n_hot[f->layer], n = c->ffn_n_active[0];
     int32_t *idx = c->ffn_idx, k = 0;
     while (k < n && idx[k] < H) k++;   /* ascending: the hot neurons are a prefix of the list */
@@ -124,8 +124,8 @@ void pi2_npu_ffn_take_hot(pi2_ctx *c) {
     f->n_taken = k;
 }
 
-int pi2_npu_ffn_finish(pi2_ctx *c, pi2_status s) {
-    struct pi2_npu_ffn *f = c->npu_ffn;
+int pi2_nnapi_hot_finish(pi2_ctx *c, pi2_status s) {
+    struct pi2_nnapi_hot *f = c->nnapi_hot;
     const pi2_status w = pi2_nnapi_wait(f->g[f->layer]);
     f->layer = -1;
     if (s) return 0;

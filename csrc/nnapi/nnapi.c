@@ -5,7 +5,7 @@
  *       selected device predates F16 FULLY_CONNECTED (feature level 3).
  * Does not: build graphs (nnapi_graph.c) or decide when to use NNAPI (Python's policy, pi2/npu.py). */
 #define _GNU_SOURCE
-#include "nnapi_internal.h"
+#include "nnapi/delegate.h"
 
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -36,7 +36,7 @@ pi2_status pi2_nnapi_note(pi2_nnapi *d, const char *fmt, ...) {
     return pi2_set_error(PI2_ERR_UNSUPPORTED, "%s", line);
 }
 
-pi2_nnapi_params pi2_nnapi_default_params(void) {
+static pi2_nnapi_params default_params(void) {
     return (pi2_nnapi_params){.lib_path = NULL, .accelerators_only = 0, .weight_type = 1, .max_shapes = 4,
                                 .batch_matmul = 0};
 }
@@ -113,7 +113,7 @@ static pi2_status list_devices(pi2_nnapi *d) {
 pi2_status pi2_nnapi_open(const pi2_nnapi_params *params, pi2_nnapi **out) {
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
     *out = NULL;
-    const pi2_nnapi_params p = params ? *params : pi2_nnapi_default_params();
+    const pi2_nnapi_params p = params ? *params : default_params();
     if ((p.weight_type != 0 && p.weight_type != 1) || p.max_shapes < 1 || p.max_shapes > MAX_SHAPES ||
         (p.batch_matmul != 0 && p.batch_matmul != 1))
         return pi2_set_error(PI2_ERR_INVALID, "bad NNAPI parameters: weight_type %d, max_shapes %d",
@@ -142,12 +142,14 @@ void pi2_nnapi_close(pi2_nnapi *d) {
     free(d);
 }
 
-int64_t pi2_nnapi_runtime_feature_level(const pi2_nnapi *d) { return d ? d->runtime_level : 0; }
-int32_t pi2_nnapi_device_count(const pi2_nnapi *d) { return d ? d->n_dev : 0; }
-const char *pi2_nnapi_notes(const pi2_nnapi *d) { return d ? d->notes : ""; }
+_Static_assert(MAX_DEVICES == PI2_NNAPI_MAX_DEVICES && MAX_DEVICES == sizeof(((pi2_nnapi_info *)0)->devices) /
+               sizeof(pi2_nnapi_device), "pi2_nnapi_info holds every device");
 
-pi2_status pi2_nnapi_device_info(const pi2_nnapi *d, int32_t i, pi2_nnapi_device *out) {
-    if (!d || !out || i < 0 || i >= d->n_dev) return pi2_set_error(PI2_ERR_INVALID, "no NNAPI device %d", (int)i);
-    *out = d->dev[i];
+pi2_status pi2_nnapi_get_info(const pi2_nnapi *d, pi2_nnapi_info *out) {
+    if (!d || !out || !out->size) return pi2_set_error(PI2_ERR_INVALID, "NULL delegate or output");
+    pi2_nnapi_info info = {.runtime_feature_level = d->runtime_level, .notes = d->notes, .n_devices = d->n_dev};
+    for (int32_t i = 0; i < d->n_dev; i++) info.devices[i] = d->dev[i];
+    info.size = out->size < sizeof info ? out->size : (uint32_t)sizeof info;
+    memcpy(out, &info, info.size);
     return PI2_OK;
 }

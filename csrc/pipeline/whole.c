@@ -1,175 +1,178 @@
-/* cache_layer.c — whole-layer reads of the neuron cache (cache_parts.h): a part's whole region of a layer read in
- *       large sequential requests into the part's slots, for prompt batches (the bundles, and the gate rows when
- *       they stream) and for single tokens that need every streamed gate row. The reads are submitted ahead of
- *       the FFN that needs them (pi2_cache_ahead): before the layer's attention, and a batch's gate rows as soon
- *       as the previous layer's gate product is done with the gate slots.
- * Does not: per-cluster reads (cache_read.c), sizing (cache.c) or compute.
- * Invariants: the whole-layer reads in flight are one layer's and never in flight with cluster reads (every
- *       cluster entry point settles them first, and these settle the clusters' first); a region read ahead is
- *       taken once, by its layer's load; a part's slots are not filled while an FFN reads them. */
+/* pipeline/whole.c — regions read whole (pipeline/state.h): a part's whole region of a layer read in large
+ *       sequential requests into the part's slots, for prompt batches (the bundles, and the gate rows when they
+ *       stream) and for single tokens that need every streamed gate row. The reads are submitted ahead of the FFN
+ *       that needs them: before the layer's attention, and a batch's gate rows as soon as the previous layer's gate
+ *       product is done with the gate slots (pi2_pipeline_release).
+ * Does not: unit reads (units.c), sizing (csrc/cache/) or compute.
+ * Invariants: the whole-region reads in flight are one layer's and never in flight with unit reads (every unit
+ *       entry point settles them first, and these settle the units' first); a region read ahead is taken once, by
+ *       its layer's load; a part's slots are not filled while an FFN reads them. */
 #define _GNU_SOURCE
-#include "cache_parts.h"
-
-#include "internal.h"
+#include "pipeline/state.h"
 
 #include <stdlib.h>
 
-pi2_status pi2_cache_ahead_init(pi2_cache *k) {
-    ahead_t *a = &k->ahead;
-    a->layer = -1;
-    a->cap = 0;
-    for (int32_t p = 0; p < k->n_parts; p++) {
-        part_t *q = &k->part[p];
+pi2_status pi2_whole_init(pi2_pipeline *pl) {
+    pi2_cache *cache = pl->cache;
+    whole_reads *w = &pl->whole;
+    w->layer = -1;
+    w->cap = 0;
+    for (int32_t part = 0; part < cache->n_parts; part++) {
         int64_t most = 0;
-        for (int32_t il = 0; il < k->n_layer; il++) {
-            int64_t fs, fe;
-            span(k, &q->L[il], 0, k->n_cl, &fs, &fe, NULL);
-            if (fe - fs > most) most = fe - fs;
+        for (int32_t il = 0; il < cache->n_layer; il++) {
+            int64_t start, end;
+            pi2_cache_span(cache, &cache->part[part].layers[il], 0, cache->n_cl, &start, &end, NULL);
+            if (end - start > most) most = end - start;
         }
-        q->ready = -1;
-        a->cap += (int32_t)((most + PI2_LOAD_CHUNK - 1) / PI2_LOAD_CHUNK);
+        w->cap += (int32_t)((most + PI2_LOAD_CHUNK - 1) / PI2_LOAD_CHUNK);
     }
-    a->reqs = malloc((size_t)(a->cap ? a->cap : 1) * sizeof *a->reqs);
-    return a->reqs ? PI2_OK : pi2_set_error(PI2_ERR_NOMEM, "out of memory for the neuron cache");
+    w->reqs = malloc((size_t)(w->cap ? w->cap : 1) * sizeof *w->reqs);
+    return w->reqs ? PI2_OK : pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
 }
 
-static pi2_status top_up(pi2_cache *k) {
-    ahead_t *a = &k->ahead;
-    int32_t acc = 0;
-    const pi2_status s = a->n_sub < a->n_req ? pi2_io_submit(k->io, a->reqs + a->n_sub, a->n_req - a->n_sub, &acc)
-                                             : PI2_OK;
-    a->n_sub += acc;
+static pi2_status top_up(pi2_pipeline *pl) {
+    whole_reads *w = &pl->whole;
+    int32_t accepted = 0;
+    const pi2_status s = pi2_cache_submit(pl->cache, w->reqs + w->n_sub, w->n_req - w->n_sub, &accepted);
+    w->n_sub += accepted;
     return s;
 }
 
-/* Reap every read of the layer in flight (submitting the rest while the first error is not seen); the parts
- * whose reads all arrived become ready. The first error, after everything submitted is reaped. */
-static pi2_status finish(pi2_cache *k) {
-    ahead_t *a = &k->ahead;
+/* Reap every read of the layer in flight (submitting the rest while the first error is not seen); the parts whose
+ * reads all arrived become ready. The first error, after everything submitted is reaped. */
+static pi2_status finish(pi2_pipeline *pl) {
+    pi2_cache *cache = pl->cache;
+    whole_reads *w = &pl->whole;
     pi2_status err = PI2_OK;
     pi2_io_completion done[64];
     int32_t failed = 0;   /* bit p: part p lacks bytes */
     const double t0 = pi2_now();
-    while (a->n_wait < a->n_req) {
-        if (!err && (err = top_up(k))) failed = ~0;
-        if (a->n_wait == a->n_sub) break;   /* nothing in flight and nothing more submitted */
+    while (w->n_wait < w->n_req) {
+        if (!err && (err = top_up(pl))) failed = ~0;
+        if (w->n_wait == w->n_sub) break;   /* nothing in flight and nothing more submitted */
         int32_t got = 0;
-        pi2_status s = pi2_io_reap(k->io, done, 64, 1, &got);
+        const pi2_status s = pi2_io_reap(cache->io, done, 64, 1, &got);
         if (s) {   /* the backend itself failed: what is in flight cannot be waited for */
             if (!err) err = s;
             failed = ~0;
             break;
         }
         for (int32_t i = 0; i < got; i++) {
-            const pi2_io_request *r = &a->reqs[(uint32_t)done[i].user];
-            const int32_t p = (int32_t)(done[i].user >> 32);
-            part_t *q = &k->part[p];
-            int64_t fs, fe, need;
-            span(k, &q->L[a->layer], 0, k->n_cl, &fs, &fe, &need);
-            const pi2_status bad = pi2_cache_check_read(k, q, r, &done[i], need, !err);   /* the first message stays */
+            const pi2_io_request *r = &w->reqs[(uint32_t)done[i].user];
+            const int32_t part = (int32_t)(done[i].user >> 32);
+            pi2_part *p = &cache->part[part];
+            int64_t start, end, need;
+            pi2_cache_span(cache, &p->layers[w->layer], 0, cache->n_cl, &start, &end, &need);
+            const pi2_status bad = pi2_cache_check_read(cache, p, r, &done[i], need, !err);   /* the first message */
             if (bad) {
-                failed |= 1 << p;
+                failed |= 1 << part;
                 if (!err) err = bad;
             }
         }
-        a->n_wait += got;
+        w->n_wait += got;
     }
     const double t1 = pi2_now();
-    k->st.io_wait_s += t1 - t0;
-    k->st.read_s += t1 - a->t_submit;
-    for (int32_t p = 0; p < k->n_parts; p++)
-        if (a->parts >> p & 1 && !(failed >> p & 1)) {
-            k->part[p].ready = a->layer;
-            k->part[p].layer_loads++;
-            k->st.layer_loads_ahead++;
+    cache->st.io_wait_s += t1 - t0;
+    cache->st.read_s += t1 - w->t_submit;
+    for (int32_t part = 0; part < cache->n_parts; part++)
+        if (w->parts >> part & 1 && !(failed >> part & 1)) {
+            pl->units[part].whole_ready = w->layer;
+            cache->part[part].layer_loads++;
+            cache->st.layer_loads_ahead++;
         }
-    a->layer = -1;
-    a->parts = 0;
-    a->n_req = a->n_sub = a->n_wait = 0;
+    w->layer = -1;
+    w->parts = 0;
+    w->n_req = w->n_sub = w->n_wait = 0;
     return err;
 }
 
-void pi2_cache_settle_ahead(pi2_cache *k) {
-    if (k->ahead.layer >= 0 && finish(k)) pi2_clear_error();   /* parts not read are read again when needed */
+void pi2_whole_settle(pi2_pipeline *pl) {
+    if (pl->whole.layer >= 0 && finish(pl)) pi2_clear_error();   /* parts not read are read again when needed */
 }
 
-/* Space for layer il's region of part q in its buffer, or PI2_ERR_INVALID. */
-static pi2_status fits(const pi2_cache *k, const part_t *q, int32_t il, int64_t *fs, int64_t *fe, int64_t *need) {
-    span(k, &q->L[il], 0, k->n_cl, fs, fe, need);
-    if ((size_t)(*fe - *fs) > (size_t)q->slots.n_slots * q->slot_bytes)
+/* Layer il's region of part p in its slots, or PI2_ERR_INVALID. */
+static pi2_status fits(const pi2_cache *cache, const pi2_part *p, int32_t il, int64_t *start, int64_t *end,
+                       int64_t *need) {
+    pi2_cache_span(cache, &p->layers[il], 0, cache->n_cl, start, end, need);
+    if ((size_t)(*end - *start) > (size_t)p->slots.n_slots * p->slot_bytes)
         return pi2_set_error(PI2_ERR_INVALID, "layer %d's %s (%lld bytes) do not fit the cluster slots", (int)il,
-                             q->what, (long long)(*fe - *fs));
+                             p->what, (long long)(*end - *start));
     return PI2_OK;
 }
 
-pi2_status pi2_cache_ahead(pi2_cache *k, int32_t il, uint32_t parts) {
-    ahead_t *a = &k->ahead;
-    if (a->layer >= 0 && a->layer != il) pi2_cache_settle_ahead(k);
-    pi2_cache_settle_clusters(k);
-    const int32_t first = a->n_req;
+pi2_status pi2_whole_ahead(pi2_pipeline *pl, int32_t il, uint32_t parts) {
+    pi2_cache *cache = pl->cache;
+    whole_reads *w = &pl->whole;
+    if (w->layer >= 0 && w->layer != il) pi2_whole_settle(pl);
+    pi2_units_settle(pl);
+    const int32_t first = w->n_req;
     uint32_t add = 0;
-    for (int32_t p = 0; p < k->n_parts; p++) {
-        const part_t *q = &k->part[p];
-        int64_t fs, fe, need;
-        if (!(parts >> p & 1) || q->L[il].hot_cl == k->n_cl || q->ready == il || (a->parts >> p & 1)) continue;
-        const pi2_status s = fits(k, q, il, &fs, &fe, &need);
+    for (int32_t part = 0; part < cache->n_parts; part++) {
+        const pi2_part *p = &cache->part[part];
+        int64_t start, end, need;
+        if (!(parts >> part & 1) || p->layers[il].hot_cl == cache->n_cl || pl->units[part].whole_ready == il ||
+            (w->parts >> part & 1))
+            continue;
+        const pi2_status s = fits(cache, p, il, &start, &end, &need);
         if (s) return s;
-        add |= 1u << p;
+        add |= 1u << part;
     }
-    for (int32_t p = 0; p < k->n_parts; p++) {
-        part_t *q = &k->part[p];
-        if (!(add >> p & 1)) continue;
-        int64_t fs, fe;
-        span(k, &q->L[il], 0, k->n_cl, &fs, &fe, NULL);
-        pi2_slots_clear(&q->slots);   /* the slots hold a whole layer now */
-        q->ready = -1;
-        uint8_t *dst = q->arena + q->slots_off;
-        for (int64_t off = fs; off < fe; off += PI2_LOAD_CHUNK) {
-            const int64_t len = fe - off < PI2_LOAD_CHUNK ? fe - off : PI2_LOAD_CHUNK;
-            a->reqs[a->n_req] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len,
-                                                 .dest = dst + (off - fs),
-                                                 .user = (uint64_t)p << 32 | (uint32_t)a->n_req};
-            a->n_req++;
+    for (int32_t part = 0; part < cache->n_parts; part++) {
+        pi2_part *p = &cache->part[part];
+        if (!(add >> part & 1)) continue;
+        int64_t start, end;
+        pi2_cache_span(cache, &p->layers[il], 0, cache->n_cl, &start, &end, NULL);
+        pi2_slots_clear(&p->slots);   /* the slots hold a whole layer now */
+        pl->units[part].whole_ready = -1;
+        uint8_t *dst = pi2_cache_slot(p, 0);
+        for (int64_t off = start; off < end; off += PI2_LOAD_CHUNK) {
+            const int64_t len = end - off < PI2_LOAD_CHUNK ? end - off : PI2_LOAD_CHUNK;
+            w->reqs[w->n_req] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len,
+                                                 .dest = dst + (off - start),
+                                                 .user = (uint64_t)part << 32 | (uint32_t)w->n_req};
+            w->n_req++;
         }
-        a->parts |= 1u << p;
+        w->parts |= 1u << part;
     }
-    if (a->n_req == first) return PI2_OK;
-    if (!first) a->t_submit = pi2_now();
-    a->layer = il;
-    const pi2_status s = top_up(k);
-    if (s) pi2_cache_settle_ahead(k);
+    if (w->n_req == first) return PI2_OK;
+    if (!first) w->t_submit = pi2_now();
+    w->layer = il;
+    const pi2_status s = top_up(pl);
+    if (s) pi2_whole_settle(pl);
     return s;
 }
 
-static void point(pi2_layer *view, int32_t part, const region_t *l, const uint8_t *arena, int64_t delta) {
+/* Point view's rows of `part` at region r's bytes, at arena + delta + file offset. */
+static void point(pi2_layer *view, int32_t part, const pi2_region *r, const uint8_t *arena, int64_t delta) {
     if (part == PI2_PART_GATE) {
-        view->gate.data = arena + (delta + l->row_off[0]);
+        view->gate.data = arena + (delta + r->row_off[0]);
         return;
     }
-    view->up.data = arena + (delta + l->row_off[0]);
-    view->down_rows.data = arena + (delta + l->row_off[1]);
+    view->up.data = arena + (delta + r->row_off[0]);
+    view->down_rows.data = arena + (delta + r->row_off[1]);
 }
 
-pi2_status pi2_cache_load_layer(pi2_cache *k, int32_t part, int32_t il, pi2_layer *view) {
-    part_t *q = &k->part[part];
-    ahead_t *a = &k->ahead;
-    const region_t *l = &q->L[il];
-    if (l->hot_cl == k->n_cl) {   /* all resident: the hot region is the layer's whole region */
-        point(view, part, l, q->arena, l->hot_delta);
+pi2_status pi2_whole_load(pi2_pipeline *pl, int32_t part, int32_t il, pi2_layer *view) {
+    pi2_cache *cache = pl->cache;
+    pi2_part *p = &cache->part[part];
+    whole_reads *w = &pl->whole;
+    const pi2_region *r = &p->layers[il];
+    if (r->hot_cl == cache->n_cl) {   /* all resident: the hot region is the layer's whole region */
+        point(view, part, r, p->arena, r->hot_delta);
         return PI2_OK;
     }
     pi2_status s;
-    if (a->layer == il && a->parts >> part & 1 && (s = finish(k))) return s;   /* read ahead: wait for it */
-    int64_t fs, fe, need;
-    if ((s = fits(k, q, il, &fs, &fe, &need))) return s;
-    if (q->ready != il) {   /* not read ahead: read it now */
-        pi2_cache_settle_ahead(k);
-        pi2_cache_settle_clusters(k);
-        pi2_slots_clear(&q->slots);
-        if ((s = pi2_cache_read_range(k, q, fs, fe, need, q->arena + q->slots_off))) return s;
-        q->layer_loads++;
+    if (w->layer == il && w->parts >> part & 1 && (s = finish(pl))) return s;   /* read ahead: wait for it */
+    int64_t start, end, need;
+    if ((s = fits(cache, p, il, &start, &end, &need))) return s;
+    if (pl->units[part].whole_ready != il) {   /* not read ahead: read it now */
+        pi2_whole_settle(pl);
+        pi2_units_settle(pl);
+        pi2_slots_clear(&p->slots);
+        if ((s = pi2_cache_read_range(cache, p, start, end, need, pi2_cache_slot(p, 0)))) return s;
+        p->layer_loads++;
     }
-    q->ready = -1;
-    point(view, part, l, q->arena, (int64_t)q->slots_off - fs);
+    pl->units[part].whole_ready = -1;
+    point(view, part, r, p->arena, (int64_t)p->slots_off - start);
     return PI2_OK;
 }

@@ -1,290 +1,24 @@
-"""engine.py — the only module that imports the compiled extension pi2._pi2.
+"""engine/context.py — CContext: a sequence evaluated by the C forward pass (KV cache, threads; the interface of
+reference.ReferenceContext), its sparse FFN rule, its streamed FFN (the neuron cache and read pipeline) and their
+statistics, and decodes that Ctrl-C can stop.
 
-Owns: loading the extension, the ABI check, turning C status codes into Pi2 exceptions, thin
-numpy wrappers over the C kernels (dequantize, quantize_act, matvec) for tests and benchmarks, and
-the C forward pass: CModel (a model's hyper-parameters and tensor descriptors handed to C) and
-CContext (KV cache and threads; the interface of reference.ReferenceContext).
-Does not: loop over weights in Python or decide anything about models; the NNAPI handles are in engine_nnapi.py.
-Over 400 lines on purpose: it is the one module that touches pi2._pi2, so the ABI check and every cffi
-conversion of model, context, stream and statistics live together.
+Does not: choose a rule or a plan (pi2/sparse.py, pi2/plan/), or touch the NNAPI delegate (nnapi.py).
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
+from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
+from pi2.engine.flash_io import IDS as IO_IDS
+from pi2.engine.kernels import impl_id
+from pi2.engine.model import CModel
+from pi2.errors import UnsupportedError, UsageError
 
-ABI_VERSION = 9
-
-try:
-    from pi2._pi2 import ffi, lib
-except ImportError as e:  # pragma: no cover - depends on the install
-    raise ImportError(f"pi2's compiled core is missing ({e}); reinstall with `pip install .`") from None
-
-if lib.pi2_abi_version() != ABI_VERSION:  # pragma: no cover
-    raise ImportError(f"pi2's compiled core has ABI {lib.pi2_abi_version()}, expected {ABI_VERSION}: "
-                      "a stale build; reinstall with `pip install .`")
-
-_ERRORS = {lib.PI2_ERR_FORMAT: ModelFormatError, lib.PI2_ERR_UNSUPPORTED: UnsupportedError}
-
-
-def check(status: int) -> int:
-    """Raise the matching Pi2Error for a negative status; return the status otherwise."""
-    if status < 0:
-        msg = ffi.string(lib.pi2_last_error()).decode("utf-8", "replace") or f"C core error {status}"
-        raise _ERRORS.get(status, EngineError)(msg)
-    return status
-
-
-# ---- kernels ----------------------------------------------------------------------------------
-
-IMPLS = {"auto": 0, "ref": 1, "base": 2}   # pi2_impl: best for this CPU / scalar reference / SIMD w/o extensions
-_ISA_NAMES = {1: "avx2", 2: "avx512vnni", 4: "neon", 8: "dotprod"}
-
-
-@dataclass(frozen=True)
-class TypeInfo:
-    name: str            # ggml type name
-    block_size: int      # values per block
-    type_size: int       # bytes per block
-    vec_dot_type: int    # activation format (ggml type id) rows are multiplied with
-    has_vec_dot: bool    # a weight type matvec accepts
-    vec_dot_impl: str    # kernel used: "ref", "avx2", "avx512vnni", "neon", "dotprod" ("" if none)
-
-    def row_bytes(self, n_cols: int) -> int:
-        return n_cols // self.block_size * self.type_size
-
-
-def _impl(impl: str) -> int:
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {sorted(IMPLS)}, not {impl!r}")
-    return IMPLS[impl]
-
-
-def type_info(qtype: int, impl: str = "auto") -> TypeInfo:
-    """Block geometry and kernel choice for ggml type id `qtype`."""
-    out = ffi.new("pi2_type_info *")
-    check(lib.pi2_kernel_type_info(int(qtype), _impl(impl), out))
-    kimpl = ffi.string(out.vec_dot_impl).decode() if out.vec_dot_impl != ffi.NULL else ""
-    return TypeInfo(ffi.string(out.name).decode(), out.block_size, out.type_size, out.vec_dot_type,
-                    bool(out.has_vec_dot), kimpl)
-
-
-def kernel_info() -> dict:
-    """The ISA extensions the auto kernels use and, per weight type, which kernel each impl runs."""
-    isa = lib.pi2_kernel_isa()
-    types = {}
-    for tid in (0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14):
-        info = {impl: type_info(tid, impl) for impl in IMPLS}
-        types[info["ref"].name] = {impl: ti.vec_dot_impl for impl, ti in info.items()}
-    return {"isa": [n for bit, n in _ISA_NAMES.items() if isa & bit], "vec_dot": types}
-
-
-def _rows(raw: np.ndarray, qtype: int, ti: TypeInfo, n_cols: int, impl: str) -> np.ndarray:
-    # zero rows with an unbounded stride: C reports a bad n_cols in its own words
-    check(lib.pi2_dequantize_rows(int(qtype), ffi.NULL, 2**63, ffi.NULL, 0, n_cols, _impl(impl)))
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    rb = ti.row_bytes(n_cols)
-    if rb == 0 or raw.size % rb:
-        raise ValueError(f"{raw.size} bytes is not a whole number of {ti.name} rows of {n_cols} values")
-    return raw.reshape(-1, rb)
-
-
-def dequantize(raw: np.ndarray, qtype: int, n_cols: int, impl: str = "auto") -> np.ndarray:
-    """float32 (rows, n_cols) from raw bytes of whole rows of ggml type `qtype`."""
-    ti = type_info(qtype, impl)
-    rows = _rows(raw, qtype, ti, n_cols, impl)
-    out = np.empty((rows.shape[0], n_cols), dtype=np.float32)
-    check(lib.pi2_dequantize_rows(int(qtype), ffi.from_buffer(rows), rows.shape[1],
-                                  ffi.from_buffer("float[]", out, require_writable=True),
-                                  out.shape[0], n_cols, _impl(impl)))
-    return out
-
-
-def quantize_act(x: np.ndarray, vdt: int) -> np.ndarray:
-    """uint8 bytes of the float vector x in activation format `vdt` (ggml's reference quantizer)."""
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    ti = type_info(vdt, "ref")
-    out = np.empty(max(ti.row_bytes(x.size), 1), dtype=np.uint8)
-    check(lib.pi2_quantize_act(int(vdt), ffi.from_buffer("float[]", x), x.size,
-                               ffi.from_buffer(out, require_writable=True)))
-    return out
-
-
-def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = "auto") -> np.ndarray:
-    """float32 (rows,) = each row of `raw` (ggml type qtype) · x. x is float (quantized here to the
-    type's vec_dot_type) or uint8 bytes already in that format (from quantize_act)."""
-    ti = type_info(qtype, impl)
-    if not ti.has_vec_dot:
-        check(lib.pi2_matvec(int(qtype), ffi.NULL, 2**63, 0, n_cols, ffi.NULL, ffi.NULL, _impl(impl)))
-    rows = _rows(raw, qtype, ti, n_cols, impl)
-    xq = x if x.dtype == np.uint8 else quantize_act(x, ti.vec_dot_type)
-    need = type_info(ti.vec_dot_type, "ref").row_bytes(n_cols)
-    if xq.size != need:
-        raise ValueError(f"activation has {xq.size} bytes, {need} expected for {n_cols} values")
-    out = np.empty(rows.shape[0], dtype=np.float32)
-    check(lib.pi2_matvec(int(qtype), ffi.from_buffer(rows), rows.shape[1], rows.shape[0], n_cols,
-                         ffi.from_buffer(np.ascontiguousarray(xq)),
-                         ffi.from_buffer("float[]", out, require_writable=True), _impl(impl)))
-    return out
-
-
-# ---- the forward pass: models and contexts ------------------------------------------------------
-
-_ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2, "bamboo": 3}
-_ACTS = {"silu": 0, "gelu": 1, "relu": 2, "drelu": 3}
-_GLOBAL_ROLES = {"token_embd.weight": 0, "output_norm.weight": 1, "output.weight": 2, "rope_freqs.weight": 3}
-_LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
-    "attn_norm.weight": (4, None), "attn_q.weight": (5, None), "attn_k.weight": (6, None),
-    "attn_v.weight": (7, None), "attn_output.weight": (8, None), "attn_q.bias": (9, "qkv_bias"),
-    "attn_k.bias": (10, "qkv_bias"), "attn_v.bias": (11, "qkv_bias"), "attn_q_norm.weight": (12, "qk_norm"),
-    "attn_k_norm.weight": (13, "qk_norm"), "post_attention_norm.weight": (14, "post_norms"),
-    "ffn_norm.weight": (15, None), "ffn_gate.weight": (16, None), "ffn_up.weight": (17, None),
-    "ffn_down.weight": (18, None), "post_ffw_norm.weight": (19, "post_norms"),
-}
-
-
-def model_params(cfg) -> dict:
-    """pi2_model_params fields from a ModelConfig."""
-    if cfg.arch not in _ARCHS:
-        raise UnsupportedError(f"the C engine does not run {cfg.arch} models yet")
-    return dict(arch=_ARCHS[cfg.arch], n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_ff=cfg.n_ff,
-                n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, head_dim=cfg.head_dim, head_dim_v=cfg.head_dim_v,
-                n_rot=cfg.n_rot, rms_eps=cfg.rms_eps, rope_base=cfg.rope_base, rope_base_local=cfg.rope_base_local,
-                rope_freq_scale=cfg.rope_freq_scale, rope_neox=int(cfg.rope_neox), qkv_bias=int(cfg.qkv_bias),
-                qk_norm=int(cfg.qk_norm), post_norms=int(cfg.post_norms), ffn_act=_ACTS[cfg.ffn_act],
-                embd_scale=cfg.embd_scale, attn_scale=cfg.attn_scale, q_prescale=int(cfg.q_prescale),
-                logit_softcap=cfg.logit_softcap, sliding_window=cfg.sliding_window, swa_period=cfg.swa_period)
-
-
-_FFN_DOWN_ROWS = 20
-_FFN_DOWN_SCALE = 24
-_FFN_DOWN_COLSCALE = 25
-_PRED_ROLES = {"ffn_gate_pred.weight": 21, "fc1.weight": 22, "fc2.weight": 23}   # pi2-made predictors
-_LOWBIT_TYPES = {1: 1001, 2: 1002}     # PI2_T_LOWBIT1/2: pi2.h's type ids of low-bit gate rows
-
-
-@dataclass(frozen=True)
-class RowView:
-    """Rows of one type inside a larger tensor (pi2 bundles): what a pi2_tensor_desc with a row stride says."""
-    type: int
-    ne: tuple
-    offset: int
-    nbytes: int
-    row_stride: int
-
-
-def _bundle_views(model, il: int) -> dict:
-    """A pi2 file's gate (bundle-gud only), up and down rows of layer il as strided views of ffn_bundle."""
-    from pi2.sparse import bundle_layout, row_bytes
-    cfg, t = model.config, model.tensor(f"blk.{il}.ffn_bundle.weight")
-    lay, e, n = bundle_layout(model, il), cfg.n_embd, cfg.n_ff
-    view = lambda qt, off: RowView(qt, (e, n), t.offset + off, (n - 1) * lay["width"] + row_bytes(qt, e),  # noqa: E731
-                                   lay["width"])
-    out = {"ffn_up.weight": view(lay["up_type"], lay["up_offset"]),
-           "ffn_down_rows": view(lay["down_type"], lay["down_offset"])}
-    if lay["gate_type"] is not None:
-        out["ffn_gate.weight"] = view(lay["gate_type"], 0)
-    return out
-
-
-def _predictor_descs(model, il: int) -> list:
-    """A pi2 file's pi2-made predictor tensors of layer il that are present: the low-bit gate copy (stored as I8
-    rows, described with its PI2_T_LOWBIT type over n_embd values) or fc1/fc2."""
-    kv, tensors, out = model.file.kv, model.file.tensors, []
-    kind = kv.get("pi2.predictor.kind")
-    names = ("ffn_gate_pred.weight",) if kind == "lowbit" else ("fc1.weight", "fc2.weight") if kind == "lowrank" else ()
-    for name in names:
-        t = tensors.get(f"blk.{il}.{name}")
-        if t is None:
-            continue
-        if name == "ffn_gate_pred.weight":
-            bits = int(kv.get("pi2.predictor.bits", 0))
-            t = RowView(_LOWBIT_TYPES.get(bits, -1), (model.config.n_embd, t.ne[1]), t.offset, t.nbytes, 0)
-        out.append((_PRED_ROLES[name], il, t))
-    return out
-
-
-def tensor_descs(model) -> list:
-    """(role, layer, TensorInfo or RowView) of every tensor the forward pass reads; a tied output reuses
-    token_embd; pi2 files describe their FFN rows inside the bundles, and their pi2-made predictor; PowerInfer
-    files (and pi2 files made from them) their ffn_down_t as down rows and their predictor fc1/fc2."""
-    cfg = model.config
-    out = [(0, -1, model.tensor("token_embd.weight")), (1, -1, model.tensor("output_norm.weight")),
-           (2, -1, model.tensor(model.output_name))]
-    if model.rope_freqs:
-        out.append((3, -1, model.tensor("rope_freqs.weight")))
-    for il in range(cfg.n_layer):
-        views = _bundle_views(model, il) if cfg.pi2 else {}
-        for name, (role, flag) in _LAYER_ROLES.items():
-            if cfg.ffn_down_t and name == "ffn_down.weight":          # PowerInfer: [n_ff] rows of n_embd
-                out.append((_FFN_DOWN_ROWS, il, model.tensor(f"blk.{il}.ffn_down_t.weight")))
-            elif cfg.pi2 and name == "ffn_down.weight":
-                out.append((_FFN_DOWN_ROWS, il, views["ffn_down_rows"]))
-                for suffix, role in (("scale", _FFN_DOWN_SCALE), ("colscale", _FFN_DOWN_COLSCALE)):
-                    name = f"blk.{il}.ffn_down_{suffix}.weight"          # int8 rows' scales
-                    if name in model.file.tensors:
-                        out.append((role, il, model.tensor(name)))
-            elif name in views:
-                out.append((role, il, views[name]))
-            elif flag is None or getattr(cfg, flag):
-                out.append((role, il, model.tensor(f"blk.{il}.{name}")))
-        if cfg.sparse:                                                 # PowerInfer's predictor
-            out += [(_PRED_ROLES[n], il, model.file.tensors[f"blk.{il}.{n}"]) for n in ("fc1.weight", "fc2.weight")
-                    if f"blk.{il}.{n}" in model.file.tensors]
-        elif cfg.pi2:
-            out += _predictor_descs(model, il)
-    return out
-
-
-def c_model_structs(model, descs: list | None = None) -> tuple:
-    """The pi2_model_params and pi2_tensor_desc[] (cffi cdata) that pi2_model_load takes for `model`;
-    `descs` overrides tensor_descs(model). Also serialised by tests for the aarch64 forward driver."""
-    descs = tensor_descs(model) if descs is None else descs
-    params = ffi.new("pi2_model_params *", model_params(model.config))
-    arr = ffi.new("pi2_tensor_desc[]", max(len(descs), 1))
-    for i, (role, layer, t) in enumerate(descs):
-        ne = list(t.ne) + [1] * (4 - len(t.ne))
-        arr[i] = {"role": role, "layer": layer, "type": t.type, "ne": ne, "offset": t.offset, "nbytes": t.nbytes,
-                  "row_stride": getattr(t, "row_stride", 0)}
-    return params, arr
-
-
-class CModel:
-    """A model loaded by the C core: the file mapped read-only in C, tensors checked against it."""
-
-    def __init__(self, handle, config, path: str, n_bytes: int):
-        self._h, self.config, self.path = handle, config, path
-        self.n_bytes = n_bytes   # bytes of the tensors one token reads
-
-    @classmethod
-    def from_model(cls, model, descs: list | None = None) -> "CModel":
-        """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests)."""
-        descs = tensor_descs(model) if descs is None else descs
-        params, arr = c_model_structs(model, descs)
-        out = ffi.new("pi2_model **")
-        check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
-        cm = cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),
-                 sum(t.nbytes for _, _, t in descs))
-        cm.model = model     # the file's tables: FFN rules and byte counts
-        return cm
-
-
-def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:
-    """pi2_stream_query: slot_bytes, min_slots, and layer's hot_bytes (n_hot neurons), bundle_bytes, layer_bytes; the
-    same for its gate rows: gate_slot_bytes, gate_hot_bytes, gate_row_bytes, gate_layer_bytes."""
-    out = ffi.new("pi2_stream_sizes *")
-    check(lib.pi2_stream_query(cmodel._h, cluster, layer, n_hot, out))
-    return {k: getattr(out, k) for k in ("slot_bytes", "min_slots", "hot_bytes", "bundle_bytes", "layer_bytes",
-                                         "gate_slot_bytes", "gate_hot_bytes", "gate_row_bytes", "gate_layer_bytes")}
-
-
-def _default_threads() -> int:
-    import os
+def default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
@@ -301,8 +35,8 @@ class CContext:
 
     def __init__(self, cmodel: CModel, n_ctx: int, n_threads: int = 0, impl: str = "auto", n_batch: int = 512):
         p = lib.pi2_ctx_default_params()
-        p.n_ctx, p.n_batch, p.impl = n_ctx, n_batch, _impl(impl)
-        p.n_threads = n_threads if n_threads > 0 else _default_threads()
+        p.n_ctx, p.n_batch, p.impl = n_ctx, n_batch, impl_id(impl)
+        p.n_threads = n_threads if n_threads > 0 else default_threads()
         out = ffi.new("pi2_ctx **")
         check(lib.pi2_ctx_init(cmodel._h, ffi.new("pi2_ctx_params *", p), out))
         self._h = ffi.gc(out[0], lib.pi2_ctx_free)
@@ -325,14 +59,15 @@ class CContext:
             lib.pi2_set_trace(self._h, ffi.NULL, ffi.NULL)
             return
 
-        def tramp(name, layer, data, n, user):
+        def tramp(name, layer, data, n, user):   # pi2_set_trace is a test entry point (pi2_test.h)
             fn(ffi.string(name).decode(), layer, np.frombuffer(ffi.buffer(data, n * 4), np.float32).copy())
         self._trace_cb = ffi.callback("pi2_trace_fn", tramp)
         lib.pi2_set_trace(self._h, self._trace_cb, ffi.NULL)
 
-    _RULES = {"dense": 0, "threshold": 1, "topk": 2, "relu": 3, "predicted": 4, "predictor": 5}
-    _PRED_KINDS = {"lowbit": 0, "lowrank": 1}
-    _PRED_INPUTS = {"ffn_norm": 0, "attn_input": 1}
+    _RULES = {**enum("PI2_FFN_", ("dense", "threshold", "topk", "relu")),   # sparse.FFNRule's names
+              "predicted": lib.PI2_FFN_PREDICTED_GATE, "predictor": lib.PI2_FFN_PWRI_PREDICTOR}
+    _PRED_KINDS = enum("PI2_PRED_", ("lowbit", "lowrank"))
+    _PRED_INPUTS = {"ffn_norm": lib.PI2_PRED_INPUT_FFN_NORM, "attn_input": lib.PI2_PRED_INPUT_ATTN_NORM}
 
     def set_ffn(self, spec) -> None:
         """Compute FFN layers by `spec` (a sparse.FFNRule); zeroes the statistics."""
@@ -355,17 +90,26 @@ class CContext:
         check(lib.pi2_ctx_set_ffn(self._h, p))
         self.ffn_spec = spec
 
+    def stats(self) -> dict:
+        """pi2_ctx_get_stats as a dict: ffn_tokens, ffn_active and ffn_predicted (per layer, arrays), and the NNAPI
+        delegate's nnapi_runs / nnapi_fallbacks / nnapi_bytes and hot_runs / hot_fallbacks / hot_bytes."""
+        active, predicted = np.zeros(self.cfg.n_layer, np.int64), np.zeros(self.cfg.n_layer, np.int64)
+        st = ffi.new("pi2_ctx_stats *", {"size": ffi.sizeof("pi2_ctx_stats")})
+        st.ffn_active = ffi.from_buffer("int64_t[]", active, require_writable=True)
+        st.ffn_predicted = ffi.from_buffer("int64_t[]", predicted, require_writable=True)
+        check(lib.pi2_ctx_get_stats(self._h, st, ffi.NULL))
+        out = {k: getattr(st, k) for k in ("ffn_tokens", "nnapi_runs", "nnapi_fallbacks", "nnapi_bytes", "hot_runs",
+                                           "hot_fallbacks", "hot_bytes")}
+        return {**out, "ffn_active": active, "ffn_predicted": predicted}
+
     def ffn_counts(self) -> tuple:
         """(tokens through the FFN, active neurons per layer summed over them) since set_ffn."""
-        active = np.zeros(self.cfg.n_layer, np.int64)
-        n = lib.pi2_ctx_ffn_stats(self._h, ffi.from_buffer("int64_t[]", active, require_writable=True))
-        return int(n), active
+        st = self.stats()
+        return int(st["ffn_tokens"]), st["ffn_active"]
 
     def ffn_predicted(self) -> np.ndarray:
         """Predicted neurons (|P|) per layer summed over the tokens since set_ffn (zeros but for rule predicted)."""
-        out = np.zeros(self.cfg.n_layer, np.int64)
-        lib.pi2_ctx_ffn_predicted(self._h, ffi.from_buffer("int64_t[]", out, require_writable=True))
-        return out
+        return self.stats()["ffn_predicted"]
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
@@ -433,18 +177,17 @@ class CContext:
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
                    n_early=None) -> None:
-        """Serve the FFN bundles from a neuron cache (csrc/cache.c): n_hot[L] resident neurons per layer, n_slots
+        """Serve the FFN bundles from a neuron cache (csrc/cache/, read by csrc/pipeline/): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
         gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
         n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention."""
-        from pi2.flash_io import _IDS
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
         ghot = np.ascontiguousarray(np.zeros(L) if n_gate_hot is None else n_gate_hot, np.int32)
         early = np.ascontiguousarray(np.zeros(L) if n_early is None else n_early, np.int32)
         self._stream_hot, self._stream_gate_hot, self._stream_early = hot, ghot, early
         self._stream_path = ffi.new("char[]", self.cmodel.path.encode())
-        p = ffi.new("pi2_stream_params *", {"backend": _IDS[io], "queue_depth": queue_depth, "direct": int(direct),
+        p = ffi.new("pi2_stream_params *", {"backend": IO_IDS[io], "queue_depth": queue_depth, "direct": int(direct),
                                             "cluster": cluster, "n_slots": n_slots, "stream_gate": int(stream_gate),
                                             "n_gate_slots": n_gate_slots})
         p.path = self._stream_path
@@ -466,8 +209,8 @@ class CContext:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""
         if not getattr(self, "stream", None):
             return {}
-        st = ffi.new("pi2_cache_stats *")
-        check(lib.pi2_ctx_cache_stats(self._h, st))
+        st = ffi.new("pi2_cache_stats *", {"size": ffi.sizeof("pi2_cache_stats")})
+        check(lib.pi2_ctx_get_stats(self._h, ffi.NULL, st))
         return {k: getattr(st, k) for k in self._CACHE_STATS}
 
     def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
@@ -489,23 +232,23 @@ class CContext:
         if status == lib.PI2_ERR_ABORTED:
             raise KeyboardInterrupt
         if status < 0:
-            raise _ERRORS.get(status, EngineError)(msg or f"C core error {status}")
+            raise error_for(status, *(msg[1:] if msg else ("",)))
         return out if all_logits else out.copy()
 
     def _interruptible(self, args, long: bool) -> tuple:
         """Run pi2_decode. A long one called from the main thread runs in a helper thread, so that
         Ctrl-C (which Python handles only in the main thread, between bytecodes) can call pi2_abort
         meanwhile; a short one (a token of a small model) is not worth the thread's ~50 us."""
-        def call():
+        def call():   # the error record is the calling thread's: read it there
             st = lib.pi2_decode(*args)
-            return st, (ffi.string(lib.pi2_last_error()).decode("utf-8", "replace") if st < 0 else "")
+            return st, (last_error() if st < 0 else None)
         if not long or threading.current_thread() is not threading.main_thread():
             return call()
         result, stop, finished = [], [], threading.Event()
 
         def helper():
             try:
-                result.append(call() if not stop else (lib.PI2_ERR_ABORTED, ""))
+                result.append(call() if not stop else (lib.PI2_ERR_ABORTED, None))
             finally:
                 finished.set()
         th = threading.Thread(target=helper, name="pi2-decode", daemon=True)

@@ -1,9 +1,8 @@
-"""engine_nnapi.py — the NNAPI delegate's handles over the compiled extension (csrc/nnapi.c, nnapi_graph.c, npu.c,
-npu_ffn.c), through pi2.engine's ffi/lib/check.
+"""engine/nnapi.py — the NNAPI delegate's handles over the compiled extension (csrc/nnapi/).
 
 Owns: NnapiDelegate (libneuralnetworks.so opened at run time, its devices and notes), NnapiGraph (a compiled
-FULLY_CONNECTED graph: start/wait/run), and attaching a delegate to a CContext for prompt batches
-(ctx_set_nnapi) or decode's hot prefix (ctx_set_npu_ffn), with their statistics.
+FULLY_CONNECTED graph: start/wait/run; the graph API is a test entry point, pi2_test.h), and attaching a delegate
+to a CContext for prompt batches (ctx_set_nnapi) or decode's hot prefix (ctx_set_npu_ffn), with their statistics.
 Does not: decide whether a run uses the NPU (pi2/npu.py, pi2/plan/npu_plan.py).
 """
 from __future__ import annotations
@@ -12,13 +11,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pi2.engine import _ACTS, check, ffi, lib, type_info
+from pi2.engine.kernels import type_info
+from pi2.engine.lib import check, ffi, lib
+from pi2.engine.model import ACTS
 
 if TYPE_CHECKING:
-    from pi2.engine import CContext
+    from pi2.engine.context import CContext
 
 
-NNAPI_DEVICE_TYPES = {0: "unknown", 1: "other", 2: "cpu", 3: "gpu", 4: "accelerator"}
+NNAPI_DEVICE_TYPES = {0: "unknown", 1: "other", 2: "cpu", 3: "gpu", 4: "accelerator"}   # NNAPI's DeviceTypeCode
 
 
 def _matrix(m) -> tuple:
@@ -86,31 +87,44 @@ class NnapiDelegate:
 
     def __init__(self, lib_path: str | None = None, accelerators_only: bool = False, f16: bool = True,
                  max_shapes: int = 4, batch_matmul: bool = False):
-        p = lib.pi2_nnapi_default_params()
-        p.max_shapes, p.batch_matmul = max_shapes, int(batch_matmul)
         self._path = ffi.new("char[]", lib_path.encode()) if lib_path else ffi.NULL
-        p.lib_path, p.accelerators_only, p.weight_type = self._path, int(accelerators_only), int(f16)
+        p = ffi.new("pi2_nnapi_params *", {"accelerators_only": int(accelerators_only), "weight_type": int(f16),
+                                           "max_shapes": max_shapes, "batch_matmul": int(batch_matmul)})
+        p.lib_path = self._path
         out = ffi.new("pi2_nnapi **")
-        check(lib.pi2_nnapi_open(ffi.new("pi2_nnapi_params *", p), out))
+        check(lib.pi2_nnapi_open(p, out))
         self._h = ffi.gc(out[0], lib.pi2_nnapi_close)
+
+    def _info(self):
+        out = ffi.new("pi2_nnapi_info *", {"size": ffi.sizeof("pi2_nnapi_info")})
+        check(lib.pi2_nnapi_get_info(self._h, out))
+        return out
 
     @property
     def runtime_feature_level(self) -> int:
-        return lib.pi2_nnapi_runtime_feature_level(self._h)
+        return self._info().runtime_feature_level
 
     def devices(self) -> list:
-        out, info = [], ffi.new("pi2_nnapi_device *")
-        for i in range(lib.pi2_nnapi_device_count(self._h)):
-            check(lib.pi2_nnapi_device_info(self._h, i, info))
-            out.append({"name": ffi.string(info.name).decode("utf-8", "replace"),
-                        "type": NNAPI_DEVICE_TYPES.get(info.type, str(info.type)),
-                        "feature_level": info.feature_level, "selected": bool(info.selected)})
-        return out
+        info = self._info()
+        return [{"name": ffi.string(d.name).decode("utf-8", "replace"),
+                 "type": NNAPI_DEVICE_TYPES.get(d.type, str(d.type)),
+                 "feature_level": d.feature_level, "selected": bool(d.selected)}
+                for d in (info.devices[i] for i in range(info.n_devices))]
 
     def notes(self) -> list:
-        return [s for s in ffi.string(lib.pi2_nnapi_notes(self._h)).decode("utf-8", "replace").split("\n") if s]
+        return [s for s in ffi.string(self._info().notes).decode("utf-8", "replace").split("\n") if s]
 
-    def _graph(self, fn, *args):
+    def bench_ffn(self, act: str, n_embd: int, n_hot: int, runs: int = 5) -> float | None:
+        """Seconds of the fastest of `runs` runs of a hot-FFN graph of n_hot random neurons (after the compiling
+        run), None when the graph fails (pi2_nnapi_bench_ffn)."""
+        best = ffi.new("double *")
+        st = lib.pi2_nnapi_bench_ffn(self._h, ACTS[act], n_embd, n_hot, runs, best)
+        if st == lib.PI2_ERR_UNSUPPORTED:
+            return None
+        check(st)
+        return best[0]
+
+    def _graph(self, fn, *args):   # the graph API is pi2_test.h's (tests run graphs directly)
         out = ffi.new("pi2_nnapi_graph **")
         check(fn(self._h, *args, out))
         return ffi.gc(out[0], lib.pi2_nnapi_graph_free)
@@ -127,38 +141,36 @@ class NnapiDelegate:
         down is ffn_down [n_embd][n_ff], or ffn_down_t [n_ff][n_embd] with down_t."""
         g, u, d = (_matrix(m) for m in (gate, up, down))
         ptrs = [ffi.new("pi2_nnapi_matrix *", m[0]) for m in (g, u, d)]
-        h = self._graph(lib.pi2_nnapi_ffn_create, _ACTS[act], *ptrs, int(down_t), n_hot)
+        h = self._graph(lib.pi2_nnapi_ffn_create, ACTS[act], *ptrs, int(down_t), n_hot)
         return NnapiGraph(h, self, g[0]["n_cols"], [g[0]["n_cols"]], [self])
 
 
 def ctx_set_nnapi(ctx: "CContext", delegate: NnapiDelegate | None, min_batch: int = 2) -> None:
     """Hand ctx's prompt-batch matrix products to `delegate` (None detaches). Raises UnsupportedError
     when no graph can be made (no device selected); the context then stays on the CPU."""
-    check(lib.pi2_ctx_set_nnapi(ctx._h, delegate._h if delegate else ffi.NULL, min_batch))
+    check(lib.pi2_ctx_set_nnapi_batches(ctx._h, delegate._h if delegate else ffi.NULL, min_batch))
     ctx._nnapi = delegate           # the delegate outlives the context's graphs
 
 
 def ctx_nnapi_stats(ctx: "CContext") -> dict:
-    fb = ffi.new("int64_t *")
-    runs = lib.pi2_ctx_nnapi_runs(ctx._h, fb)
-    return {"bytes": lib.pi2_ctx_nnapi_bytes(ctx._h), "runs": runs, "fallbacks": fb[0]}
+    st = ctx.stats()
+    return {"bytes": st["nnapi_bytes"], "runs": st["nnapi_runs"], "fallbacks": st["nnapi_fallbacks"]}
 
 
 def ctx_set_npu_ffn(ctx: "CContext", delegate: NnapiDelegate | None, n_hot=None) -> None:
     """Hand the hot prefix of ctx's single-token decode (n_hot[il] neurons of each layer) to `delegate`
     (None detaches). Raises Pi2Error when nothing could be attached; the context then stays on the CPU."""
     if delegate is None:
-        check(lib.pi2_ctx_set_npu_ffn(ctx._h, ffi.NULL, ffi.NULL))
+        check(lib.pi2_ctx_set_nnapi_hot(ctx._h, ffi.NULL, ffi.NULL))
         return
     hot = np.ascontiguousarray(n_hot, dtype=np.int32)
     if hot.shape != (ctx.cfg.n_layer,):
         raise ValueError(f"n_hot needs one count per layer ({ctx.cfg.n_layer})")
-    check(lib.pi2_ctx_set_npu_ffn(ctx._h, delegate._h, ffi.from_buffer("int32_t[]", hot)))
+    check(lib.pi2_ctx_set_nnapi_hot(ctx._h, delegate._h, ffi.from_buffer("int32_t[]", hot)))
     ctx._nnapi = delegate           # the delegate outlives the context's graphs
     ctx.npu_hot = [int(h) for h in hot]
 
 
 def ctx_npu_ffn_stats(ctx: "CContext") -> dict:
-    fb = ffi.new("int64_t *")
-    runs = lib.pi2_ctx_npu_ffn_runs(ctx._h, fb)
-    return {"bytes": lib.pi2_ctx_npu_ffn_bytes(ctx._h), "runs": runs, "fallbacks": fb[0]}
+    st = ctx.stats()
+    return {"bytes": st["hot_bytes"], "runs": st["hot_runs"], "fallbacks": st["hot_fallbacks"]}

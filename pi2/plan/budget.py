@@ -86,32 +86,28 @@ def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None)
     without it the predictor's tensors are never read and do not count) (a tied output counted once); token
     embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache.c), so they
     count n_ctx rows of whole pages at most. pred: the run uses the predictor (default: gate)."""
-    from pi2.engine import _FFN_DOWN_ROWS, tensor_descs
+    from pi2.engine import ROLES, tensor_descs
     descs = tensor_descs(model)
-    out_offset = next(t.offset for role, _l, t in descs if role == 2)
-    streamed = (17, _FFN_DOWN_ROWS) + ((16,) if gate else ())   # FFN_UP, FFN_DOWN_ROWS (, FFN_GATE)
-    if "pi2.predictor.kind" in model.file.kv and not (gate if pred is None else pred):   # FFN_GATE_PRED, FC1, FC2
-        streamed += (21, 22, 23)
+    out_offset = next(t.offset for role, _l, t in descs if role == ROLES["output"])
+    streamed = (ROLES["ffn_up"], ROLES["ffn_down_rows"]) + ((ROLES["ffn_gate"],) if gate else ())
+    if "pi2.predictor.kind" in model.file.kv and not (gate if pred is None else pred):   # the predictor's tensors
+        streamed += (ROLES["ffn_gate_pred"], ROLES["ffn_pred_fc1"], ROLES["ffn_pred_fc2"])
     seen = {}
     for role, _layer, t in descs:
         if role in streamed:
             continue
         n = t.nbytes
-        if role == 0 and t.offset != out_offset:
+        if role == ROLES["token_embd"] and t.offset != out_offset:
             n = min(n, n_ctx * (-(-(n // t.ne[1]) // 4096) + 1) * 4096)
         seen[t.offset] = max(seen.get(t.offset, 0), n)
     return sum(seen.values())
 
 
-def context_bytes(cfg, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
-    """(KV cache bytes, scratch bytes) of a C context (csrc/context.c's buffers, floats)."""
-    kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-    kv = cfg.n_layer * n_ctx * (kd + vd) * 4
-    b = min(n_batch, n_ctx)
-    qd = cfg.n_head * max(cfg.head_dim, cfg.head_dim_v)
-    per_tok = 5 * cfg.n_embd + 2 * qd + kd + vd + 6 * cfg.n_ff
-    scratch = 4 * (b * per_tok + max(n_threads, 1) * n_ctx + (cfg.n_ff // 64 + 1) * cfg.n_embd)
-    return kv, scratch
+def context_bytes(cmodel, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
+    """(KV cache bytes, scratch bytes) of a C context on `cmodel` (an engine.CModel): what pi2_ctx_init allocates,
+    as the C core counts it (pi2_ctx_query)."""
+    from pi2.engine import ctx_sizes
+    return ctx_sizes(cmodel, n_ctx, n_threads, n_batch)
 
 
 EARLY_P = 0.95     # a cold cluster this likely to be needed is read before the layer's attention (n_early)
@@ -349,7 +345,7 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     gate = rule is not None and rule.rule == "predicted"
     streams_gate = gate or gate_whole
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
-    kv, scratch = context_bytes(cfg, n_ctx, n_threads, n_batch)
+    kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch)
     p = Plan(budget=budget, runtime=runtime,
              fixed=fixed_bytes(model, n_ctx, streams_gate, pred=gate) + (npu.bytes if npu else 0), kv=kv,
              scratch=scratch, margin=MARGIN,

@@ -118,23 +118,13 @@ def measure_cpu_gbps(model, threads: int) -> float:
 def measure_npu_gbps(delegate, act: str, n_embd: int, n_hot: int = 256) -> float | None:
     """GB/s of F16 weights one hot-FFN graph of n_hot neurons runs at on `delegate` (best of 5 runs after the
     compiling one), None when the graph fails."""
-    rng = np.random.default_rng(0)
-    gate, up = (rng.standard_normal((n_hot, n_embd)).astype(np.float32) for _ in range(2))
-    down = rng.standard_normal((n_embd, n_hot)).astype(np.float32)
     from pi2.errors import Pi2Error
     try:
-        g = delegate.ffn(act, gate, up, down, n_hot)
+        best = delegate.bench_ffn(act, n_embd, n_hot, runs=5)
     except Pi2Error:
         return None
-    x = rng.standard_normal((1, n_embd)).astype(np.float32)
-    if g.run(x) is None:
+    if best is None:
         return None
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        if g.run(x) is None:
-            return None
-        best = min(best, time.perf_counter() - t0)
     return 6 * n_hot * n_embd / max(best, 1e-9) / 1e9
 
 

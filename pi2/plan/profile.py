@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from pi2 import flash_io
+from pi2.engine import flash_io
 from pi2.errors import UsageError
 
 VERSION = 1
@@ -60,8 +60,6 @@ def measure(path: str | os.PathLike, io: str = "auto", seconds: float = SECONDS,
                 if block > size:
                     points.append({"block": block, "qd": qd, "mb_s": None, "iops": None, "reads": 0, "errors": 0})
                     continue
-                if not f.info["direct"]:
-                    f.drop_cache()
                 r = f.bench(block, qd, seconds, seed=block * 131 + qd)
                 points.append({"block": block, "qd": qd, "mb_s": round(r["bytes"] / r["seconds"] / 1e6, 1),
                                "iops": round(r["reads"] / r["seconds"]), "reads": r["reads"], "errors": r["errors"]})

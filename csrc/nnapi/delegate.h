@@ -1,9 +1,9 @@
-/* nnapi_internal.h — what nnapi.c (the library and its devices) and nnapi_graph.c (graphs) share.
+/* nnapi/delegate.h — what nnapi.c (the library and its devices) and nnapi_graph.c (graphs) share.
  * Owns: the table of resolved NNAPI functions, the delegate's state, and the note/result-name helpers. */
-#ifndef PI2_NNAPI_INTERNAL_H
-#define PI2_NNAPI_INTERNAL_H
+#ifndef PI2_NNAPI_DELEGATE_H
+#define PI2_NNAPI_DELEGATE_H
 #include "internal.h"
-#include "nnapi_abi.h"
+#include "nnapi/abi.h"
 
 #define MAX_DEVICES 16
 #define MAX_SHAPES 16   /* compiled batch sizes a graph may keep (pi2_nnapi_params.max_shapes) */

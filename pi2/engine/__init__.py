@@ -1,0 +1,16 @@
+"""pi2.engine — the binding of pi2's C core (csrc/pi2.h): the only package that imports the compiled extension.
+
+Modules: lib (loading it, the ABI check, errors), kernels (type facts and kernel wrappers), model (CModel and the
+tensor descriptors), context (CContext: decode, the sparse FFN rule, streaming, statistics), nnapi (the NNAPI
+delegate), flash_io (the I/O backends, the probe, FlashFile). This module re-exports what the rest of pi2 uses.
+"""
+from pi2.engine.context import CContext, default_threads
+from pi2.engine.kernels import IMPLS, TypeInfo, dequantize, kernel_info, matvec, quantize_act, type_info
+from pi2.engine.lib import ABI_VERSION, check, ffi, lib
+from pi2.engine.model import ROLES, CModel, RowView, c_model_structs, ctx_sizes, model_params, stream_sizes, tensor_descs
+
+_default_threads = default_threads   # the name pi2/runtime.py and pi2/commands.py import
+
+__all__ = ["ABI_VERSION", "CContext", "CModel", "IMPLS", "ROLES", "RowView", "TypeInfo", "c_model_structs", "check",
+           "ctx_sizes", "default_threads", "dequantize", "ffi", "kernel_info", "lib", "matvec", "model_params",
+           "quantize_act", "stream_sizes", "tensor_descs", "type_info"]

@@ -6,7 +6,7 @@ including its CPU driver, with a one-line note and a CPU run when NNAPI is unava
 files the hot prefix of decode, by pi2/plan/npu_plan.py's decision (the one `pi2 plan` prints);
 attaching the delegate to a C context, the fields bench reports, and the notes `--verbose` prints
 (why the delegate was not used or fell back to the CPU).
-Does not: build graphs (csrc/nnapi_graph.c) or read the environment (the CLI passes --nnapi-lib).
+Does not: build graphs (csrc/nnapi/graph.c) or read the environment (the CLI passes --nnapi-lib).
 """
 from __future__ import annotations
 

@@ -397,7 +397,7 @@ class SparseFFN:
             self._row_bytes = [(p.nbytes,) + r[1:] for p, r in zip(self._pred, self._row_bytes)]
         self.n_tokens = self.n_active = self.n_predicted = 0
         self.bytes = 0
-        # the specification of --npu's hot prefix (csrc/npu_ffn.c): [n_layer] counts, or None; a single token
+        # the specification of --npu's hot prefix (csrc/nnapi/hot_ffn.c): [n_layer] counts, or None; a single token
         # computes every neuron below npu_hot[il] (the NNAPI graph's dense hot part) and the rule's active ones above
         self.npu_hot = None
 

@@ -1,4 +1,4 @@
-"""test_ffn_predicted_c.py — the C engine's `predicted` FFN rule (csrc/ffn_predict.c) against the numpy reference
+"""test_ffn_predicted_c.py — the C engine's `predicted` FFN rule (csrc/ffn/predicted.c) against the numpy reference
 (pi2/sparse.py SparseFFN): bit-identical logits and the same statistics (keep, predicted share, bytes per token) for
 low-bit (1 and 2 bits) and low-rank predictors reading ffn_norm(h) or the layer's attn_norm input, for prompt
 batches and single tokens, for 1-3 threads; the rule with every neuron predicted is the threshold rule; the C

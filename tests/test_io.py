@@ -1,4 +1,4 @@
-"""test_io.py — the storage layer (csrc/io/, pi2/flash_io.py, pi2/plan/profile.py): every backend returns
+"""test_io.py — the storage layer (csrc/io/, pi2/engine/flash_io.py, pi2/plan/profile.py): every backend returns
 Python's own bytes for random aligned requests (last partial block, multi-block spans); per-request
 errors (past the end, a closed descriptor, misalignment); the probe's choice and its refusal logic under a
 real seccomp filter and a forced SIGSYS; the O_DIRECT fallback; the device profile's cache; the CLI."""

@@ -1,4 +1,4 @@
-"""test_nnapi.py — the NNAPI delegate (csrc/nnapi.c, csrc/npu.c, pi2/npu.py) against a stand-in
+"""test_nnapi.py — the NNAPI delegate (csrc/nnapi/nnapi.c, csrc/nnapi/batches.c, pi2/npu.py) against a stand-in
 libneuralnetworks.so built here from tests/c/nnapi_standin.c: the graphs pi2 builds (operand codes and
 types, shapes, bias, fuse codes, input/output indexes), results against numpy and pi2.sparse, asynchronous
 runs overlapping CPU work, every fallback (no library, missing symbol, no accelerator, unsupported

@@ -1,4 +1,4 @@
-"""test_pwri_c.py — PowerInfer `PWRI` files on the C engine (csrc/ffn_pwri.c, the PI2_FFN_PREDICTOR rule) against
+"""test_pwri_c.py — PowerInfer `PWRI` files on the C engine (csrc/ffn/pwri.c, the PI2_FFN_PWRI_PREDICTOR rule) against
 the numpy reference (pi2/sparse.py, rule `predictor`): the predictor fc2·relu(fc1·h) on the residual before ffn_norm,
 active = score >= powerinfer.sparse_threshold, ReGLU (`llama`) or dReLU (`bamboo`), down as rows of ffn_down_t.
 Checks: bit-identical logits and the same active count and bytes per token for prompt batches and single tokens at

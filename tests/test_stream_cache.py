@@ -1,4 +1,4 @@
-"""test_stream_cache.py — streamed FFN bundles (csrc/cache.c): a context serving its bundles from a resident hot
+"""test_stream_cache.py — streamed FFN bundles (csrc/cache/cache.c): a context serving its bundles from a resident hot
 prefix and an LRU of cold cluster slots read by the flash I/O backends gives logits bit-identical to the mapped
 run, for several keeps, cache sizes (a tiny cache that mostly misses, a big one that hits), cluster sizes, backends
 and thread counts; its statistics add up; bad parameters and a failing read are refused with a message; streamed

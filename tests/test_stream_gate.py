@@ -1,4 +1,4 @@
-"""test_stream_gate.py — two-phase loading (csrc/cache.c, cache_read.c, ffn_predict.c): with the file's predictor, a
+"""test_stream_gate.py — two-phase loading (csrc/cache/cache.c, pipeline/units.c, ffn/predicted.c): with the file's predictor, a
 streamed context also serves its gate rows from the neuron cache (a hot prefix and an LRU of gate-cluster slots
 read by the flash I/O backend): one token reads the gate clusters of its predicted set P, a batch reads a layer's
 gate region whole. Logits are bit-identical to the mapped run with the same predictor and keep for any hot count,

@@ -44,8 +44,8 @@ typedef struct pi2_cache {
 /* Open the file, size the arenas, read every hot prefix (PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID,
  * PI2_ERR_UNSUPPORTED: a layout the cache cannot stream). */
 pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_cache **out);
-void pi2_cache_free(pi2_cache *k);
-void pi2_cache_get_stats(const pi2_cache *k, pi2_cache_stats *out);
+void pi2_cache_free(pi2_cache *cache);
+void pi2_cache_get_stats(const pi2_cache *cache, pi2_cache_stats *out);
 
 /* Seconds on the monotonic clock. */
 double pi2_now(void);
@@ -54,35 +54,37 @@ static inline int64_t pi2_align_down(int64_t x) { return x / PI2_IO_ALIGN * PI2_
 static inline int64_t pi2_align_up(int64_t x) { return (x + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN * PI2_IO_ALIGN; }
 
 /* File span [*start, *end) of clusters [c0, c1) of region r, 4 KiB-aligned; *need: where its bytes end. */
-static inline void pi2_cache_span(const pi2_cache *k, const pi2_region *r, int32_t c0, int32_t c1, int64_t *start,
+static inline void pi2_cache_span(const pi2_cache *cache, const pi2_region *r, int32_t c0, int32_t c1, int64_t *start,
                                   int64_t *end, int64_t *need) {
-    const int64_t n1 = (int64_t)c1 * k->cluster < k->n_ff ? (int64_t)c1 * k->cluster : k->n_ff;
-    *start = pi2_align_down(r->rec0 + (int64_t)c0 * k->cluster * r->rec_bytes);
+    const int64_t n1 = (int64_t)c1 * cache->cluster < cache->n_ff ? (int64_t)c1 * cache->cluster : cache->n_ff;
+    *start = pi2_align_down(r->rec0 + (int64_t)c0 * cache->cluster * r->rec_bytes);
     *end = pi2_align_up(r->rec0 + n1 * r->rec_bytes);
     if (need) *need = r->rec0 + n1 * r->rec_bytes;
 }
 
-/* Slot s of part q: where its bytes are, and the delta that addresses a file offset inside the cluster it holds,
+/* A slot of a part: where its bytes are, and the delta that addresses a file offset inside the cluster it holds,
  * whose span starts at file offset `start`. */
-static inline uint8_t *pi2_cache_slot(const pi2_part *q, int32_t s) { return q->arena + q->slots_off + (size_t)s * q->slot_bytes; }
-static inline int64_t pi2_cache_slot_delta(const pi2_part *q, int32_t s, int64_t start) {
-    return (int64_t)(q->slots_off + (size_t)s * q->slot_bytes) - start;
+static inline uint8_t *pi2_cache_slot(const pi2_part *part, int32_t slot) {
+    return part->arena + part->slots_off + (size_t)slot * part->slot_bytes;
+}
+static inline int64_t pi2_cache_slot_delta(const pi2_part *part, int32_t slot, int64_t start) {
+    return (int64_t)(part->slots_off + (size_t)slot * part->slot_bytes) - start;
 }
 
 #define PI2_LOAD_CHUNK (1u << 20)   /* bytes per request of a whole-layer read */
 
 /* ---- reads (read.c) ---- */
 /* Queue reads (pi2_io_submit); *accepted of them were taken. PI2_ERR_IO with the message set. */
-pi2_status pi2_cache_submit(pi2_cache *k, const pi2_io_request *reqs, int32_t n, int32_t *accepted);
+pi2_status pi2_cache_submit(pi2_cache *cache, const pi2_io_request *reqs, int32_t n, int32_t *accepted);
 /* Wait for at least one read and take up to max completions; the wait counts as io_wait_s. */
-pi2_status pi2_cache_reap(pi2_cache *k, pi2_io_completion *done, int32_t max, int32_t *got);
+pi2_status pi2_cache_reap(pi2_cache *cache, pi2_io_completion *done, int32_t max, int32_t *got);
 /* Wait for everything in flight and drop it (after an error). */
-void pi2_cache_reap_all(pi2_cache *k);
-/* Count a completed read of part q (request r, completion c) and check that its bytes up to `need` arrived:
+void pi2_cache_reap_all(pi2_cache *cache);
+/* Count a completed read of a part (request r, completion c) and check that its bytes up to `need` arrived:
  * PI2_ERR_IO if not, with the message, errno and path set when `report`. */
-pi2_status pi2_cache_check_read(pi2_cache *k, pi2_part *q, const pi2_io_request *r, const pi2_io_completion *c,
+pi2_status pi2_cache_check_read(pi2_cache *cache, pi2_part *part, const pi2_io_request *r, const pi2_io_completion *c,
                                 int64_t need, int report);
 /* Read [start, end) of the file into dst in large requests, now; the bytes up to `need` must arrive. */
-pi2_status pi2_cache_read_range(pi2_cache *k, pi2_part *q, int64_t start, int64_t end, int64_t need, uint8_t *dst);
+pi2_status pi2_cache_read_range(pi2_cache *cache, pi2_part *part, int64_t start, int64_t end, int64_t need, uint8_t *dst);
 
 #endif

@@ -33,24 +33,24 @@ void pi2_cache_reap_all(pi2_cache *cache) {
     while (pi2_io_in_flight(cache->io) > 0 && !pi2_io_reap(cache->io, done, 64, 1, &got)) {}
 }
 
-pi2_status pi2_cache_check_read(pi2_cache *cache, pi2_part *part, const pi2_io_request *r, const pi2_io_completion *c,
+pi2_status pi2_cache_check_read(pi2_cache *cache, pi2_part *part, const pi2_io_request *req, const pi2_io_completion *done,
                                 int64_t need, int report) {
-    const int64_t want = (int64_t)r->offset + (int64_t)r->length <= need ? (int64_t)r->length
-                                                                         : need - (int64_t)r->offset;
+    const int64_t want = (int64_t)req->offset + (int64_t)req->length <= need ? (int64_t)req->length
+                                                                             : need - (int64_t)req->offset;
     cache->st.reads++;
-    part->bytes_read += (int64_t)r->length;
-    if (!(c->error && c->error != ENODATA) && c->nbytes >= want) return PI2_OK;
+    part->bytes_read += (int64_t)req->length;
+    if (!(done->error && done->error != ENODATA) && done->nbytes >= want) return PI2_OK;
     if (!report) return PI2_ERR_IO;
-    return pi2_set_io_error(c->error ? c->error : ENODATA, cache->path, "reading %lld bytes of %s at offset %lld of %s: %s",
-                            (long long)r->length, part->what, (long long)r->offset, cache->path,
-                            c->error ? strerror(c->error) : "short read");
+    return pi2_set_io_error(done->error ? done->error : ENODATA, cache->path,
+                            "reading %lld bytes of %s at offset %lld of %s: %s", (long long)req->length, part->what,
+                            (long long)req->offset, cache->path, done->error ? strerror(done->error) : "short read");
 }
 
 pi2_status pi2_cache_read_range(pi2_cache *cache, pi2_part *part, int64_t start, int64_t end, int64_t need,
                                 uint8_t *dst) {
     enum { BATCH = 64 };
     pi2_io_request reqs[BATCH];
-    pi2_io_completion done[BATCH];
+    pi2_io_completion finished[BATCH];
     const double t0 = pi2_now();
     for (int64_t off = start; off < end;) {
         int32_t n = 0;
@@ -58,10 +58,10 @@ pi2_status pi2_cache_read_range(pi2_cache *cache, pi2_part *part, int64_t start,
             const int64_t len = end - off < PI2_LOAD_CHUNK ? end - off : PI2_LOAD_CHUNK;
             reqs[n] = (pi2_io_request){.offset = (uint64_t)off, .length = (uint64_t)len, .dest = dst + (off - start)};
         }
-        pi2_status s = pi2_io_read_all(cache->io, reqs, n, done);
+        pi2_status s = pi2_io_read_all(cache->io, reqs, n, finished);
         if (s) return s;
         for (int32_t i = 0; i < n; i++)
-            if ((s = pi2_cache_check_read(cache, part, &reqs[i], &done[i], need, 1))) return s;
+            if ((s = pi2_cache_check_read(cache, part, &reqs[i], &finished[i], need, 1))) return s;
     }
     const double dt = pi2_now() - t0;
     cache->st.io_wait_s += dt;

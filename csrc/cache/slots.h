@@ -1,4 +1,4 @@
-/* cache_pool.h — the LRU of cold cluster slots (cache_pool.c), used by cache.c twice: bundles and gate rows.
+/* cache/slots.h — the LRU of cold cluster slots (slots.c), one per part of the neuron cache: bundles, gate rows.
  * A slot holds one cluster (layer, cluster) of one layer at a time; the pool never allocates after init. */
 #ifndef PI2_CACHE_POOL_H
 #define PI2_CACHE_POOL_H
@@ -14,24 +14,24 @@ typedef struct {
     int32_t *slot_of;          /* [n_layer * n_cl] the slot holding cluster cl of layer il, or -1 */
 } pi2_slots;
 
-/* Every slot free, in LRU order. PI2_ERR_NOMEM (p is then empty; pi2_slots_free is still fine). */
-pi2_status pi2_slots_init(pi2_slots *p, int32_t n_slots, int32_t n_layer, int32_t n_cl);
-void pi2_slots_free(pi2_slots *p);
+/* Every slot free, in LRU order. PI2_ERR_NOMEM (the pool is then empty; pi2_slots_free is still fine). */
+pi2_status pi2_slots_init(pi2_slots *pool, int32_t n_slots, int32_t n_layer, int32_t n_cl);
+void pi2_slots_free(pi2_slots *pool);
 /* The slot holding (il, cl), or -1; its place in the LRU stays. */
-static inline int32_t pi2_slots_holding(const pi2_slots *p, int32_t il, int32_t cl) {
-    return p->slot_of[(size_t)il * p->n_cl + cl];
+static inline int32_t pi2_slots_holding(const pi2_slots *pool, int32_t il, int32_t cl) {
+    return pool->slot_of[(size_t)il * pool->n_cl + cl];
 }
 /* The slot holding (il, cl), moved to the front, or -1. */
-int32_t pi2_slots_find(pi2_slots *p, int32_t il, int32_t cl);
+int32_t pi2_slots_find(pi2_slots *pool, int32_t il, int32_t cl);
 /* The least recently used slot, forgotten by its cluster, now holding (il, cl) at the front. The caller keeps
  * the clusters it still needs at the front: fewer of them than n_slots, so none of them is taken. */
-int32_t pi2_slots_take(pi2_slots *p, int32_t il, int32_t cl);
-/* Slot s holds nothing (its bytes were not read, or were overwritten); its place in the LRU stays. */
-void pi2_slots_forget(pi2_slots *p, int32_t s);
+int32_t pi2_slots_take(pi2_slots *pool, int32_t il, int32_t cl);
+/* The slot holds nothing (its bytes were not read, or were overwritten); its place in the LRU stays. */
+void pi2_slots_forget(pi2_slots *pool, int32_t slot);
 /* Every slot holds nothing. */
-void pi2_slots_clear(pi2_slots *p);
+void pi2_slots_clear(pi2_slots *pool);
 /* 0 when the invariants hold (one LRU list over every slot; slot_of and the owners agree), else a code > 0
  * saying which failed. For tests. */
-int32_t pi2_slots_check(const pi2_slots *p);
+int32_t pi2_slots_check(const pi2_slots *pool);
 
 #endif

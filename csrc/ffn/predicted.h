@@ -1,5 +1,5 @@
-/* ffn_predict.h — the PI2_FFN_PREDICTED_GATE rule of the sparse FFN (ffn_predict.c), called by context.c,
- * forward.c and ffn_sparse.c. */
+/* ffn/predicted.h — the PI2_FFN_PREDICTED_GATE rule of the sparse FFN (ffn/predicted.c), called by context.c,
+ * forward.c and ffn/sparse.c. */
 #ifndef PI2_FFN_PREDICT_H
 #define PI2_FFN_PREDICT_H
 #include <stdint.h>

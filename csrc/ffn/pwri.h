@@ -1,5 +1,5 @@
-/* ffn_pwri.h — the PI2_FFN_PWRI_PREDICTOR rule of the sparse FFN (ffn_pwri.c): PowerInfer's own predictor, called
- * by context.c and ffn_sparse.c. */
+/* ffn/pwri.h — the PI2_FFN_PWRI_PREDICTOR rule of the sparse FFN (ffn/pwri.c): PowerInfer's own predictor, called
+ * by context.c and ffn/sparse.c. */
 #ifndef PI2_FFN_PWRI_H
 #define PI2_FFN_PWRI_H
 #include <stdint.h>

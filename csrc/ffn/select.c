@@ -1,6 +1,6 @@
-/* ffn_select.c — the active set of one token of a layer by the context's rule (threshold, top-k, ReLU, all,
+/* ffn/select.c — the active set of one token of a layer by the context's rule (threshold, top-k, ReLU, all,
  *       predicted, predictor): its score (act(gate), or act(gate)·up), then its active neurons in ascending order.
- * Does not: compute gate or up rows (ffn_sparse.c), choose P (ffn_predict.c) or PowerInfer's set (ffn_pwri.c).
+ * Does not: compute gate or up rows (ffn/sparse.c), choose P (ffn/predicted.c) or PowerInfer's set (ffn/pwri.c).
  * Invariants: the scores follow pi2_ffn_activate's float operations; top-k breaks ties by the lower index. */
 #include "ffn/select.h"
 
@@ -71,10 +71,10 @@ void pi2_ffn_select(pi2_ctx *c, int32_t il, int32_t t) {
         }
         break;
     }
-    case PI2_FFN_PREDICTED_GATE:   /* a batch: every gate row was computed; P from ffn_predict.c */
+    case PI2_FFN_PREDICTED_GATE:   /* a batch: every gate row was computed; P from ffn/predicted.c */
         n = pi2_ffn_pred_select(c, il, t, s, idx);
         break;
-    case PI2_FFN_PWRI_PREDICTOR:   /* a batch: ffn_pwri.c chose the active neurons before the gate rows */
+    case PI2_FFN_PWRI_PREDICTOR:   /* a batch: ffn/pwri.c chose the active neurons before the gate rows */
         n = c->ffn_n_active[t];
         break;
     }

@@ -1,4 +1,4 @@
-/* ffn_select.h — the active set of a token (ffn_select.c), used by ffn_sparse.c. */
+/* ffn/select.h — the active set of a token (ffn/select.c), used by ffn/sparse.c. */
 #ifndef PI2_FFN_SELECT_H
 #define PI2_FFN_SELECT_H
 #include <stdint.h>

@@ -49,7 +49,7 @@ typedef struct {
     const int32_t *groups;       /* the pipeline's ready groups (task -> group), or NULL: task = group */
 } ffn_job;
 
-/* ---- the active set (ffn_select.c) ---- */
+/* ---- the active set (ffn/select.c) ---- */
 
 static void select_task(void *arg, int32_t t, int32_t thread) {
     (void)thread;
@@ -271,7 +271,7 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
                  .up_tr = pi2_traits(L->up.type, c->p.impl), .up_rows4 = pi2_kernels_dot_rows4(L->up.type, c->p.impl)};
     const pi2_type_traits *a = pi2_traits(j.up_tr->vec_dot_type, c->p.impl);
     j.xq_row = (size_t)(j.n_embd / a->block_size) * (size_t)a->type_size;
-    const int npu = one_rows && pi2_nnapi_hot_start(c, il);   /* the hot prefix on NNAPI meanwhile (nnapi_hot.c) */
+    const int npu = one_rows && pi2_nnapi_hot_start(c, il);   /* the hot prefix on NNAPI meanwhile (nnapi/hot_ffn.c) */
 
     /* gate rows of every neuron (and every up row when the rule needs them); one token under the predicted
      * rule or PowerInfer's predictor: its active set first, and the gate rows of its chosen neurons only */

@@ -1,4 +1,4 @@
-/* npu.c — a context's dense prompt-batch products on the NNAPI delegate (pi2_ctx_set_nnapi).
+/* nnapi/batches.c — a context's dense prompt-batch products on the NNAPI delegate (pi2_ctx_set_nnapi_batches).
  * Does: make one FULLY_CONNECTED graph per product group of every layer (q/k/v, attn_output, gate/up,
  *       down), with weight copies, when attached; in pi2_matmul, run a group of a batch of at least
  *       min_batch tokens on it (start, then wait), else leave it to the CPU; count runs and fallbacks.

@@ -1,6 +1,6 @@
-/* npu.h — the context's hook into the NNAPI delegate for dense prompt-batch products (npu.c). */
-#ifndef PI2_NPU_H
-#define PI2_NPU_H
+/* nnapi/batches.h — the context's hook into the NNAPI delegate for dense prompt-batch products (batches.c). */
+#ifndef PI2_NNAPI_BATCHES_H
+#define PI2_NNAPI_BATCHES_H
 #include "matmul.h"
 
 /* 0: the delegate computed every mm[i].out; 1: not taken (too few tokens, not a delegated group, or a

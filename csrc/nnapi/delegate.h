@@ -1,4 +1,4 @@
-/* nnapi/delegate.h — what nnapi.c (the library and its devices) and nnapi_graph.c (graphs) share.
+/* nnapi/delegate.h — what nnapi.c (the library and its devices) and nnapi/graph.c (graphs) share.
  * Owns: the table of resolved NNAPI functions, the delegate's state, and the note/result-name helpers. */
 #ifndef PI2_NNAPI_DELEGATE_H
 #define PI2_NNAPI_DELEGATE_H

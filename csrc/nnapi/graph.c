@@ -1,4 +1,4 @@
-/* nnapi_graph.c — NNAPI graphs of FULLY_CONNECTED operations over F16 (or F32) weight copies: a group of
+/* nnapi/graph.c — NNAPI graphs of FULLY_CONNECTED operations over F16 (or F32) weight copies: a group of
  * products sharing an input (prompt batches) and the hot prefix of an FFN layer (pi2.h, "NNAPI delegate").
  * Does: convert weights once per graph; build and compile one NNAPI model per batch size (cached, least
  *       recently used dropped); start runs with ANeuralNetworksExecution_startCompute and wait on the

@@ -1,12 +1,12 @@
-/* nnapi_hot.c — a context's single-token hot prefix on the NNAPI delegate (pi2_ctx_set_nnapi_hot), as
+/* nnapi/hot_ffn.c — a context's single-token hot prefix on the NNAPI delegate (pi2_ctx_set_nnapi_hot), as
  * PowerInfer-2 splits decode: the NPU computes the hot neurons of a layer densely while the CPU computes
  * the active cold ones sparsely; the CPU adds the two partial outputs.
- * Does: one hot-FFN graph per layer (nnapi_graph.c: F16 copies of gate, up and down rows of neurons
+ * Does: one hot-FFN graph per layer (nnapi/graph.c: F16 copies of gate, up and down rows of neurons
  *       0..n_hot-1, made once when attached); per token start it, take the hot neurons off the CPU's active
  *       list, wait and add its output; on a failure (compile at the first start, or a run) the CPU computes
  *       the layer as if no graph existed; counts runs and fallbacks.
  * Does not: choose n_hot (Python's planner, pi2/plan/npu_plan.py) or touch the CPU's own arithmetic: with
- *       nothing attached, ffn_sparse.c runs exactly as before. */
+ *       nothing attached, ffn/sparse.c runs exactly as before. */
 #include "nnapi/hot_ffn.h"
 
 #include "internal.h"
@@ -104,7 +104,7 @@ int pi2_nnapi_hot_start(pi2_ctx *c, int32_t il) {
     struct pi2_nnapi_hot *f = c->nnapi_hot;
     if (!f || !f->g[il]) return 0;
     float *out[1] = {f->y};
-    if (pi2_nnapi_start(f->g[il], c->xn, 1, out)) {   /* failed now or before: noted once by nnapi_graph.c */
+    if (pi2_nnapi_start(f->g[il], c->xn, 1, out)) {   /* failed now or before: noted once by nnapi/graph.c */
         f->fallbacks++;
         return 0;
     }

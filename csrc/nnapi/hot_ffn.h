@@ -1,8 +1,8 @@
-/* nnapi_hot.h — the sparse FFN's hook into the NNAPI delegate for a single token's hot prefix (nnapi_hot.c).
- * Called by ffn_sparse.c in this order: start (before the gate rows), take_hot (after the active set),
+/* nnapi/hot_ffn.h — the sparse FFN's hook into the NNAPI delegate for a single token's hot prefix (nnapi/hot_ffn.c).
+ * Called by ffn/sparse.c in this order: start (before the gate rows), take_hot (after the active set),
  * finish (after the CPU's cold neurons). */
-#ifndef PI2_NPU_FFN_H
-#define PI2_NPU_FFN_H
+#ifndef PI2_NNAPI_HOT_FFN_H
+#define PI2_NNAPI_HOT_FFN_H
 #include "context.h"
 
 /* Start layer il's hot-prefix graph on c->xn[0]; 1 when started (the caller must then call take_hot and

@@ -12,7 +12,7 @@ being read per token per byte it holds, i.e. the mean frequency of its neurons: 
 predicted frequency for gate rows (ffn_freq scaled, capped at 1, to the layer's predicted share: the keep at which
 the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L − m_L); clusters are taken in
 descending worth while they fit, each kind's choice staying a prefix per layer.
-Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py measures the device and
+Does not: read weights or time anything (csrc/cache/cache.c streams; pi2/plan/profile.py measures the device and
 reads its throughput back). Over 400 lines on purpose: the floor, the split and the fallbacks below the floor
 (gate rows streamed whole, cluster sizes) fill one Plan and are read as one rule.
 """
@@ -84,7 +84,7 @@ def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None)
     """Bytes of the tensors the forward pass reads through the mapping in a streamed run: all but the up and down
     rows of the bundles (and the gate rows when they stream too: `gate`, the run uses the file's pi2-made predictor;
     without it the predictor's tensors are never read and do not count) (a tied output counted once); token
-    embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache.c), so they
+    embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache/cache.c), so they
     count n_ctx rows of whole pages at most. pred: the run uses the predictor (default: gate)."""
     from pi2.engine import ROLES, tensor_descs
     descs = tensor_descs(model)

@@ -13,7 +13,7 @@ copies (2 bytes x 3 matrices) while the CPU computes every gate row and the acti
 Rates: the NPU's is measured on the opened delegate (one hot-FFN graph, best of 5 runs, its per-call cost
 included) unless --npu-gbps gives one; NPU_DEFAULT_GBPS when neither is available. The CPU's is measured
 with pi2's kernels on layer 0's up rows (one thread) times the thread count.
-Does not: open the library (pi2/npu.py) or build graphs (csrc/npu_ffn.c).
+Does not: open the library (pi2/npu.py) or build graphs (csrc/nnapi/hot_ffn.c).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ HOT_FREQ = 0.5             # nnapi without a gainful H: the neurons active for a
 
 
 def copy_bytes(n_embd: int, n_ff: int, n_hot: list) -> int:
-    """Bytes csrc/npu_ffn.c and nnapi_graph.c hold for these hot counts: per layer with H > 0 the F16 gate, up
+    """Bytes csrc/nnapi/hot_ffn.c and nnapi/graph.c hold for these hot counts: per layer with H > 0 the F16 gate, up
     and down copies, the zero bias and the input/output staging; per context one output and one index list."""
     per = [2 * (3 * h * n_embd + max(n_embd, h) + 2 * n_embd) for h in n_hot if h > 0]
     return sum(per) + (4 * n_embd + 4 * n_ff if per else 0)

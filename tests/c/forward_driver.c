@@ -28,6 +28,13 @@ static int fail(const char *what, const char *detail) {
 
 static int read_all(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n; }
 
+static const char *last_message(void) {
+    static pi2_error e;
+    e.size = sizeof e;
+    pi2_last_error(&e);
+    return e.message;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) return fail("usage: forward_driver DESC OUT", NULL);
     FILE *f = fopen(argv[1], "rb");
@@ -51,18 +58,18 @@ int main(int argc, char **argv) {
     fclose(f);
 
     pi2_model *model;
-    if (pi2_model_load(path, &params, descs, h.n_tensors, &model) != PI2_OK) return fail("model", pi2_last_error());
+    if (pi2_model_load(path, &params, descs, h.n_tensors, &model) != PI2_OK) return fail("model", last_message());
     pi2_ctx_params cp = pi2_ctx_default_params();
     cp.n_ctx = h.n_ctx, cp.n_threads = h.n_threads, cp.impl = h.impl;
     cp.n_batch = h.n_prompt > cp.n_batch ? h.n_prompt : cp.n_batch;
     pi2_ctx *ctx;
-    if (pi2_ctx_init(model, &cp, &ctx) != PI2_OK) return fail("context", pi2_last_error());
+    if (pi2_ctx_init(model, &cp, &ctx) != PI2_OK) return fail("context", last_message());
     float *logits = malloc(sizeof(float) * (size_t)params.n_vocab * (size_t)h.n_tokens);
     if (!logits) return fail("out of memory", NULL);
-    if (pi2_decode(ctx, tokens, h.n_prompt, logits, 1) != PI2_OK) return fail("decode", pi2_last_error());
+    if (pi2_decode(ctx, tokens, h.n_prompt, logits, 1) != PI2_OK) return fail("decode", last_message());
     for (int32_t t = h.n_prompt; t < h.n_tokens; t++)
         if (pi2_decode(ctx, &tokens[t], 1, logits + (size_t)t * params.n_vocab, 0) != PI2_OK)
-            return fail("decode", pi2_last_error());
+            return fail("decode", last_message());
     FILE *o = fopen(argv[2], "wb");
     if (!o || fwrite(logits, sizeof(float), (size_t)params.n_vocab * h.n_tokens, o) != (size_t)params.n_vocab * h.n_tokens ||
         fclose(o))

@@ -5,6 +5,8 @@
  *       statistics structs whose first field is their size (the caller sets it; C fills only the fields that fit,
  *       so a field added at the end is no ABI break). 29 functions; test entry points are in pi2_test.h.
  * Only declarations marked PI2_API are exported from the built module (the rest is built with hidden visibility).
+ * Over 400 lines on purpose: the API is one header (what a program includes, what Python binds), and each
+ * declaration keeps its contract beside it.
  * Lines starting with '#' and the word PI2_API are stripped before ffi.cdef, so keep declarations free of other
  * macros. Python reads every enum value below from the compiled module (cffi checks them against C). */
 #ifndef PI2_H

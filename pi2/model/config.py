@@ -46,14 +46,6 @@ class ModelConfig:
     pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/sparse.py
     ffn_layout: str = ""           # pi2 files: pi2.ffn.layout (bundle-ud | bundle-gud)
 
-    @property
-    def n_embd_k_gqa(self) -> int:
-        return self.head_dim * self.n_head_kv
-
-    @property
-    def n_embd_v_gqa(self) -> int:
-        return self.head_dim_v * self.n_head_kv
-
     def is_swa_layer(self, il: int) -> bool:
         """True when layer il attends only over the last `sliding_window` positions."""
         return bool(self.sliding_window) and bool(self.swa_period) and il % self.swa_period != self.swa_period - 1

@@ -25,6 +25,7 @@
  * Prints "N passed, M failed"; exit status 1 on failure.
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
+#include "../../csrc/pi2_test.h"
 #include "../../csrc/kernels/lowbit.h"
 #include "../../csrc/kernels/traits.h"
 #include "../../csrc/matmul.h"

@@ -1,4 +1,5 @@
-/* ffn/gate_rows.c — one token's gate rows of a list of neurons, as the two predictor rules need them: mapped rows in
+/* ffn/gate_rows.c — one token of the two predictor rules: the gate rows of a list of neurons, and the active set and
+ *       scores from them (pi2_ffn_one_token). The gate rows: mapped rows in
  *       chunks of the list, or streamed rows (two-phase loading) group by group as the pipeline makes their clusters
  *       present, each row found through its cluster's delta (pi2_rows); the four-row kernel on four neighbours of one
  *       cluster (consecutive rows). Every value in vec_dot's order, whichever way its row was reached.
@@ -8,8 +9,10 @@
 #include "context.h"
 #include "ffn/sparse.h"
 #include "internal.h"
+#include "ops.h"
 #include "pipeline/pipeline.h"
 
+#include <math.h>
 #include <string.h>
 
 #define GATE_CHUNK 32   /* entries of the list per task (mapped rows) */
@@ -64,5 +67,24 @@ pi2_status pi2_ffn_gate_rows(pi2_ctx *c, const pi2_layer *L, int32_t il, const i
         memset(c->gate, 0, (size_t)c->m->hp.n_ff * sizeof *c->gate);
         for (int32_t k = 0; k < n; k++) c->gate[list[k]] = gate[k];
     }
+    return PI2_OK;
+}
+
+pi2_status pi2_ffn_one_token(pi2_ctx *c, const pi2_layer *L, int32_t il, const int32_t *list, int32_t n,
+                             const float *threshold, float *gate, float *act, uint8_t *xq) {
+    const pi2_status s = pi2_ffn_gate_rows(c, L, il, list, n, gate, xq);
+    if (s) return s;
+    pi2_ffn_act_values(act, gate, n, c->m->hp.ffn_act, c->m->gelu_table);
+    if (!threshold) {
+        for (int32_t k = 0; k < n; k++) c->ffn_score[list[k]] = act[k];
+        return PI2_OK;
+    }
+    int32_t n_active = 0;
+    for (int32_t k = 0; k < n; k++)
+        if (fabsf(act[k]) > *threshold) {
+            c->ffn_idx[n_active++] = list[k];
+            c->ffn_score[list[k]] = act[k];
+        }
+    c->ffn_n_active[0] = n_active;
     return PI2_OK;
 }

@@ -1,5 +1,6 @@
-/* ffn/gate_rows.h — one token's gate rows of a list of neurons (gate_rows.c): the gate step the two predictor rules
- * share (PI2_FFN_PREDICTED_GATE: the predicted set P; PI2_FFN_PWRI_PREDICTOR: the active set). */
+/* ffn/gate_rows.h — one token's gate rows of a list of neurons and its active set from them (gate_rows.c): the one
+ * single-token step of the two predictor rules (PI2_FFN_PREDICTED_GATE: the list is the predicted set P, filtered
+ * by the threshold; PI2_FFN_PWRI_PREDICTOR: the list is the active set). */
 #ifndef PI2_FFN_GATE_ROWS_H
 #define PI2_FFN_GATE_ROWS_H
 #include <stdint.h>
@@ -13,5 +14,11 @@
  * PI2_ERR_IO: a streamed gate read failed. */
 pi2_status pi2_ffn_gate_rows(pi2_ctx *c, const pi2_layer *L, int32_t il, const int32_t *list, int32_t n, float *gate,
                              uint8_t *xq);
+
+/* One token of a predictor rule: pi2_ffn_gate_rows of the list, then act[k] = act(gate[k]) (act may be gate); with a
+ * threshold, the active set (c->ffn_idx, c->ffn_n_active[0]) is the list's neurons with |act| > *threshold, else the
+ * list is already the active set; c->ffn_score[i] = act of each active neuron i. PI2_ERR_IO as pi2_ffn_gate_rows. */
+pi2_status pi2_ffn_one_token(pi2_ctx *c, const pi2_layer *L, int32_t il, const int32_t *list, int32_t n,
+                             const float *threshold, float *gate, float *act, uint8_t *xq);
 
 #endif

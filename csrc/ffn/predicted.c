@@ -157,26 +157,6 @@ static void select_p_task(void *arg, int32_t t, int32_t thread) {
     p->n_P[t] = n;
 }
 
-/* ---- one token: the gate rows of P only (ffn/gate_rows.c), then the active set ---- */
-
-static pi2_status one_token(pi2_ctx *c, const pred_job *j) {
-    struct pi2_ffn_pred *p = c->ffn_pred;
-    const int32_t n = p->n_P[0];
-    const pi2_status s = pi2_ffn_gate_rows(c, j->L, j->il, p->P, n, p->gc, p->gq);
-    if (s) return s;
-    float *a = p->ghat;   /* act(gc), in P's order (ĝ is not needed any more) */
-    pi2_ffn_act_values(a, p->gc, n, c->m->hp.ffn_act, c->m->gelu_table);
-    const float thr = c->ffn.thresholds[j->il];
-    int32_t *idx = c->ffn_idx, n_act = 0;
-    for (int32_t k = 0; k < n; k++)
-        if (fabsf(a[k]) > thr) {
-            idx[n_act++] = p->P[k];
-            c->ffn_score[p->P[k]] = a[k];
-        }
-    c->ffn_n_active[0] = n_act;
-    return PI2_OK;
-}
-
 pi2_status pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, int *done) {
     struct pi2_ffn_pred *p = c->ffn_pred;
     const int64_t E = c->m->hp.n_embd, F = c->m->hp.n_ff;
@@ -193,7 +173,9 @@ pi2_status pi2_ffn_predict(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n
     pi2_pool_run(c->pool, select_p_task, &j, n);
     for (int32_t t = 0; t < n; t++) p->predicted[il] += p->n_P[t];
     *done = n == 1;
-    return n == 1 ? one_token(c, &j) : PI2_OK;
+    if (n > 1) return PI2_OK;
+    /* one token: the gate rows of P only, then active = P ∩ {|act(gate)| > t_L}; act(gate) in P's order into ĝ */
+    return pi2_ffn_one_token(c, L, il, p->P, p->n_P[0], &c->ffn.thresholds[il], p->gc, p->ghat, p->gq);
 }
 
 int32_t pi2_ffn_pred_select(const pi2_ctx *c, int32_t il, int32_t t, const float *s, int32_t *idx) {

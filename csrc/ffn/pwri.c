@@ -81,18 +81,6 @@ static void select_task(void *arg, int32_t t, int32_t thread) {
     c->ffn_n_active[t] = k;
 }
 
-/* ---- one token: the gate rows of its active neurons only (ffn/gate_rows.c), and act(gate) of them ---- */
-
-static pi2_status one_token(pi2_ctx *c, const pwri_job *j) {
-    struct pi2_ffn_pwri *pw = c->ffn_pwri;
-    const int32_t n = c->ffn_n_active[0];
-    const pi2_status s = pi2_ffn_gate_rows(c, j->L, j->il, c->ffn_idx, n, pw->gc, pw->gq);
-    if (s) return s;
-    pi2_ffn_act_values(pw->gc, pw->gc, n, c->m->hp.ffn_act, c->m->gelu_table);   /* in place */
-    for (int32_t k = 0; k < n; k++) c->ffn_score[c->ffn_idx[k]] = pw->gc[k];
-    return PI2_OK;
-}
-
 pi2_status pi2_ffn_pwri(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, int *done) {
     struct pi2_ffn_pwri *pw = c->ffn_pwri;
     const size_t hid = (size_t)n * (size_t)L->fc1.n_out;
@@ -105,6 +93,6 @@ pi2_status pi2_ffn_pwri(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n, i
         pi2_pool_run(c->pool, select_task, &j, n);
         return PI2_OK;
     }
-    select_task(&j, 0, 0);
-    return one_token(c, &j);
+    select_task(&j, 0, 0);   /* one token: the gate rows of its active neurons only, and act(gate) of them */
+    return pi2_ffn_one_token(c, L, il, c->ffn_idx, c->ffn_n_active[0], NULL, pw->gc, pw->gc, pw->gq);
 }

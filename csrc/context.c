@@ -123,6 +123,7 @@ pi2_status pi2_ctx_query(const pi2_model *m, const pi2_ctx_params *params, pi2_c
     if (n > N_CTX_BUFFERS) ffn_buffers(&dummy, m, &p, list + N_CTX_BUFFERS);
     pi2_ctx_sizes sizes = {.kv_bytes = (int64_t)(list[0].bytes + list[1].bytes)};
     for (int32_t i = 2; i < n; i++) sizes.scratch_bytes += (int64_t)list[i].bytes;
+    sizes.scratch_bytes += (int64_t)pi2_ffn_pred_bytes(m, &p);   /* a predictor rule's, when the model has one */
     sizes.size = out->size < sizeof sizes ? out->size : (uint32_t)sizeof sizes;
     memcpy(out, &sizes, sizes.size);
     return PI2_OK;

@@ -193,7 +193,8 @@ PI2_API pi2_ctx_params pi2_ctx_default_params(void);
 typedef struct {
     uint32_t size;            /* sizeof(pi2_ctx_sizes), set by the caller */
     int64_t kv_bytes;         /* the KV cache */
-    int64_t scratch_bytes;    /* every other buffer of pi2_ctx_init (a model with down rows: the sparse FFN's too) */
+    int64_t scratch_bytes;    /* every other buffer: pi2_ctx_init's, the sparse FFN's (a model with down rows), and
+                                 the predictor rules' (a model with a predictor: the larger of them) */
 } pi2_ctx_sizes;
 /* PI2_ERR_INVALID: NULL arguments or bad params (as pi2_ctx_init). */
 PI2_API pi2_status pi2_ctx_query(const pi2_model *model, const pi2_ctx_params *params, pi2_ctx_sizes *out);

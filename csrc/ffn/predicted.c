@@ -53,23 +53,51 @@ void pi2_ffn_pred_free(struct pi2_ffn_pred *pred) {
     free(pred);
 }
 
-static pi2_status alloc_pred(pi2_ctx *c, int64_t r_max, size_t gq_row) {
-    const pi2_model_params *hp = &c->m->hp;
-    const size_t B = (size_t)c->p.n_batch, F = (size_t)hp->n_ff, E = (size_t)hp->n_embd, L = (size_t)hp->n_layer;
+enum { N_PRED_BUFFERS = 10 };
+
+/* The rule's buffers for a context of params p (n_batch capped): bytes of cuts, z, ghat, hid, zq, gq, P, n_P, gc,
+ * predicted, in that order (pi2_ctx_query adds them up). */
+static void pred_sizes(const pi2_model *m, const pi2_ctx_params *p, size_t *out) {
+    const pi2_model_params *hp = &m->hp;
+    const size_t B = (size_t)p->n_batch, F = (size_t)hp->n_ff, E = (size_t)hp->n_embd, L = (size_t)hp->n_layer;
+    int64_t r_max = 0;
+    size_t gq_row = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const pi2_layer *layer = &m->layers[il];
+        if (layer->fc1.n_out > r_max) r_max = layer->fc1.n_out;
+        const pi2_type_traits *a = pi2_traits(pi2_traits(layer->gate.type, p->impl)->vec_dot_type, p->impl);
+        const size_t rb = (size_t)(layer->gate.n_in / a->block_size) * (size_t)a->type_size;
+        if (rb > gq_row) gq_row = rb;
+    }
+    const size_t sizes[N_PRED_BUFFERS] = {L * sizeof(float), B * E * sizeof(float), B * F * sizeof(float),
+                                          B * (size_t)(r_max ? r_max : 1) * sizeof(float),
+                                          B * (E / QK8_0 * sizeof(blk_q8_0)), gq_row, B * F * sizeof(int32_t),
+                                          B * sizeof(int32_t), F * sizeof(float), L * sizeof(int64_t)};
+    for (int i = 0; i < N_PRED_BUFFERS; i++) out[i] = sizes[i];
+}
+
+size_t pi2_ffn_pred_bytes(const pi2_model *m, const pi2_ctx_params *p) {
+    int has = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) has |= m->layers[il].gate_pred.data || m->layers[il].fc1.data;
+    if (!has) return 0;
+    size_t sizes[N_PRED_BUFFERS], sum = sizeof(struct pi2_ffn_pred);
+    pred_sizes(m, p, sizes);
+    for (int i = 0; i < N_PRED_BUFFERS; i++) sum += sizes[i];
+    return sum;
+}
+
+static pi2_status alloc_pred(pi2_ctx *c) {
+    const size_t E = (size_t)c->m->hp.n_embd;
+    size_t sizes[N_PRED_BUFFERS];
+    pred_sizes(c->m, &c->p, sizes);
     struct pi2_ffn_pred *p = calloc(1, sizeof *p);
     if (!p) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the FFN predictor");
     p->zq_row = E / QK8_0 * sizeof(blk_q8_0);
-    p->gq_row = gq_row;
-    p->cuts = calloc(L, sizeof(float));
-    p->z = calloc(B * E, sizeof(float));
-    p->ghat = calloc(B * F, sizeof(float));
-    p->hid = calloc(B * (size_t)(r_max ? r_max : 1), sizeof(float));
-    p->zq = calloc(B * p->zq_row, 1);
-    p->gq = calloc(gq_row, 1);
-    p->P = calloc(B * F, sizeof(int32_t));
-    p->n_P = calloc(B, sizeof(int32_t));
-    p->gc = calloc(F, sizeof(float));
-    p->predicted = calloc(L, sizeof(int64_t));
+    p->gq_row = sizes[5];
+    void **bufs[N_PRED_BUFFERS] = {(void **)&p->cuts, (void **)&p->z, (void **)&p->ghat, (void **)&p->hid,
+                                   (void **)&p->zq, (void **)&p->gq, (void **)&p->P, (void **)&p->n_P,
+                                   (void **)&p->gc, (void **)&p->predicted};
+    for (int i = 0; i < N_PRED_BUFFERS; i++) *bufs[i] = calloc(sizes[i] ? sizes[i] : 1, 1);
     if (!p->cuts || !p->z || !p->ghat || !p->hid || !p->zq || !p->gq || !p->P || !p->n_P || !p->gc || !p->predicted) {
         pi2_ffn_pred_free(p);
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the FFN predictor");
@@ -88,7 +116,6 @@ pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p) {
         return pi2_set_error(PI2_ERR_INVALID, "the predicted rule needs a cut and a threshold per layer");
     if (p->score_up) return pi2_set_error(PI2_ERR_INVALID, "the predicted rule scores act(gate), not act(gate)·up");
     int32_t bits = 0;
-    size_t gq_row = 0;
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         const pi2_layer *L = &m->layers[il];
         if (p->pred_kind == PI2_PRED_LOWBIT) {
@@ -100,15 +127,9 @@ pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p) {
         } else if (!L->fc1.data) {
             return pi2_set_error(PI2_ERR_INVALID, "layer %d has no low-rank predictor (blk.%d.fc1/fc2)", (int)il, (int)il);
         }
-        const pi2_type_traits *a = pi2_traits(pi2_traits(L->gate.type, c->p.impl)->vec_dot_type, c->p.impl);
-        const size_t rb = (size_t)(L->gate.n_in / a->block_size) * (size_t)a->type_size;
-        if (rb > gq_row) gq_row = rb;
     }
     if (!c->ffn_pred) {   /* once, for the largest rank the model has: one allocation serves both kinds */
-        int64_t r_all = 0;
-        for (int32_t il = 0; il < m->hp.n_layer; il++)
-            if (m->layers[il].fc1.n_out > r_all) r_all = m->layers[il].fc1.n_out;
-        pi2_status s = alloc_pred(c, r_all, gq_row);
+        pi2_status s = alloc_pred(c);
         if (s) return s;
     }
     struct pi2_ffn_pred *pred = c->ffn_pred;

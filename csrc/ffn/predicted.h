@@ -13,6 +13,9 @@ struct pi2_ffn_pred;
  * cuts. PI2_ERR_INVALID: a bad kind, input or NULL cuts, a layer without the kind's tensors; PI2_ERR_NOMEM. */
 pi2_status pi2_ffn_pred_set(pi2_ctx *c, const pi2_ffn_params *p);
 void pi2_ffn_pred_free(struct pi2_ffn_pred *pred);
+/* Bytes the rule's buffers take in a context of params p (n_batch capped at n_ctx); 0 for a model without a
+ * pi2-made predictor (pi2_ctx_query). */
+size_t pi2_ffn_pred_bytes(const pi2_model *m, const pi2_ctx_params *p);
 
 /* forward.c, after attn_norm: keep c->xn [n][n_embd] when the predictor reads the layer's input. */
 void pi2_ffn_pred_note_input(pi2_ctx *c, int32_t n);

@@ -12,11 +12,12 @@ import time
 
 import numpy as np
 
-from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.flash_io import IDS as IO_IDS
 from pi2.engine.kernels import impl_id
+from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.model import CModel
 from pi2.errors import UnsupportedError, UsageError
+
 
 def default_threads() -> int:
     try:

@@ -56,8 +56,8 @@ def f16(a):
 # ---- the ABI ----------------------------------------------------------------------------------
 
 def test_enum_values_are_nnapis():
-    """nnapi_abi.h's values are those of reference/nnapi.md §4 (AOSP NeuralNetworksTypes.h)."""
-    text = (ROOT / "csrc/nnapi_abi.h").read_text()
+    """nnapi/abi.h's values are those of reference/nnapi.md §4 (AOSP NeuralNetworksTypes.h)."""
+    text = (ROOT / "csrc/nnapi/abi.h").read_text()
     vals = {k: int(v) for k, v in re.findall(r"\b(NN_[A-Z0-9_]+) = (\d+)", text)}
     want = {"NN_FLOAT32": 0, "NN_INT32": 1, "NN_TENSOR_FLOAT32": 3, "NN_TENSOR_INT32": 4, "NN_TENSOR_QUANT8_ASYMM": 5,
             "NN_TENSOR_FLOAT16": 8, "NN_TENSOR_QUANT8_ASYMM_SIGNED": 14, "NN_OP_ADD": 0, "NN_OP_FULLY_CONNECTED": 9,

@@ -1,4 +1,4 @@
-/* nnapi_abi.h — the subset of Android's NNAPI C ABI that nnapi.c uses, declared by pi2 itself.
+/* nnapi/abi.h — the subset of Android's NNAPI C ABI that nnapi.c uses, declared by pi2 itself.
  * Owns: enum values (docs reference/nnapi.md §4, AOSP NeuralNetworksTypes.h; ABI-frozen) and the
  *       function-pointer types nnapi.c resolves with dlsym. Nothing here is linked: Termux has no
  *       libneuralnetworks.so stub, so the library is opened at run time.

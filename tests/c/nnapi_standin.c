@@ -6,8 +6,8 @@
  *       asynchronous runs on a thread per execution, a record of every finished model as JSON, and
  *       failure injection through standin_set().
  * Build variants: -DSTANDIN_NO_EVENT_WAIT leaves out ANeuralNetworksEvent_wait (a missing symbol).
- * Enum values come from csrc/nnapi_abi.h, the header the delegate uses. */
-#include "nnapi_abi.h"
+ * Enum values come from csrc/nnapi/abi.h, the header the delegate uses. */
+#include "nnapi/abi.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -187,7 +187,7 @@ def test_ctrl_c_interrupts_a_long_decode(tmp_path, monkeypatch):
     """SIGINT during a decode run from the main thread stops it early and raises KeyboardInterrupt."""
     path = write_model(tmp_path / "long.gguf", n_embd=256, n_ff=512, n_layer=4, n_head=4, n_head_kv=4, n_ctx=2048)
     cm = CModel.from_model(load_model(path))
-    monkeypatch.setattr(engine, "_LONG_DECODE_BYTES", 0)
+    monkeypatch.setattr(engine.context, "_LONG_DECODE_BYTES", 0)
     c = CContext(cm, 2048, n_threads=1)
     tokens = list(np.arange(1200) % 500)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))

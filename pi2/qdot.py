@@ -137,14 +137,15 @@ def _fma(a, b, c):
     return (a.astype(F64) * b + c).astype(F32)
 
 
-def dot_q4_k_repack(w: Weights, act: tuple) -> np.ndarray:
+def dot_q4_k_repack(w: Weights, act: tuple, gemv_only: bool = False) -> np.ndarray:
     """ggml_gemm/gemv_q4_K_8x8_q8_K (Q4_K weights are repacked on AVX2 machines). Tokens in groups of four go
     through the GEMM, which converts Σ scale·Σ code·q8 of each 64-value pair of sub-blocks to float and
     FMAs it with d_x·d_y (and the mins term likewise with dmin_x·d_y); the last T mod 4 tokens go through
-    the GEMV, which does the same once per 256-block. Result = acc − acc_min."""
+    the GEMV, which does the same once per 256-block. Result = acc − acc_min. gemv_only: every token through
+    the GEMV (the repacked mul_mat_id)."""
     dy, qy, bsums = act
     n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
-    n_gemm = n_tok - n_tok % 4
+    n_gemm = 0 if gemv_only else n_tok - n_tok % 4
     acc = np.zeros((n_tok, n_out), F32)
     accm = np.zeros((n_tok, n_out), F32)
     for b in range(nb):

@@ -46,7 +46,8 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     for i in range(n):
         diff = ((scale * L[:, i].astype(F32)).astype(F32) + mn).astype(F32) - x[:, i]
         best = (best + (w[:, i] * (diff * diff).astype(F32)).astype(F32)).astype(F32)
-    for step in range(nstep + 1):
+    for step in range(nstep + 1):          # min (mn) moves when a step wins: later steps use the new one
+        rng = np.where(flat, F32(1), (mx - mn).astype(F32))
         isc = (((F32(rmin) + (F32(rdelta) * F32(step)).astype(F32)).astype(F32) + nm).astype(F32) / rng).astype(F32)
         la = np.clip(_nearest(isc[:, None] * (x - mn[:, None])), 0, nmax)
         lf = la.astype(F32)

@@ -117,8 +117,9 @@ def base_tensors(arch: str, seed: int = 0, n_embd: int = N_EMBD, embd: float = 1
 
 def _keys(w: GGUFWriter, arch: str, wtype: str, n_embd: int, s: dict) -> None:
     w.add_name(f"pi2-moe-{arch}")
-    w.add_file_type(FTYPE[wtype])
-    w.add_quantization_version(2)
+    if wtype == "F32":                     # llama-quantize sets these two again: they move to the end
+        w.add_file_type(FTYPE[wtype])
+        w.add_quantization_version(2)
     w.add_context_length(N_CTX)
     w.add_embedding_length(n_embd)
     w.add_block_count(s["n_layer"])
@@ -148,6 +149,9 @@ def _keys(w: GGUFWriter, arch: str, wtype: str, n_embd: int, s: dict) -> None:
         w.add_sliding_window(4096)
         w.add_float32("smallthinker.rope.freq_base_swa", 10000.0)
     _add_vocab(w, "qwen2" if arch.startswith("qwen") else "llama", "bpe", N_VOCAB)
+    if wtype != "F32":
+        w.add_quantization_version(2)
+        w.add_file_type(FTYPE[wtype])
 
 
 def _category(name: str) -> str:

@@ -20,6 +20,11 @@ def _nearest(v: np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(v, F32)).astype(np.int32)
 
 
+def _seqsum(a: np.ndarray) -> np.ndarray:
+    """Σ over the last axis one value at a time in float32 (a C loop `s += a[i]`): np.cumsum is sequential."""
+    return np.cumsum(np.asarray(a, F32), axis=-1, dtype=F32)[..., -1]
+
+
 def _fp16(v: np.ndarray) -> np.ndarray:
     return np.asarray(v, F32).astype(np.float16)
 
@@ -27,14 +32,9 @@ def _fp16(v: np.ndarray) -> np.ndarray:
 def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
     """make_qkx2_quants (use_mad false) on rows of x (S, n) with weights w: (scale (S,), the_min (S,), L (S, n))."""
     S, n = x.shape
-    mn, mx = x[:, 0].copy(), x[:, 0].copy()
-    sum_w = w[:, 0].copy()
-    sum_x = (sum_w * x[:, 0]).astype(F32)
-    for i in range(1, n):
-        mn = np.where(x[:, i] < mn, x[:, i], mn)
-        mx = np.where(x[:, i] > mx, x[:, i], mx)
-        sum_w = (sum_w + w[:, i]).astype(F32)
-        sum_x = (sum_x + (w[:, i] * x[:, i]).astype(F32)).astype(F32)
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    sum_w = _seqsum(w)
+    sum_x = _seqsum((w * x).astype(F32))
     mn = np.where(mn > 0, F32(0), mn).astype(F32)
     flat = mx == mn
     rng = np.where(flat, F32(1), (mx - mn).astype(F32))
@@ -42,23 +42,15 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     iscale = (nm / rng).astype(F32)
     scale = (F32(1) / iscale).astype(F32)
     L = np.clip(_nearest(iscale[:, None] * (x - mn[:, None])), 0, nmax)
-    best = np.zeros(S, F32)
-    for i in range(n):
-        diff = ((scale * L[:, i].astype(F32)).astype(F32) + mn).astype(F32) - x[:, i]
-        best = (best + (w[:, i] * (diff * diff).astype(F32)).astype(F32)).astype(F32)
+    diff = ((scale[:, None] * L.astype(F32)).astype(F32) + mn[:, None]).astype(F32) - x
+    best = _seqsum((w * (diff * diff).astype(F32)).astype(F32))
     for step in range(nstep + 1):          # min (mn) moves when a step wins: later steps use the new one
         rng = np.where(flat, F32(1), (mx - mn).astype(F32))
         isc = (((F32(rmin) + (F32(rdelta) * F32(step)).astype(F32)).astype(F32) + nm).astype(F32) / rng).astype(F32)
         la = np.clip(_nearest(isc[:, None] * (x - mn[:, None])), 0, nmax)
         lf = la.astype(F32)
-        s_l = np.zeros(S, F32)
-        s_l2 = np.zeros(S, F32)
-        s_xl = np.zeros(S, F32)
-        for i in range(n):
-            wl = (w[:, i] * lf[:, i]).astype(F32)
-            s_l = (s_l + wl).astype(F32)
-            s_l2 = (s_l2 + (wl * lf[:, i]).astype(F32)).astype(F32)
-            s_xl = (s_xl + (wl * x[:, i]).astype(F32)).astype(F32)
+        wl = (w * lf).astype(F32)
+        s_l, s_l2, s_xl = _seqsum(wl), _seqsum((wl * lf).astype(F32)), _seqsum((wl * x).astype(F32))
         D = ((sum_w * s_l2).astype(F32) - (s_l * s_l).astype(F32)).astype(F32)
         ok = D > 0
         Dz = np.where(ok, D, F32(1))
@@ -67,10 +59,8 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
         pos = t_min > 0
         t_scale = np.where(pos, (s_xl / np.where(s_l2 == 0, F32(1), s_l2)).astype(F32), t_scale)
         t_min = np.where(pos, F32(0), t_min)
-        err = np.zeros(S, F32)
-        for i in range(n):
-            diff = ((t_scale * lf[:, i]).astype(F32) + t_min).astype(F32) - x[:, i]
-            err = (err + (w[:, i] * (diff * diff).astype(F32)).astype(F32)).astype(F32)
+        diff = ((t_scale[:, None] * lf).astype(F32) + t_min[:, None]).astype(F32) - x
+        err = _seqsum((w * (diff * diff).astype(F32)).astype(F32))
         take = ok & (err < best) & ~flat
         L = np.where(take[:, None], la, L)
         best = np.where(take, err, best)
@@ -88,9 +78,7 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     xb = x.reshape(-1, 8, 32)                                     # (B, sub-block, value)
     B = xb.shape[0]
     sub = xb.reshape(-1, 32)
-    s2 = np.zeros(sub.shape[0], F32)
-    for i in range(32):
-        s2 = (s2 + (sub[:, i] * sub[:, i]).astype(F32)).astype(F32)
+    s2 = _seqsum((sub * sub).astype(F32))
     av = np.sqrt((s2 / F32(32)).astype(F32)).astype(F32)
     w = (av[:, None] + np.abs(sub)).astype(F32)
     scales, mins, L = _make_qkx2(sub, w, 15, -1.0, 0.1, 20)
@@ -136,13 +124,8 @@ def _make_qx(x: np.ndarray, nmax: int):
     def sums(isc):
         l = np.clip(_nearest(isc[:, None] * x), -nmax, nmax - 1)
         lf = l.astype(F32)
-        slx = np.zeros(S, F32)
-        sl2 = np.zeros(S, F32)
-        for i in range(n):
-            wgt = (x[:, i] * x[:, i]).astype(F32)
-            slx = (slx + ((wgt * x[:, i]).astype(F32) * lf[:, i]).astype(F32)).astype(F32)
-            sl2 = (sl2 + ((wgt * lf[:, i]).astype(F32) * lf[:, i]).astype(F32)).astype(F32)
-        return l, slx, sl2
+        wgt = (x * x).astype(F32)
+        return l, _seqsum(((wgt * x).astype(F32) * lf).astype(F32)), _seqsum(((wgt * lf).astype(F32) * lf).astype(F32))
 
     isc = (F32(-nmax) / mxz).astype(F32)
     l, slx, sl2 = sums(isc)

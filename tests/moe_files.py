@@ -145,7 +145,8 @@ def _keys(w: GGUFWriter, arch: str, wtype: str, n_embd: int, s: dict) -> None:
         w.add_logit_scale(GRANITE["logit_scale"])
         w.add_attention_scale(GRANITE["attention_scale"])
     if arch == "smallthinker":
-        w.add_uint32("smallthinker.expert_gating_func", 2)   # sigmoid, as in PowerInfer's releases
+        if s.get("gating", 2) is not None:
+            w.add_uint32("smallthinker.expert_gating_func", s.get("gating", 2))   # 2 sigmoid, as PowerInfer's
         w.add_sliding_window(4096)
         w.add_float32("smallthinker.rope.freq_base_swa", 10000.0)
     _add_vocab(w, "qwen2" if arch.startswith("qwen") else "llama", "bpe", N_VOCAB)
@@ -220,14 +221,20 @@ def _encode(a: np.ndarray, t: str):
     return quantize(a, QT[t]), QT[t]
 
 
-def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, **spec) -> Path:
-    """Write the synthetic `arch` model as `wtype` (F32, F16, Q8_0, Q4_K_M) and return its path."""
+def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, drop=(), alter=None, **spec) -> Path:
+    """Write the synthetic `arch` model as `wtype` (F32, F16, Q8_0, Q4_K_M) and return its path. For damaged-file
+    tests: `drop` leaves tensors out, `alter` maps a tensor name to a function of its array, `k`/`n_expert` set the
+    keys (the tensors follow n_expert), `gating` sets smallthinker's gating key (None: no key)."""
     if arch not in SPECS:
         raise ValueError(f"arch must be one of {ARCHS}")
     if wtype not in FTYPE:
         raise ValueError(f"wtype must be one of {WTYPES}")
-    s = {**SPECS[arch], **{k: v for k, v in spec.items() if k in SPECS[arch] or k == "n_ff_shexp"}}
-    tensors = base_tensors(arch, seed, **spec)
+    s = {**SPECS[arch], **{k: v for k, v in spec.items() if k in SPECS[arch] or k in ("n_ff_shexp", "gating")}}
+    tensors = base_tensors(arch, seed, **{k: v for k, v in spec.items() if k != "gating"})
+    for name in drop:
+        del tensors[name]
+    for name, fn in (alter or {}).items():
+        tensors[name] = np.ascontiguousarray(fn(tensors[name]), np.float32)
     names = tensor_order(tensors)
     types = quantized_type(wtype, names, {n: a.shape for n, a in tensors.items()}, s["n_layer"], s["n_expert"])
     path = Path(path)

@@ -34,7 +34,8 @@ SPECS = {
     "llama": dict(n_expert=4, k=2, n_layer=3, n_head_kv=2),
     "qwen2moe": dict(n_expert=12, k=4, n_layer=3, n_head_kv=2, n_ff_shexp=256),
     "olmoe": dict(n_expert=16, k=4, n_layer=3, n_head_kv=4),
-    "granitemoe": dict(n_expert=10, k=3, n_layer=3, n_head_kv=2, n_ff_shexp=256),
+    # granitemoe multiplies embeddings by 12 and its output is tied: smaller embeddings keep its logits sane
+    "granitemoe": dict(n_expert=10, k=3, n_layer=3, n_head_kv=2, n_ff_shexp=256, embd=1 / 12, bias_mu=1 / 12),
     "smallthinker": dict(n_expert=12, k=3, n_layer=3, n_head_kv=2),
 }
 N_EMBD, N_HEAD, HEAD_DIM, N_FF_EXP, N_FF_DENSE, N_VOCAB, N_CTX = 256, 4, 64, 256, 512, 512, 4096
@@ -54,10 +55,10 @@ def tensor_order(names) -> list:
     return sorted(names, key=key)
 
 
-def base_tensors(arch: str, seed: int = 0, n_embd: int = N_EMBD, embd: float = 1.0, bias_mu: float = 1.0,
-                 bias_sigma: float = 1.5, **spec) -> dict:
+def base_tensors(arch: str, seed: int = 0, n_embd: int = N_EMBD, bias_sigma: float = 1.5, **spec) -> dict:
     """name -> float32 array (numpy shape, rows first) of a synthetic model."""
     s = {**SPECS[arch], **spec}
+    embd, bias_mu = s.get("embd", 1.0), s.get("bias_mu", 1.0)
     E, n_layer, hkv = s["n_expert"], s["n_layer"], s["n_head_kv"]
     q_out, kv_out = N_HEAD * HEAD_DIM, hkv * HEAD_DIM
     u = _rng(seed, "router-direction").standard_normal(n_embd).astype(np.float32)
@@ -229,7 +230,7 @@ def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, drop=(), alter
         raise ValueError(f"arch must be one of {ARCHS}")
     if wtype not in FTYPE:
         raise ValueError(f"wtype must be one of {WTYPES}")
-    s = {**SPECS[arch], **{k: v for k, v in spec.items() if k in SPECS[arch] or k in ("n_ff_shexp", "gating")}}
+    s = {**SPECS[arch], **{k: v for k, v in spec.items() if k in SPECS[arch] or k in ("n_ff_shexp", "gating", "embd", "bias_mu")}}
     tensors = base_tensors(arch, seed, **{k: v for k, v in spec.items() if k != "gating"})
     for name in drop:
         del tensors[name]

@@ -95,7 +95,7 @@ class MoEContext:
 
     def __init__(self, model: Model, n_ctx: int, weights: MoEWeights | None = None):
         cfg = self.cfg = model.config
-        self.n_ctx = n_ctx
+        self.model, self.n_ctx = model, n_ctx
         self.w = weights or MoEWeights(model)
         self.k = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
         self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
@@ -107,10 +107,14 @@ class MoEContext:
         self.n_past = 0
 
     def bench_stats(self) -> dict:
+        """pi2 bench's extra fields: experts per token, the share of expert neurons a token computes, the FFN
+        bytes a token reads (its k experts' slices, the router, the shared expert) and all weight bytes it reads."""
+        from pi2.model.info_moe import active_params, ffn_bytes_per_token
         c = self.cfg
         if not c.n_expert:
             return {}
-        return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert}
+        return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
+                "ffn_bytes_per_token": ffn_bytes_per_token(self.model), "active_bytes_per_token": active_params(self.model)[1]}
 
     def _cb(self, name, il, x):
         if self.trace is not None:

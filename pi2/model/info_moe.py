@@ -27,6 +27,18 @@ def active_params(model) -> tuple[int, int]:
     return int(round(p)), int(round(b))
 
 
+def ffn_bytes_per_token(model) -> int:
+    """FFN weight bytes one token reads: k of n experts' slices, the routers, the shared experts."""
+    c = model.config
+    total = 0.0
+    for name, t in model.file.tensors.items():
+        if EXPERT.search(name):
+            total += t.nbytes * c.n_expert_used / c.n_expert
+        elif re.search(r"\.ffn_(gate_inp|(gate|up|down|gate_inp)_shexp)\.", name):
+            total += t.nbytes
+    return int(round(total))
+
+
 def moe_rows(model) -> list:
     """(label, text) rows for `pi2 info`; none for a dense model."""
     c = model.config

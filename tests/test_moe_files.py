@@ -103,3 +103,9 @@ def test_kquant_blocks_decode_close(quant, qtype, tol):
     assert (y[0] == 0).all()
     for r in range(1, 4):
         assert np.abs(y[r] - x[r]).max() <= tol * np.abs(x[r]).max() + 1e-6, r
+
+
+def test_convert_refuses_moe_files(d, tmp_path):
+    path = write_moe(d / "qwen3moe.gguf", "qwen3moe")
+    assert_error(cli("convert", path, "-o", tmp_path / "out.pi2.gguf"), 1, r"does not convert qwen3moe models yet")
+    assert not (tmp_path / "out.pi2.gguf").exists()

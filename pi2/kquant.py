@@ -1,10 +1,10 @@
-"""kquant.py — Q4_K and Q6_K quantizers that produce the bytes llama-quantize writes (no importance matrix).
+"""kquant.py — Q4_K, Q5_K and Q6_K quantizers that produce the bytes llama-quantize writes (no importance matrix).
 
 llama-quantize calls quantize_row_q4_K_ref / quantize_row_q6_K_ref, which live in libggml-base, built without
 -march flags: plain float32 operations in source order, no fused multiply-adds, sums accumulated one value at a
 time. Both are written here for many sub-blocks at once (numpy over sub-blocks, a Python loop over the values
 of a sub-block where the C code sums), so each sum sees its terms in the C order.
-Does: quantize_q4_k, quantize_q6_k (float32 rows -> uint8 rows of blocks). Does not: decode (quants_k.py).
+Does: quantize_q4_k, quantize_q5_k, quantize_q6_k (float32 rows -> uint8 rows of blocks). Does not: decode (quants_k.py).
 """
 from __future__ import annotations
 
@@ -71,17 +71,16 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     return scale.astype(F32), (-mn).astype(F32), L
 
 
-def quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q4_K_ref over rows of float32 x (rows, n), n % 256 == 0 -> uint8 (rows, n/256·144)."""
-    x = np.ascontiguousarray(x, F32)
-    rows = x.shape[0]
+def _quantize_k4(x: np.ndarray, nmax: int, rmin: float, nstep: int):
+    """The part quantize_row_q4_K_ref and _q5_K_ref share: -> (header bytes (B, 16): d, dmin, packed scales and
+    mins; codes L (B, 8, 32) in 0..nmax)."""
     xb = x.reshape(-1, 8, 32)                                     # (B, sub-block, value)
     B = xb.shape[0]
     sub = xb.reshape(-1, 32)
     s2 = _seqsum((sub * sub).astype(F32))
     av = np.sqrt((s2 / F32(32)).astype(F32)).astype(F32)
     w = (av[:, None] + np.abs(sub)).astype(F32)
-    scales, mins, L = _make_qkx2(sub, w, 15, -1.0, 0.1, 20)
+    scales, mins, L = _make_qkx2(sub, w, nmax, rmin, 0.1, nstep)
     scales, mins, L = scales.reshape(B, 8), mins.reshape(B, 8), L.reshape(B, 8, 32)
     max_scale = np.zeros(B, F32)
     max_min = np.zeros(B, F32)
@@ -103,11 +102,31 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     dm = (dmin.astype(F32)[:, None] * lm.astype(F32)).astype(F32)
     nz = dj != 0
     q = _nearest(((xb + dm[:, :, None]).astype(F32) / np.where(nz, dj, F32(1))[:, :, None]).astype(F32))
-    L = np.where(nz[:, :, None], np.clip(q, 0, 15), L).astype(np.uint8)      # d == 0 keeps make_qkx2's L
-    Lf = L.reshape(B, 4, 2, 32)
-    qs = (Lf[:, :, 0] | (Lf[:, :, 1] << 4)).reshape(B, 128)
-    out = np.concatenate([d.view(np.uint8).reshape(B, 2), dmin.view(np.uint8).reshape(B, 2), packed, qs], axis=1)
-    return out.reshape(rows, -1)
+    L = np.where(nz[:, :, None], np.clip(q, 0, nmax), L).astype(np.uint8)      # d == 0 keeps make_qkx2's L
+    head = np.concatenate([d.view(np.uint8).reshape(B, 2), dmin.view(np.uint8).reshape(B, 2), packed], axis=1)
+    return head, L
+
+
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q4_K_ref over rows of float32 x (rows, n), n % 256 == 0 -> uint8 (rows, n/256·144)."""
+    x = np.ascontiguousarray(x, F32)
+    head, L = _quantize_k4(x, 15, -1.0, 20)
+    Lf = L.reshape(-1, 4, 2, 32)
+    qs = (Lf[:, :, 0] | (Lf[:, :, 1] << 4)).reshape(-1, 128)
+    return np.concatenate([head, qs], axis=1).reshape(x.shape[0], -1)
+
+
+def quantize_q5_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q5_K_ref over rows of float32 x (rows, n), n % 256 == 0 -> uint8 (rows, n/256·176):
+    as Q4_K with 5-bit codes (make_qkx2_quants nmax 31, rmin −0.5, 15 steps), the 5th bits in qh."""
+    x = np.ascontiguousarray(x, F32)
+    head, L = _quantize_k4(x, 31, -0.5, 15)
+    qh = np.zeros((L.shape[0], 32), np.uint8)
+    for s in range(8):                                           # bit s of qh[l]: value l of sub-block s
+        qh |= ((L[:, s] >> 4) & 1) << s
+    Lf = (L & 0xF).reshape(-1, 4, 2, 32)
+    qs = (Lf[:, :, 0] | (Lf[:, :, 1] << 4)).reshape(-1, 128)
+    return np.concatenate([head, qh, qs], axis=1).reshape(x.shape[0], -1)
 
 
 def _make_qx(x: np.ndarray, nmax: int):

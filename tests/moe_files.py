@@ -21,7 +21,7 @@ from gguf import GGUFWriter
 from gguf.quants import quantize
 
 from fixtures import _add_vocab
-from pi2.kquant import quantize_q4_k, quantize_q6_k
+from pi2.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
 
 ARCHS = ("qwen3", "qwen3moe", "llama", "qwen2moe", "olmoe", "granitemoe", "smallthinker")
 WTYPES = ("F32", "F16", "Q8_0", "Q4_K_M")
@@ -31,7 +31,7 @@ FTYPE = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_K_M": 15}
 SPECS = {
     "qwen3": dict(n_expert=0, k=0, n_layer=3, n_head_kv=2),
     "qwen3moe": dict(n_expert=16, k=4, n_layer=3, n_head_kv=2),
-    "llama": dict(n_expert=4, k=2, n_layer=3, n_head_kv=2),
+    "llama": dict(n_expert=8, k=2, n_layer=3, n_head_kv=2),          # Mixtral: 8 experts, so Q4_K_M has Q5_K
     "qwen2moe": dict(n_expert=12, k=4, n_layer=3, n_head_kv=2, n_ff_shexp=256),
     "olmoe": dict(n_expert=16, k=4, n_layer=3, n_head_kv=4),
     # granitemoe multiplies embeddings by 12 and its output is tied: smaller embeddings keep its logits sane
@@ -216,8 +216,8 @@ def _encode(a: np.ndarray, t: str):
         return a, None
     if t == "F16":
         return a.astype(np.float16), None
-    if t in ("Q4_K", "Q6_K"):
-        q = (quantize_q4_k if t == "Q4_K" else quantize_q6_k)(rows)
+    if t in ("Q4_K", "Q5_K", "Q6_K"):
+        q = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k}[t](rows)
         return q.reshape(*a.shape[:-1], -1), QT[t]
     return quantize(a, QT[t]), QT[t]
 

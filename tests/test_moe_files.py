@@ -19,7 +19,7 @@ def d(tmp_path_factory):
 @pytest.mark.parametrize("arch,want", [
     ("qwen3moe", dict(n_expert=16, n_expert_used=4, n_ff_exp=256, expert_gating="softmax", expert_weights_norm=True,
                       qk_norm=True, rope_neox=True, expert_act="silu")),
-    ("llama", dict(n_expert=4, n_expert_used=2, n_ff_exp=256, expert_weights_norm=True, rope_neox=False)),
+    ("llama", dict(n_expert=8, n_expert_used=2, n_ff_exp=256, expert_weights_norm=True, rope_neox=False)),
     ("qwen2moe", dict(n_expert=12, expert_weights_norm=False, n_ff_shexp=256, shexp_gate=True)),
     ("olmoe", dict(n_expert=16, expert_weights_norm=False, qk_norm_full=True, qk_norm=False)),
     ("granitemoe", dict(n_expert=10, n_expert_used=3, embd_scale=12.0, residual_scale=0.22, logit_scale=8.0,
@@ -44,7 +44,7 @@ BAD = {
     "more used than experts": (dict(arch="qwen3moe", k=17), r"expert_used_count is 17.*between 1 and.*16"),
     "missing router": (dict(arch="olmoe", drop=("blk.1.ffn_gate_inp.weight",)), r"blk\.1\.ffn_gate_inp\.weight.*missing"),
     "expert tensor of the wrong shape": (dict(arch="llama", alter={"blk.0.ffn_up_exps.weight": lambda a: a[:3]}),
-                                         r"ffn_up_exps\.weight' has shape \[256, 256, 3\], expected \[256, 256, 4\]"),
+                                         r"ffn_up_exps\.weight' has shape \[256, 256, 3\], expected \[256, 256, 8\]"),
     "unknown gating": (dict(arch="smallthinker", gating=9), r"expert_gating_func is 9, an unknown gating function"),
     "no gating key": (dict(arch="smallthinker", gating=None), r"expert_gating_func is missing"),
     "missing shared expert": (dict(arch="qwen2moe", drop=("blk.2.ffn_down_shexp.weight",)), r"ffn_down_shexp.*missing"),

@@ -6,9 +6,9 @@ import pytest
 
 from clirun import assert_error, cli
 from moe_files import write_moe
-from pi2.kquant import quantize_q4_k, quantize_q6_k
+from pi2.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from pi2.model.loader import load_model
-from pi2.quants import Q4_K, Q6_K, dequantize
+from pi2.quants import Q4_K, Q5_K, Q6_K, dequantize
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,8 @@ def test_c_engine_says_it_does_not_run_moe_yet(d):
     assert_error(cli("run", path, "-p", "hi", "-n", "1", "--keep", "0.5"), 2, r"--keep and --dense do not apply")
 
 
-@pytest.mark.parametrize("quant,qtype,tol", [(quantize_q4_k, Q4_K, 0.08), (quantize_q6_k, Q6_K, 0.02)])
+@pytest.mark.parametrize("quant,qtype,tol", [(quantize_q4_k, Q4_K, 0.08), (quantize_q5_k, Q5_K, 0.04),
+                                             (quantize_q6_k, Q6_K, 0.02)])
 def test_kquant_blocks_decode_close(quant, qtype, tol):
     """Zero, constant, one-spike and random blocks: decoded values stay within tol of the input's scale."""
     rng = np.random.default_rng(0)

@@ -272,7 +272,11 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
         pending.clear()
         print(out, end="", file=sys.stderr, flush=True)
 
+    scored = getattr(ctx, "decode_from", None)     # an engine that computes only the rows llama-perplexity asks for
+
     def eval_chunk(chunk):
+        if scored is not None:
+            return scored(chunk, len(chunk) // 2)
         ctx.reset()
         return ctx.decode(chunk, all_logits=True)
 

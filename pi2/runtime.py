@@ -50,6 +50,8 @@ def c_engine_gap(model: Model, cfg: RunConfig) -> str:
     """Why the C engine cannot run this model with these settings ("" when it can). It runs every architecture
     ModelConfig accepts, PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
     c = model.config
+    if c.moe_family:
+        return f"the C engine does not run {c.arch} models yet" + (" (Mixture-of-Experts)" if c.n_expert else "")
     if c.arch not in ("llama", "qwen2", "gemma3", "bamboo"):
         return f"the C engine does not run {c.arch} models"
     return ""
@@ -74,7 +76,7 @@ def open_context(model: Model, cfg: RunConfig):
     n_ctx = resolve_ctx(model, cfg.n_ctx)
     from pi2 import npu
     npu.check_mode(cfg.npu)
-    gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
+    gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) or model.config.moe_family else ""
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
     if cfg.memory_budget is None and cfg.engine != "reference" and not gap:
@@ -97,8 +99,21 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.engine == "auto" and not _NOTED:
         _NOTED.append(True)
         print(f"pi2: note: {gap}", file=sys.stderr)
+    if model.config.moe_family:
+        return _moe_context(model, cfg, n_ctx)
     from pi2.reference import ReferenceContext
     ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
+    npu.no_c_engine(ctx, cfg.npu)
+    return ctx
+
+
+def _moe_context(model: Model, cfg: RunConfig, n_ctx: int):
+    """The MoE-family reference (pi2/reference_moe.py): it computes every neuron of the experts it routes to."""
+    if cfg.keep is not None or cfg.dense:
+        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
+    from pi2 import npu
+    from pi2.reference_moe import MoEContext
+    ctx = MoEContext(model, n_ctx)
     npu.no_c_engine(ctx, cfg.npu)
     return ctx
 

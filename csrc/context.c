@@ -5,6 +5,7 @@
  * Does not: compute (forward.c). */
 #include "context.h"
 
+#include "ffn/moe.h"
 #include "ffn/predicted.h"
 #include "ffn/pwri.h"
 #include "internal.h"
@@ -124,6 +125,7 @@ pi2_status pi2_ctx_query(const pi2_model *m, const pi2_ctx_params *params, pi2_c
     pi2_ctx_sizes sizes = {.kv_bytes = (int64_t)(list[0].bytes + list[1].bytes)};
     for (int32_t i = 2; i < n; i++) sizes.scratch_bytes += (int64_t)list[i].bytes;
     sizes.scratch_bytes += (int64_t)pi2_ffn_pred_bytes(m, &p);   /* a predictor rule's, when the model has one */
+    sizes.scratch_bytes += (int64_t)pi2_moe_bytes(m, &p);        /* the MoE family's */
     sizes.size = out->size < sizeof sizes ? out->size : (uint32_t)sizeof sizes;
     memcpy(out, &sizes, sizes.size);
     return PI2_OK;
@@ -154,6 +156,10 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->mm.impl = c->p.impl;
     c->embd = pi2_traits(m->token_embd.type, c->p.impl);
     c->ffn.rule = PI2_FFN_DENSE;
+    if ((s = pi2_moe_new(m, &c->p, &c->moe))) {
+        pi2_ctx_free(c);
+        return s;
+    }
     if (m->layers[0].down_rows.data && (s = pi2_ctx_set_ffn(c, &c->ffn))) {   /* FFN_DOWN_ROWS needs the buffers */
         pi2_ctx_free(c);
         return s;
@@ -169,6 +175,7 @@ void pi2_ctx_free(pi2_ctx *c) {
     pi2_pipeline_free(c->pipeline);
     pi2_ffn_pred_free(c->ffn_pred);
     pi2_ffn_pwri_free(c->ffn_pwri);
+    pi2_moe_free(c->moe);
     pi2_pool_free(c->pool);
     void *bufs[N_CTX_BUFFERS + N_FFN_BUFFERS] = {   /* ctx_buffers' and ffn_buffers' fields (the model may be gone) */
         c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up, c->rope, c->scores, c->qf,

@@ -48,6 +48,7 @@ struct pi2_ctx {
     struct pi2_ffn_pwri *ffn_pwri; /* PI2_FFN_PWRI_PREDICTOR's buffers (ffn/pwri.c), or NULL */
     int64_t ffn_tokens;          /* statistics since pi2_ctx_set_ffn */
     int64_t *ffn_active;         /* [n_layer] */
+    struct pi2_moe *moe;         /* the MoE family's buffers (ffn/moe.c), or NULL for the other architectures */
     struct pi2_nnapi_hot *nnapi_hot; /* a single token's hot prefix on NNAPI (nnapi/hot_ffn.c), or NULL: CPU only */
 };
 

@@ -7,6 +7,7 @@
  * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
  *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
 #include "context.h"
+#include "ffn/moe.h"
 #include "ffn/predicted.h"
 #include "ffn/sparse.h"
 #include "internal.h"
@@ -14,6 +15,7 @@
 #include "pipeline/pipeline.h"
 
 #include <math.h>
+#include <string.h>
 
 #define TRACE(name, il, ptr, count) \
     do { if (c->trace) c->trace(name, il, ptr, (int64_t)(count), c->trace_user); } while (0)
@@ -116,6 +118,21 @@ static void activate_row(const rows_job *j, int64_t t) {
     pi2_ffn_activate(c->gate + t * n_ff, c->up + t * n_ff, n_ff, c->m->hp.ffn_act, c->m->gelu_table);
 }
 
+/* The dense products of a layer: the MoE family's in ggml's kernel per type and batch (ffn/moe_mm.c). */
+static void matmul(pi2_ctx *c, const float *x, int32_t n, const pi2_mm *mm, int32_t n_mm) {
+    if (c->moe) pi2_moe_matmul(c, x, n, mm, n_mm);
+    else pi2_matmul(&c->mm, x, n, mm, n_mm);
+}
+
+/* The last layer of the MoE family computes its FFN on the output rows only (llama.cpp's inp_out_ids): rows
+ * first..n-1 of the residual and the attention output move to the front. */
+static void keep_rows(pi2_ctx *c, int32_t first, int32_t n) {
+    const size_t E = (size_t)c->m->hp.n_embd;
+    memmove(c->x, c->x + (size_t)first * E, (size_t)(n - first) * E * sizeof(float));
+    memmove(c->o, c->o + (size_t)first * E, (size_t)(n - first) * E * sizeof(float));
+    pi2_moe_keep_rows(c, first, n);
+}
+
 static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
@@ -127,14 +144,15 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, 
     pi2_attention(c->pool, &a);
 }
 
-/* One step over n <= n_batch tokens at positions n_past..; logits of every token (all) or of the
- * last one into `logits`, or none when logits is NULL. */
-static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logits, int all) {
+/* One step over n <= n_batch tokens at positions n_past..; logits of tokens first..n-1 into `logits`, or none when
+ * logits is NULL. */
+static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logits, int32_t first) {
     const pi2_model *m = c->m;
     const pi2_model_params *hp = &m->hp;
     const int64_t E = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim;
     const int64_t KD = (int64_t)hp->n_head_kv * hp->head_dim, VD = (int64_t)hp->n_head_kv * hp->head_dim_v;
     const int32_t pos0 = c->n_past;
+    int32_t nr = n;   /* rows past the attention: n, or the output rows in the MoE family's last layer */
 
     embed(c, tokens, n);
     rope_tables(c, pos0, n);
@@ -154,10 +172,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         }
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
+        if (hp->router_before_attn) pi2_moe_router_early(c, L, il, c->x, n);   /* smallthinker */
         norm_rows(c, n, c->xn, c->x, L->attn_norm, n, E);
         TRACE("attn_norm", il, c->xn, n * E);
         if (c->ffn_pred) pi2_ffn_pred_note_input(c, n);   /* a predictor reading the layer's input */
-        pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->q, c->q}, {&L->k, c->k}, {&L->v, c->v}}, 3);
+        matmul(c, c->xn, n, (pi2_mm[]){{&L->q, c->q}, {&L->k, c->k}, {&L->v, c->v}}, 3);
         TRACE("Qcur", il, c->q, n * QD);
         TRACE("Kcur", il, c->k, n * KD);
         TRACE("Vcur", il, c->v, n * VD);
@@ -167,13 +186,16 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
             add_rows(c->v, L->v_bias, n, VD);
             TRACE("Qcur.bias", il, c->q, n * QD);
         }
-        if (hp->qk_norm) {
+        if (hp->qk_norm_full) {   /* olmoe: over the whole projection */
+            norm_rows(c, n, c->q, c->q, L->q_norm, n, QD);
+            norm_rows(c, n, c->k, c->k, L->k_norm, n, KD);
+        } else if (hp->qk_norm) {
             norm_rows(c, n, c->q, c->q, L->q_norm, (int64_t)n * hp->n_head, hp->head_dim);
             norm_rows(c, n, c->k, c->k, L->k_norm, (int64_t)n * hp->n_head_kv, hp->head_dim);
         }
 
         /* rotary position embedding */
-        for_rows(c, n, (rows_job){.row = rope_row, .L = L}, n);
+        if (!L->nope) for_rows(c, n, (rows_job){.row = rope_row, .L = L}, n);
         TRACE("Qcur.rope", il, c->q, n * QD);
         TRACE("Kcur.rope", il, c->k, n * KD);
 
@@ -184,16 +206,26 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         TRACE("kqv_out", il, c->att, (int64_t)n * hp->n_head * hp->head_dim_v);
 
         /* attention output (+ post norm) and residual */
-        pi2_matmul(&c->mm, c->att, n, &(pi2_mm){&L->o, c->o}, 1);
+        matmul(c, c->att, n, &(pi2_mm){&L->o, c->o}, 1);
+        if (L->o_bias) add_rows(c->o, L->o_bias, n, E);
+        if (c->moe && il == hp->n_layer - 1) {   /* the output rows only from here on */
+            if (!logits) break;
+            if (first) keep_rows(c, first, n);
+            nr = n - first;
+        }
         if (L->post_attn_norm) norm_rows(c, n, c->o, c->o, L->post_attn_norm, n, E);
-        TRACE("attn_out", il, c->o, n * E);
-        add(c->x, c->o, n * E);
-        TRACE("ffn_inp", il, c->x, n * E);
+        if (hp->residual_scale != 0.0f) scale(c->o, nr * E, hp->residual_scale);
+        TRACE("attn_out", il, c->o, nr * E);
+        add(c->x, c->o, nr * E);
+        TRACE("ffn_inp", il, c->x, nr * E);
 
         /* feed-forward: down(act(gate(x)) * up(x)) (+ post norm) and residual */
-        norm_rows(c, n, c->xn, c->x, L->ffn_norm, n, E);
-        TRACE("ffn_norm", il, c->xn, n * E);
-        if (c->ffn.rule != PI2_FFN_DENSE || L->down_rows.data) {
+        norm_rows(c, nr, c->xn, c->x, L->ffn_norm, nr, E);
+        TRACE("ffn_norm", il, c->xn, nr * E);
+        if (c->moe) {
+            pi2_moe_ffn(c, L, il, nr);   /* experts (or qwen3's dense FFN) */
+            if (hp->residual_scale != 0.0f) scale(c->o, nr * E, hp->residual_scale);
+        } else if (c->ffn.rule != PI2_FFN_DENSE || L->down_rows.data) {
             pi2_status fs = pi2_ffn_sparse(c, L, il, n);   /* only the active neurons, or down stored as rows */
             if (fs) {
                 pi2_pool_mark(c->pool, -1);
@@ -212,21 +244,25 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
             }
         }
         if (L->post_ffw_norm) norm_rows(c, n, c->o, c->o, L->post_ffw_norm, n, E);
-        TRACE("ffn_out", il, c->o, n * E);
-        add(c->x, c->o, n * E);
-        TRACE("l_out", il, c->x, n * E);
+        TRACE("ffn_out", il, c->o, nr * E);
+        add(c->x, c->o, nr * E);
+        TRACE("l_out", il, c->x, nr * E);
     }
     pi2_pool_mark(c->pool, -1);
 
-    /* output norm and logits (+ soft-capping) */
+    /* output norm and logits (+ soft-capping, or the MoE family's logit scale) */
     if (logits) {
-        const int32_t r0 = all ? 0 : n - 1, rows = n - r0;
+        const int32_t r0 = nr < n ? 0 : first, rows = n - first;
         norm_rows(c, rows, c->xn, c->x + (size_t)r0 * E, m->output_norm, rows, E);
         TRACE("result_norm", -1, c->xn, rows * E);
-        pi2_matmul(&c->mm, c->xn, rows, &(pi2_mm){&m->output, logits}, 1);
+        matmul(c, c->xn, rows, &(pi2_mm){&m->output, logits}, 1);
         const float cap = hp->logit_softcap;
         if (cap > 0)
             for (int64_t i = 0; i < (int64_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+        if (hp->logit_scale != 0.0f) {
+            const float inv = 1.0f / hp->logit_scale;
+            for (int64_t i = 0; i < (int64_t)rows * hp->n_vocab; i++) logits[i] = logits[i] * inv;
+        }
         TRACE("result_output", -1, logits, (int64_t)rows * hp->n_vocab);
     }
     return PI2_OK;
@@ -243,13 +279,19 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
             return pi2_set_error(PI2_ERR_INVALID, "token id %d is outside the vocabulary (%d)", (int)tokens[i],
                                  (int)c->m->hp.n_vocab);
     if (atomic_exchange(&c->busy, 1)) return pi2_set_error(PI2_ERR_INVALID, "a decode is already running on this context");
+    if (all_logits < 0 && -all_logits >= n_tokens) {
+        atomic_store(&c->busy, 0);
+        return pi2_set_error(PI2_ERR_INVALID, "logits from token %d of %d", (int)-all_logits, (int)n_tokens);
+    }
     const int32_t start = c->n_past, n_vocab = c->m->hp.n_vocab;
+    const int32_t f = all_logits > 0 ? 0 : all_logits < 0 ? -all_logits : n_tokens - 1;   /* the first output token */
     pi2_status s = PI2_OK;
     atomic_store(&c->abort, 0);
     for (int32_t i = 0; i < n_tokens && !s; i += c->p.n_batch) {
         const int32_t n = n_tokens - i < c->p.n_batch ? n_tokens - i : c->p.n_batch;
-        float *out = all_logits ? logits + (size_t)i * n_vocab : i + n == n_tokens ? logits : NULL;
-        if (!(s = step(c, tokens + i, n, out, all_logits))) c->n_past += n;
+        const int32_t first = f > i ? f - i : 0;   /* this step's first output row */
+        float *out = first < n ? logits + (size_t)(i + first - f) * n_vocab : NULL;
+        if (!(s = step(c, tokens + i, n, out, first))) c->n_past += n;
     }
     if (s || atomic_exchange(&c->abort, 0)) {
         c->n_past = start;

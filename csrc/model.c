@@ -23,16 +23,36 @@ static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
     "token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k", "attn_v",
     "attn_output", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm",
     "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows",
-    "ffn_gate_pred", "fc1", "fc2", "ffn_down_scale", "ffn_down_colscale"};
+    "ffn_gate_pred", "fc1", "fc2", "ffn_down_scale", "ffn_down_colscale", "attn_output.bias", "ffn_gate_inp",
+    "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+    "ffn_gate_inp_shexp"};
 
 static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
+
+static int is_expert(int32_t role) { return role >= PI2_TENSOR_FFN_GATE_EXPS && role <= PI2_TENSOR_FFN_DOWN_EXPS; }
 
 /* The ggml shape (ne0, ne1) a role must have (0: any, the low-rank predictor's rank), and whether the
  * architecture reads it at all. */
 static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64_t *ne1) {
     const int64_t E = p->n_embd, q = (int64_t)p->n_head * p->head_dim, k = (int64_t)p->n_head_kv * p->head_dim;
     const int64_t v = (int64_t)p->n_head_kv * p->head_dim_v, o = (int64_t)p->n_head * p->head_dim_v;
+    const int moe = p->arch == PI2_ARCH_MOE, experts = moe && p->n_expert > 0;
     *ne1 = 1;
+    switch (role) {
+    case PI2_TENSOR_ATTN_OUTPUT_BIAS: *ne0 = E; return moe;
+    case PI2_TENSOR_FFN_GATE_INP: *ne0 = E; *ne1 = p->n_expert; return experts;
+    case PI2_TENSOR_FFN_GATE_EXPS: case PI2_TENSOR_FFN_UP_EXPS: *ne0 = E; *ne1 = p->n_ff_exp; return experts;
+    case PI2_TENSOR_FFN_DOWN_EXPS: *ne0 = p->n_ff_exp; *ne1 = E; return experts;
+    case PI2_TENSOR_FFN_GATE_SHEXP: case PI2_TENSOR_FFN_UP_SHEXP: *ne0 = E; *ne1 = p->n_ff_shexp; return experts && p->n_ff_shexp;
+    case PI2_TENSOR_FFN_DOWN_SHEXP: *ne0 = p->n_ff_shexp; *ne1 = E; return experts && p->n_ff_shexp;
+    case PI2_TENSOR_FFN_GATE_INP_SHEXP: *ne0 = E; return experts && p->n_ff_shexp && p->shexp_gate;
+    case PI2_TENSOR_ATTN_Q_NORM: *ne0 = p->qk_norm_full ? q : p->head_dim; return p->qk_norm || p->qk_norm_full;
+    case PI2_TENSOR_ATTN_K_NORM: *ne0 = p->qk_norm_full ? k : p->head_dim; return p->qk_norm || p->qk_norm_full;
+    case PI2_TENSOR_FFN_GATE: case PI2_TENSOR_FFN_UP: case PI2_TENSOR_FFN_DOWN:
+        if (experts) return 0;
+        break;
+    default: break;
+    }
     switch (role) {
     case PI2_TENSOR_TOKEN_EMBD: case PI2_TENSOR_OUTPUT: *ne0 = E; *ne1 = p->n_vocab; return 1;
     case PI2_TENSOR_OUTPUT_NORM: case PI2_TENSOR_ATTN_NORM: case PI2_TENSOR_FFN_NORM: *ne0 = E; return 1;
@@ -61,7 +81,8 @@ static int is_vector(int32_t role) {
     return role == PI2_TENSOR_OUTPUT_NORM || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_ATTN_NORM ||
            (role >= PI2_TENSOR_ATTN_Q_BIAS && role <= PI2_TENSOR_POST_ATTN_NORM) ||
            role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM || role == PI2_TENSOR_FFN_DOWN_SCALE ||
-           role == PI2_TENSOR_FFN_DOWN_COLSCALE;
+           role == PI2_TENSOR_FFN_DOWN_COLSCALE || role == PI2_TENSOR_ATTN_OUTPUT_BIAS ||
+           role == PI2_TENSOR_FFN_GATE_INP_SHEXP;
 }
 
 static pi2_status check_params(const pi2_model_params *p) {
@@ -70,7 +91,7 @@ static pi2_status check_params(const pi2_model_params *p) {
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i] <= 0 || dims[i] > (1 << 24))
             return pi2_set_error(PI2_ERR_INVALID, "hyper-parameter %zu out of range: %d", i, (int)dims[i]);
-    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_BAMBOO)
+    if (p->arch < PI2_ARCH_LLAMA || p->arch > PI2_ARCH_MOE)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown architecture id %d", (int)p->arch);
     if (p->ffn_act < PI2_ACT_SILU || p->ffn_act > PI2_ACT_DRELU)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown FFN activation id %d", (int)p->ffn_act);
@@ -80,6 +101,18 @@ static pi2_status check_params(const pi2_model_params *p) {
     if (!(p->rms_eps > 0 && isfinite(p->rms_eps) && p->rope_base > 0 && isfinite(p->rope_base) &&
           p->rope_freq_scale > 0 && isfinite(p->attn_scale) && isfinite(p->embd_scale) && p->logit_softcap >= 0))
         return pi2_set_error(PI2_ERR_INVALID, "a float hyper-parameter is out of range");
+    if (p->arch == PI2_ARCH_MOE) {
+        if (p->n_expert < 0 || p->n_expert > 1024 || (p->n_expert && (p->n_expert_used < 1 || p->n_expert_used > p->n_expert ||
+            p->n_ff_exp < 1 || p->n_ff_exp > (1 << 24) || p->n_ff_shexp < 0 || p->n_ff_shexp > (1 << 24))))
+            return pi2_set_error(PI2_ERR_INVALID, "bad expert hyper-parameters: %d experts, %d used, width %d",
+                                 (int)p->n_expert, (int)p->n_expert_used, (int)p->n_ff_exp);
+        if (p->n_expert && (p->expert_gating < PI2_GATING_SOFTMAX || p->expert_gating > PI2_GATING_SQRT_SOFTPLUS))
+            return pi2_set_error(PI2_ERR_UNSUPPORTED, "unknown expert gating function %d", (int)p->expert_gating);
+        if (p->expert_act != PI2_ACT_SILU && p->expert_act != PI2_ACT_RELU)
+            return pi2_set_error(PI2_ERR_UNSUPPORTED, "expert activation %d is not SwiGLU or ReGLU", (int)p->expert_act);
+        if (!isfinite(p->residual_scale) || !isfinite(p->logit_scale) || !isfinite(p->expert_weights_scale))
+            return pi2_set_error(PI2_ERR_INVALID, "a float hyper-parameter is out of range");
+    }
     return PI2_OK;
 }
 
@@ -95,12 +128,13 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
     if (!expected(p, d->role, &ne0, &ne1))
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) is not read by this architecture", name, (int)d->layer);
     if ((ne0 ? d->ne[0] != ne0 : d->ne[0] < 1 || d->ne[0] > p->n_ff) ||
-        (ne1 ? d->ne[1] != ne1 : d->ne[1] < 1 || d->ne[1] > p->n_ff) || d->ne[2] != 1 || d->ne[3] != 1)
+        (ne1 ? d->ne[1] != ne1 : d->ne[1] < 1 || d->ne[1] > p->n_ff) ||
+        d->ne[2] != (is_expert(d->role) ? p->n_expert : 1) || d->ne[3] != 1)
         return pi2_set_error(PI2_ERR_FORMAT, "tensor %s (layer %d) has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
                              name, (int)d->layer, (long long)d->ne[0], (long long)d->ne[1], (long long)d->ne[2],
                              (long long)d->ne[3], (long long)ne0, (long long)ne1);
     ne0 = d->ne[0];
-    ne1 = d->ne[1];
+    ne1 = d->ne[1] * d->ne[2];   /* an expert tensor: n_expert runs of rows */
     uint64_t row;
     if (d->role == PI2_TENSOR_FFN_GATE_PRED) {   /* pi2's low-bit rows, times Q8_0 activations */
         if (!pi2_lowbit_bits(d->type))
@@ -177,6 +211,15 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     case PI2_TENSOR_FFN_PRED_FC2: L->fc2 = weight_view(m, d); break;
     case PI2_TENSOR_FFN_DOWN_SCALE: L->down_scale = f; break;
     case PI2_TENSOR_FFN_DOWN_COLSCALE: L->down_colscale = f; break;
+    case PI2_TENSOR_ATTN_OUTPUT_BIAS: L->o_bias = f; break;
+    case PI2_TENSOR_FFN_GATE_INP: L->router = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_GATE_EXPS: L->gate_exps = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_UP_EXPS: L->up_exps = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_DOWN_EXPS: L->down_exps = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_GATE_SHEXP: L->gate_sh = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_UP_SHEXP: L->up_sh = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_DOWN_SHEXP: L->down_sh = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_GATE_INP_SHEXP: L->gate_inp_sh = f; break;
     }
 }
 
@@ -214,6 +257,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the model");
     }
     m->hp = *params;
+    m->hp.layer_flags = NULL;   /* read into the layers below */
     if ((s = map_file(m, path))) goto fail;
     for (int32_t i = 0; i < n_tensors; i++) {
         const pi2_tensor_desc *d = &tensors[i];
@@ -227,7 +271,8 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
         for (int32_t role = 0; role < PI2_TENSOR_COUNT; role++) {
             int64_t ne0, ne1;
             if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_FFN_DOWN_ROWS ||
-                role >= PI2_TENSOR_FFN_GATE_PRED || !expected(params, role, &ne0, &ne1)) continue;
+                (role >= PI2_TENSOR_FFN_GATE_PRED && role <= PI2_TENSOR_ATTN_OUTPUT_BIAS) ||
+                !expected(params, role, &ne0, &ne1)) continue;
             const uint8_t *row = &seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT];
             if (role == PI2_TENSOR_FFN_DOWN && row[PI2_TENSOR_FFN_DOWN] && row[PI2_TENSOR_FFN_DOWN_ROWS]) {
                 s = pi2_set_error(PI2_ERR_FORMAT, "layer %d has both ffn_down and ffn_down_rows", (int)layer);
@@ -251,8 +296,15 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
                               (int)il);
             goto fail;
         }
-        L->swa = params->sliding_window > 0 && params->swa_period > 0 && il % params->swa_period != params->swa_period - 1;
-        L->rope_local = L->swa && params->rope_base_local > 0;
+        if (params->layer_flags) {   /* per-layer flags (smallthinker), copied here: the caller's array may go */
+            const uint8_t f = params->layer_flags[il];
+            L->swa = params->sliding_window > 0 && (f & PI2_LAYER_SWA);
+            L->nope = (f & PI2_LAYER_NOPE) != 0;
+            L->rope_local = (f & PI2_LAYER_ROPE_LOCAL) && params->rope_base_local > 0;
+        } else {
+            L->swa = params->sliding_window > 0 && params->swa_period > 0 && il % params->swa_period != params->swa_period - 1;
+            L->rope_local = L->swa && params->rope_base_local > 0;
+        }
     }
     if (params->ffn_act == PI2_ACT_GELU) {
         if (!(m->gelu_table = malloc(65536 * sizeof *m->gelu_table))) { s = pi2_set_error(PI2_ERR_NOMEM, "out of memory"); goto fail; }

@@ -22,6 +22,13 @@ typedef struct {
     const float *post_ffw_norm;               /* [n_embd] or NULL */
     pi2_weight gate_pred;                     /* pi2-made predictor: low-bit gate copy [n_ff] rows, or data NULL */
     pi2_weight fc1, fc2;                      /* predictor (pi2-made low-rank, or PowerInfer's): [r] and [n_ff] rows, or data NULL */
+    /* PI2_ARCH_MOE (ffn/moe.c) */
+    const float *o_bias;                      /* [n_embd] or NULL */
+    pi2_weight router;                        /* ffn_gate_inp [n_expert] rows, or data NULL (dense) */
+    pi2_weight gate_exps, up_exps, down_exps; /* expert 0's rows (n_out per expert); expert e at data + e·n_out rows */
+    pi2_weight gate_sh, up_sh, down_sh;       /* the shared expert, or data NULL */
+    const float *gate_inp_sh;                 /* [n_embd] qwen2moe's shared-expert gate, or NULL */
+    int32_t nope;                             /* 1: no RoPE on this layer */
     int32_t swa;                              /* 1: sliding-window layer */
     int32_t rope_local;                       /* 1: RoPE with rope_base_local, else rope_base */
 } pi2_layer;

@@ -103,6 +103,8 @@ WIDE_CLONES static void exp_shifted(float *s, int64_t n, float max) {
     for (int64_t i = 0; i < n; i++) s[i] = v_expf(s[i] - max);
 }
 
+void pi2_exp_shifted(float *s, int64_t n, float max) { exp_shifted(s, n, max); }
+
 /* g[i] = silu(g[i]) * u[i], as ggml_v_silu then the product */
 WIDE_CLONES static void swiglu(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + v_expf(0.0f - g[i])) * u[i];

@@ -38,6 +38,9 @@ static inline float pi2_ffn_up_factor(float u, int32_t act) {
  * needed for PI2_ACT_GELU. */
 void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, const pi2_fp16 *gelu_table);
 
+/* s[i] = ggml_v_expf(s[i] - max) (the AVX-512 polynomial), as ggml's softmax computes its groups of 16. */
+void pi2_exp_shifted(float *s, int64_t n, float max);
+
 /* Causal multi-head attention over one layer's cache of F16 values, with grouped K/V heads, in
  * ggml's float order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's
  * attention. The cache holds each F16 value as the float it stands for (exact), converted once

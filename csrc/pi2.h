@@ -93,7 +93,9 @@ PI2_API pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int
  * hyper-parameters and the file size before touching it. */
 
 /* PI2_ARCH_BAMBOO: PowerInfer's Bamboo / TurboSparse-Mistral, llama's forward pass with its own FFN activation */
-typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2, PI2_ARCH_BAMBOO = 3 } pi2_arch;
+/* PI2_ARCH_MOE: the Mixture-of-Experts family and dense qwen3 (qwen3, qwen3moe, llama with experts, qwen2moe, olmoe,
+ * granitemoe, smallthinker), computed as pi2/reference_moe.py and docs/moe.md say (the moe fields below) */
+typedef enum { PI2_ARCH_LLAMA = 0, PI2_ARCH_QWEN2 = 1, PI2_ARCH_GEMMA3 = 2, PI2_ARCH_BAMBOO = 3, PI2_ARCH_MOE = 4 } pi2_arch;
 /* h = act(gate)·up; PI2_ACT_DRELU (bamboo PWRI files): h = relu(gate)·relu(up) */
 typedef enum { PI2_ACT_SILU = 0, PI2_ACT_GELU = 1, PI2_ACT_RELU = 2, PI2_ACT_DRELU = 3 } pi2_ffn_act;
 
@@ -128,7 +130,17 @@ typedef enum {
     PI2_TENSOR_FFN_PRED_FC2 = 23,  /* [n_ff][r] its fc2 */
     PI2_TENSOR_FFN_DOWN_SCALE = 24,/* [n_ff] F32: row scales of FFN_DOWN_ROWS of type I8 (24), which need it */
     PI2_TENSOR_FFN_DOWN_COLSCALE = 25, /* [n_embd] F32: column scales of those I8 rows (value = col·row·q) */
-    PI2_TENSOR_COUNT = 26
+    /* PI2_ARCH_MOE only: */
+    PI2_TENSOR_ATTN_OUTPUT_BIAS = 26,  /* [n_embd] F32, optional */
+    PI2_TENSOR_FFN_GATE_INP = 27,  /* [n_expert][n_embd] the router, when n_expert > 0 */
+    PI2_TENSOR_FFN_GATE_EXPS = 28, /* ne {n_embd, n_ff_exp, n_expert}: expert e's rows e·n_ff_exp.. contiguous */
+    PI2_TENSOR_FFN_UP_EXPS = 29,   /* ne {n_embd, n_ff_exp, n_expert} */
+    PI2_TENSOR_FFN_DOWN_EXPS = 30, /* ne {n_ff_exp, n_embd, n_expert} */
+    PI2_TENSOR_FFN_GATE_SHEXP = 31,/* [n_ff_shexp][n_embd], when n_ff_shexp > 0 */
+    PI2_TENSOR_FFN_UP_SHEXP = 32,  /* [n_ff_shexp][n_embd] */
+    PI2_TENSOR_FFN_DOWN_SHEXP = 33,/* [n_embd][n_ff_shexp] */
+    PI2_TENSOR_FFN_GATE_INP_SHEXP = 34, /* [n_embd] F32, when shexp_gate */
+    PI2_TENSOR_COUNT = 35
 } pi2_tensor_role;
 
 /* Type ids (not ggml's) of FFN_GATE_PRED rows: per 32 values an f16 scale d, then 32 codes of 1 or 2 bits
@@ -164,7 +176,30 @@ typedef struct {
     float logit_softcap;      /* 0: none; else logits = c*tanh(logits/c) */
     int32_t sliding_window;   /* 0: every layer attends to all positions */
     int32_t swa_period;       /* layer il is full-attention when il % swa_period == swa_period-1 */
+    /* PI2_ARCH_MOE (zero for the others). Its products follow ggml's x86 AVX-512 orders (moe_matmul.py): F32 and
+     * F16 weights by ggml_vec_dot for one token and every expert row, by tinyBLAS for batches; Q4_0 by the
+     * repacked GEMV; and the last layer computes its FFN only on the rows whose logits are asked for. */
+    int32_t n_expert;         /* experts per layer (0: a dense SwiGLU FFN, qwen3) */
+    int32_t n_expert_used;    /* experts per token, 1..n_expert */
+    int32_t n_ff_exp;         /* one expert's FFN width */
+    int32_t n_ff_shexp;       /* the shared expert's FFN width (0: none) */
+    int32_t expert_gating;    /* pi2_expert_gating */
+    int32_t expert_weights_norm;  /* 1: the k weights divided by their sum (in double, clamped below at 2^-14) */
+    float expert_weights_scale;   /* the k weights times it unless 0 or 1 */
+    int32_t expert_act;       /* PI2_ACT_SILU (SwiGLU) or PI2_ACT_RELU (ReGLU: gate > 0 ? gate·up : 0) */
+    int32_t shexp_gate;       /* 1: the shared expert times silu(t)/t, t = ffn_gate_inp_shexp · h (qwen2moe) */
+    int32_t router_before_attn;   /* 1: the router reads the layer input before attn_norm (smallthinker) */
+    int32_t qk_norm_full;     /* 1: q and k RMS-normed over the whole projection before RoPE (olmoe) */
+    float residual_scale;     /* 0: none; else attention and FFN outputs times it before the residual add */
+    float logit_scale;        /* 0: none; else logits times 1/logit_scale */
+    const uint8_t *layer_flags;   /* [n_layer] PI2_LAYER_* bits, copied at load; NULL: swa_period's rule */
 } pi2_model_params;
+
+/* Router gating (llama_expert_gating_func_type): probabilities from the router logits. */
+typedef enum { PI2_GATING_SOFTMAX = 1, PI2_GATING_SIGMOID = 2, PI2_GATING_SOFTMAX_WEIGHT = 3,
+               PI2_GATING_SQRT_SOFTPLUS = 4 } pi2_expert_gating;
+/* layer_flags: sliding-window attention; no RoPE; RoPE with rope_base_local */
+enum { PI2_LAYER_SWA = 1, PI2_LAYER_NOPE = 2, PI2_LAYER_ROPE_LOCAL = 4 };
 
 typedef struct pi2_model pi2_model;   /* mapped weights + hyper-parameters; read-only after load */
 typedef struct pi2_ctx pi2_ctx;       /* KV cache, scratch buffers, thread pool */
@@ -206,7 +241,8 @@ PI2_API pi2_status pi2_ctx_init(pi2_model *model, const pi2_ctx_params *params, 
 PI2_API void pi2_ctx_free(pi2_ctx *ctx);
 
 /* Evaluate n_tokens tokens after the n_past cached ones and advance n_past. logits receives
- * n_vocab floats of the last token, or n_tokens * n_vocab (row per token) when all_logits.
+ * n_vocab floats of the last token, or n_tokens * n_vocab (row per token) when all_logits is 1, or, when all_logits
+ * is -f (1 <= f < n_tokens), (n_tokens - f) * n_vocab: the rows of tokens f.. only (llama-perplexity's outputs).
  * PI2_ERR_INVALID: bad token id, n_tokens < 1, the context would overflow n_ctx, or another decode
  * is running on this context (one decode at a time per context; any thread may call);
  * PI2_ERR_ABORTED: pi2_abort() was called during the decode; n_past is then unchanged;

@@ -51,7 +51,9 @@ def c_engine_gap(model: Model, cfg: RunConfig) -> str:
     ModelConfig accepts, PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
     c = model.config
     if c.moe_family:
-        return f"the C engine does not run {c.arch} models yet" + (" (Mixture-of-Experts)" if c.n_expert else "")
+        if cfg.keep is not None or cfg.dense:
+            return f"--keep and --dense do not apply to {c.arch} models (experts are computed whole)"
+        return ""
     if c.arch not in ("llama", "qwen2", "gemma3", "bamboo"):
         return f"the C engine does not run {c.arch} models"
     return ""
@@ -91,9 +93,9 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.engine == "c" or (cfg.engine == "auto" and not gap):
         from pi2.engine import CContext, CModel
         from pi2.sparse import choose_rule
-        rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
-        ctx.set_ffn(rule)
+        if not model.config.moe_family:   # the MoE family computes its selected experts whole
+            ctx.set_ffn(choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor))
         npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps)
         return ctx
     if cfg.engine == "auto" and not _NOTED:

@@ -83,11 +83,11 @@ def test_tokenize_and_run_on_the_reference(d):
     assert r.out.startswith("A lighthouse keeper") and len(r.out) > len("A lighthouse keeper")
 
 
-def test_c_engine_says_it_does_not_run_moe_yet(d):
+def test_c_engine_runs_moe_by_default(d):
     path = write_moe(d / "qwen3moe.gguf", "qwen3moe")
-    assert_error(cli("run", path, "-p", "hi", "-n", "1", "--engine", "c"), 2, r"does not run qwen3moe models yet")
-    r = cli("run", path, "-p", "hi", "-n", "1", "--temp", "0", timeout=120)       # auto: the reference, with a note
-    assert r.code == 0 and "pi2: note: the C engine does not run qwen3moe models yet" in r.err
+    ref = cli("run", path, "-p", "hi", "-n", "4", "--temp", "0", "--engine", "reference", timeout=120)
+    r = cli("run", path, "-p", "hi", "-n", "4", "--temp", "0", timeout=120)       # auto: the C engine, no note
+    assert r.code == 0 and "note" not in r.err and r.out == ref.out
     assert_error(cli("run", path, "-p", "hi", "-n", "1", "--keep", "0.5"), 2, r"--keep and --dense do not apply")
 
 

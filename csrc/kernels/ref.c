@@ -313,37 +313,62 @@ static void q8_0_vec_dot(int64_t n, float *s, const void *w, const void *xq) {
     *s = sumf;
 }
 
-/* Q5_K: Σ_j sc_j·(q·q8 over sub-block j), then d·that − dmin·Σ_j mn_j·bsum_j. */
-static void q45_K_vec_dot(int64_t n, float *s, const void *w, const void *xq, int five) {
-    const blk_q8_K *y = xq;
-    const size_t stride = five ? sizeof(blk_q5_K) : sizeof(blk_q4_K);
-    float sumf = 0;
+static inline float fma_d(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
+
+/* Q5_K's 5-bit code of value l of 32-value sub-block j. */
+static inline int q5_K_code(const blk_q5_K *x, int j, int l) {
+    const uint8_t q = x->qs[32 * (j / 2) + l];
+    return ((j & 1) ? q >> 4 : q & 0xF) | (((x->qh[l] >> j) & 1) << 4);
+}
+
+/* ggml_vec_dot_q5_K_q8_K (AVX2), fewer than 8 tokens (qdot.dot_q5_k_vec): int lane m = Σ_j sc_j·Σ code·q8 over
+ * values 4m..4m+3 of every sub-block j; per block acc_m = fma(float(lane_m), d_y·d_x, acc_m) and
+ * summs = fma(−d_y·dmin_x, Σ_j mn_j·(bsums[2j] + bsums[2j+1]), summs); then hsum_float_8(acc) + summs. */
+static void q5_K_vec_dot(int64_t n, float *s, const void *w, const void *xq) {
+    const blk_q5_K *x = w; const blk_q8_K *y = xq;
+    float acc[8] = {0}, summs = 0;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const blk_q4_K *x4 = (const void *)((const uint8_t *)w + i * stride);
-        const blk_q5_K *x5 = (const void *)x4;
-        const uint8_t *scales = five ? x5->scales : x4->scales;
-        const uint8_t *q = five ? x5->qs : x4->qs;
-        int32_t isum = 0, msum = 0;
+        int32_t lane[8] = {0}, hs = 0;
         for (int j = 0; j < 8; j++) {
             uint8_t sc, mn;
-            pi2_k4_scale_min(j, scales, &sc, &mn);
-            const uint8_t *qj = q + 32 * (j / 2);
-            const int8_t *q8 = y[i].qs + 32 * j;
-            int dot = 0;
-            for (int l = 0; l < 32; l++) {
-                int v = (j & 1) ? qj[l] >> 4 : qj[l] & 0xF;
-                if (five) v += ((x5->qh[l] >> j) & 1) << 4;
-                dot += v * q8[l];
+            pi2_k4_scale_min(j, x[i].scales, &sc, &mn);
+            for (int m = 0; m < 8; m++) {
+                int32_t dot = 0;
+                for (int l = 4 * m; l < 4 * m + 4; l++) dot += q5_K_code(&x[i], j, l) * y[i].qs[32 * j + l];
+                lane[m] += sc * dot;
             }
-            isum += sc * dot;
-            msum += mn * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+            hs += mn * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
         }
-        const float d = pi2_fp16_to_f32(x4->d) * y[i].d, dmin = pi2_fp16_to_f32(x4->dmin) * y[i].d;
-        sumf += d * isum - dmin * msum;
+        const float d = y[i].d * pi2_fp16_to_f32(x[i].d), dmin = -y[i].d * pi2_fp16_to_f32(x[i].dmin);
+        for (int m = 0; m < 8; m++) acc[m] = fma_d((float)lane[m], d, acc[m]);
+        summs = fma_d(dmin, (float)hs, summs);
     }
-    *s = sumf;
+    float r[4];
+    for (int m = 0; m < 4; m++) r[m] = acc[m + 4] + acc[m];
+    *s = ((r[0] + r[2]) + (r[1] + r[3])) + summs;
 }
-static void q5_K_vec_dot(int64_t n, float *s, const void *w, const void *x) { q45_K_vec_dot(n, s, w, x, 1); }
+
+/* The tiled kernel with mins (8+ tokens, qdot.dot_q5_k_tiled): per block s1 = Σ_j sc_j·Σ code·q8 and
+ * s2 = Σ_j mn_j·bsum_j (int), res = fma(−dmin_x, float(s2), float(s1)·d_x), acc = fma(res, d_y, acc). */
+static void q5_K_tiled_dot(int64_t n, float *s, const void *w, const void *xq) {
+    const blk_q5_K *x = w; const blk_q8_K *y = xq;
+    float acc = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int32_t s1 = 0, s2 = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, mn;
+            pi2_k4_scale_min(j, x[i].scales, &sc, &mn);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++) dot += q5_K_code(&x[i], j, l) * y[i].qs[32 * j + l];
+            s1 += sc * dot;
+            s2 += mn * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        const float f1d = (float)s1 * pi2_fp16_to_f32(x[i].d);
+        const float res = fma_d(-pi2_fp16_to_f32(x[i].dmin), (float)s2, f1d);
+        acc = fma_d(res, y[i].d, acc);
+    }
+    *s = acc;
+}
 
 #include "ref_k.h"   /* Q4_K and Q6_K in ggml's x86 float order */
 
@@ -371,5 +396,7 @@ void pi2_kernels_fill_ref(pi2_type_traits *tab) {
     tab[PI2_T_Q4_K].batch_group = 4, tab[PI2_T_Q4_K].batch_min = 4;
     tab[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot;
     tab[PI2_T_Q6_K].batch_group = 1, tab[PI2_T_Q6_K].batch_min = 8;
+    tab[PI2_T_Q5_K].vec_dot_batch = q5_K_tiled_dot;
+    tab[PI2_T_Q5_K].batch_group = 1, tab[PI2_T_Q5_K].batch_min = 8;
     tab[PI2_T_Q8_1].vec_dot_impl = tab[PI2_T_Q8_K].vec_dot_impl = NULL;  /* activation-only */
 }

@@ -45,6 +45,8 @@ class CContext:
         self.n_ctx, self.n_threads = n_ctx, p.n_threads
         self._logits = np.empty(self.cfg.n_vocab, np.float32)
         self._trace_cb = None
+        if self.cfg.moe_family:   # llama-perplexity's rows only: the MoE family's last layer computes just those
+            self.decode_from = self._decode_from
 
     @property
     def n_past(self) -> int:
@@ -115,6 +117,14 @@ class CContext:
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
         streamed context also the neuron cache's figures since the previous call (stream_stats)."""
+        if self.cfg.moe_family:   # experts are computed whole: the figures of the file's routing
+            from pi2.model.info_moe import active_params, ffn_bytes_per_token
+            c, model = self.cfg, self.cmodel.model
+            if not c.n_expert:
+                return {}
+            return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
+                    "ffn_bytes_per_token": ffn_bytes_per_token(model),
+                    "active_bytes_per_token": active_params(model)[1]}
         return {**self._ffn_stats(), **self.stream_stats()}
 
     def stream_stats(self) -> dict:
@@ -214,7 +224,14 @@ class CContext:
         check(lib.pi2_ctx_get_stats(self._h, ffi.NULL, st))
         return {k: getattr(st, k) for k in self._CACHE_STATS}
 
-    def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
+    def _decode_from(self, tokens, first: int) -> np.ndarray:
+        """A fresh chunk with the logits of tokens first.. only (n - first, n_vocab), as llama-perplexity asks."""
+        self.reset()
+        if not 0 < first < len(tokens):
+            return self.decode(tokens, all_logits=True)[first:]
+        return self.decode(tokens, all_logits=True, _first=first)
+
+    def decode(self, tokens, all_logits: bool = False, _first: int = 0) -> np.ndarray:
         """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or
         of every token (n_tok, n_vocab) when all_logits."""
         toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).reshape(-1).astype(np.int32))
@@ -223,9 +240,9 @@ class CContext:
             raise UsageError("nothing to decode")
         if self.n_past + n > self.n_ctx:
             raise UsageError(f"context full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}")
-        out = np.empty((n, self.cfg.n_vocab), np.float32) if all_logits else self._logits
+        out = np.empty((n - _first, self.cfg.n_vocab), np.float32) if all_logits else self._logits
         args = (self._h, ffi.from_buffer("int32_t[]", toks), n,
-                ffi.from_buffer("float[]", out, require_writable=True), int(all_logits))
+                ffi.from_buffer("float[]", out, require_writable=True), -_first if _first else int(all_logits))
         t0 = time.perf_counter()
         status, msg = self._interruptible(args, n * self.cmodel.n_bytes >= _LONG_DECODE_BYTES)
         self._decode_s = getattr(self, "_decode_s", 0.0) + time.perf_counter() - t0

@@ -8,18 +8,21 @@ Does not: read GGUF (pi2/model/) or decide anything about a run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pi2.engine.lib import check, enum, ffi, lib
 from pi2.errors import UnsupportedError
 
-ARCHS = enum("PI2_ARCH_", ("llama", "qwen2", "gemma3", "bamboo"))
+ARCHS = enum("PI2_ARCH_", ("llama", "qwen2", "gemma3", "bamboo", "moe"))
+GATINGS = enum("PI2_GATING_", ("softmax", "sigmoid", "softmax_weight", "sqrt_softplus"))
 ACTS = enum("PI2_ACT_", ("silu", "gelu", "relu", "drelu"))
 ROLES = enum("PI2_TENSOR_", ("token_embd", "output_norm", "output", "rope_freqs", "attn_norm", "attn_q", "attn_k",
                              "attn_v", "attn_output", "attn_q_bias", "attn_k_bias", "attn_v_bias", "attn_q_norm",
                              "attn_k_norm", "post_attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
                              "post_ffw_norm", "ffn_down_rows", "ffn_gate_pred", "ffn_pred_fc1", "ffn_pred_fc2",
-                             "ffn_down_scale", "ffn_down_colscale"))
+                             "ffn_down_scale", "ffn_down_colscale", "attn_output_bias", "ffn_gate_inp",
+                             "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp",
+                             "ffn_down_shexp", "ffn_gate_inp_shexp"))
 _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
     "attn_norm.weight": (ROLES["attn_norm"], None), "attn_q.weight": (ROLES["attn_q"], None),
     "attn_k.weight": (ROLES["attn_k"], None), "attn_v.weight": (ROLES["attn_v"], None),
@@ -33,8 +36,33 @@ _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig fla
 }
 
 
-def model_params(cfg) -> dict:
-    """pi2_model_params fields from a ModelConfig."""
+_LAYER_FLAGS: dict = {}   # per-layer flag arrays handed to pi2_model_load (which copies them), by content
+
+
+def _moe_params(cfg, qkv_bias: bool) -> dict:
+    """pi2_model_params' PI2_ARCH_MOE fields (the MoE family and dense qwen3) from a ModelConfig."""
+    flags = None
+    if cfg.swa_layers or cfg.nope_layers:
+        key = tuple((lib.PI2_LAYER_SWA if cfg.is_swa_layer(il) else 0)
+                    | (lib.PI2_LAYER_NOPE if cfg.nope_layers and cfg.nope_layers[il] else 0)
+                    | (lib.PI2_LAYER_ROPE_LOCAL if cfg.is_swa_layer(il) and cfg.rope_base_swa else 0)
+                    for il in range(cfg.n_layer))
+        flags = _LAYER_FLAGS.setdefault(key, ffi.new("uint8_t[]", list(key)))
+    return dict(arch=ARCHS["moe"], qkv_bias=int(qkv_bias), qk_norm=int(cfg.qk_norm), ffn_act=ACTS["silu"],
+                n_expert=cfg.n_expert, n_expert_used=cfg.n_expert_used, n_ff_exp=cfg.n_ff_exp, n_ff_shexp=cfg.n_ff_shexp,
+                expert_gating=GATINGS[cfg.expert_gating] if cfg.n_expert else 0,
+                expert_weights_norm=int(cfg.expert_weights_norm), expert_weights_scale=cfg.expert_weights_scale,
+                expert_act=ACTS[cfg.expert_act], shexp_gate=int(cfg.shexp_gate),
+                router_before_attn=int(cfg.router_before_attn), qk_norm_full=int(cfg.qk_norm_full),
+                residual_scale=cfg.residual_scale, logit_scale=cfg.logit_scale,
+                rope_base_local=cfg.rope_base_swa, swa_period=0, layer_flags=flags if flags is not None else ffi.NULL)
+
+
+def model_params(cfg, qkv_bias: bool | None = None) -> dict:
+    """pi2_model_params fields from a ModelConfig (qkv_bias: whether the MoE family's file has q/k/v biases)."""
+    if cfg.moe_family:
+        base = model_params(replace(cfg, arch="llama", moe_family=False))
+        return {**base, **_moe_params(cfg, bool(qkv_bias))}
     if cfg.arch not in ARCHS:
         raise UnsupportedError(f"the C engine does not run {cfg.arch} models yet")
     return dict(arch=ARCHS[cfg.arch], n_vocab=cfg.n_vocab, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_ff=cfg.n_ff,
@@ -92,6 +120,44 @@ def _predictor_descs(model, il: int) -> list:
     return out
 
 
+_MOE_LAYER = {"ffn_gate_inp.weight": "ffn_gate_inp", "ffn_gate_exps.weight": "ffn_gate_exps",
+              "ffn_up_exps.weight": "ffn_up_exps", "ffn_down_exps.weight": "ffn_down_exps",
+              "ffn_gate_shexp.weight": "ffn_gate_shexp", "ffn_up_shexp.weight": "ffn_up_shexp",
+              "ffn_down_shexp.weight": "ffn_down_shexp", "ffn_gate_inp_shexp.weight": "ffn_gate_inp_shexp",
+              "attn_output.bias": "attn_output_bias", "ffn_gate.weight": "ffn_gate", "ffn_up.weight": "ffn_up",
+              "ffn_down.weight": "ffn_down", "attn_q_norm.weight": "attn_q_norm", "attn_k_norm.weight": "attn_k_norm",
+              "attn_q.bias": "attn_q_bias", "attn_k.bias": "attn_k_bias", "attn_v.bias": "attn_v_bias"}
+_MOE_ALWAYS = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+               "ffn_norm.weight")
+
+
+def moe_qkv_bias(model) -> bool:
+    """Whether a MoE-family file's layers have q, k and v biases (llama.cpp reads them when present)."""
+    return all(f"blk.0.attn_{n}.bias" in model.file.tensors for n in "qkv")
+
+
+def _moe_descs(model) -> list:
+    """The MoE family's layer tensors: attention (biases and q/k norms when present), and the dense FFN or the
+    router, the 3-D expert tensors and the shared expert."""
+    cfg, names, out = model.config, model.file.tensors, []
+    bias = moe_qkv_bias(model)
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        for name in _MOE_ALWAYS:
+            out.append((_LAYER_ROLES[name][0], il, model.tensor(b + name)))
+        for name, role in _MOE_LAYER.items():
+            if b + name not in names or (name.startswith("attn_") and name[5] in "qkv" and name.endswith(".bias")
+                                         and not bias):
+                continue
+            if name.startswith("ffn_gate.") or name.startswith("ffn_up.") or name.startswith("ffn_down."):
+                if cfg.n_expert:
+                    continue
+            if "shexp" in name and not cfg.n_ff_shexp or name == "ffn_gate_inp_shexp.weight" and not cfg.shexp_gate:
+                continue
+            out.append((ROLES[role], il, model.tensor(b + name)))
+    return out
+
+
 def tensor_descs(model) -> list:
     """(role, layer, TensorInfo or RowView) of every tensor the forward pass reads; a tied output reuses
     token_embd; pi2 files describe their FFN rows inside the bundles, and their pi2-made predictor; PowerInfer
@@ -102,6 +168,8 @@ def tensor_descs(model) -> list:
            (ROLES["output"], -1, model.tensor(model.output_name))]
     if model.rope_freqs:
         out.append((ROLES["rope_freqs"], -1, model.tensor("rope_freqs.weight")))
+    if cfg.moe_family:
+        return out + _moe_descs(model)
     for il in range(cfg.n_layer):
         views = _bundle_views(model, il) if cfg.pi2 else {}
         for name, (role, flag) in _LAYER_ROLES.items():
@@ -129,7 +197,7 @@ def c_model_structs(model, descs: list | None = None) -> tuple:
     """The pi2_model_params and pi2_tensor_desc[] (cffi cdata) that pi2_model_load takes for `model`;
     `descs` overrides tensor_descs(model). Also serialised by tests for the aarch64 forward driver."""
     descs = tensor_descs(model) if descs is None else descs
-    params = ffi.new("pi2_model_params *", model_params(model.config))
+    params = ffi.new("pi2_model_params *", model_params(model.config, moe_qkv_bias(model)))
     arr = ffi.new("pi2_tensor_desc[]", max(len(descs), 1))
     for i, (role, layer, t) in enumerate(descs):
         ne = list(t.ne) + [1] * (4 - len(t.ne))

@@ -1,0 +1,59 @@
+/* moe.h — the FFN of the Mixture-of-Experts family (PI2_ARCH_MOE) and its products (internal).
+ * moe.c: routing (router, gating, top-k with libstdc++'s tie order, weights), the experts grouped by expert, the
+ * shared expert, and the dense SwiGLU FFN of qwen3; moe_mm.c: every product of such a model in the kernel ggml
+ * picks for its type and batch (pi2/moe_matmul.py). docs/moe.md is the specification. */
+#ifndef PI2_FFN_MOE_H
+#define PI2_FFN_MOE_H
+#include <stddef.h>
+
+#include "context.h"
+
+/* A context's MoE buffers; B = n_batch, k = experts per token, X = experts, F = the widest FFN (expert, shared or
+ * dense), W = the widest product input. A row id is t·k + j: token t's j-th expert (slot j). */
+struct pi2_moe {
+    int32_t k, X;
+    float *logits;       /* [B][X] router logits (smallthinker: computed before attention) */
+    float *probs;        /* [B][X] */
+    int32_t *sel;        /* [B][k] the selected experts, best first */
+    float *wts;          /* [B][k] their weights */
+    int32_t *count;      /* [X] rows routed to each expert in this step */
+    int32_t *start;      /* [X + 1] where each expert's rows begin in list */
+    int32_t *list;       /* [B·k] row ids grouped by expert (ascending), in scan order within one */
+    int32_t *active;     /* [X] the experts with rows, ascending */
+    int32_t n_active;
+    float *gate, *up;    /* [B·k][F] */
+    float *down;         /* [B·k][n_embd] */
+    float *sh;           /* [B][n_embd] the shared expert's output */
+    float *shg;          /* [B] qwen2moe's shared-expert gate logit */
+    uint8_t *xa;         /* [B·k][xa_row] activations in the weights' formats */
+    size_t xa_row;
+};
+
+/* Bytes of the buffers a context of params p on m needs (0 unless m is PI2_ARCH_MOE). */
+size_t pi2_moe_bytes(const pi2_model *m, const pi2_ctx_params *p);
+/* Make them (*out NULL and PI2_OK when m is not PI2_ARCH_MOE). PI2_ERR_NOMEM. */
+pi2_status pi2_moe_new(const pi2_model *m, const pi2_ctx_params *p, struct pi2_moe **out);
+void pi2_moe_free(struct pi2_moe *moe);
+
+/* mm[i].out = mm[i].w · x for n_tok rows, each product in ggml's kernel for its type and batch: F32/F16 by
+ * ggml_vec_dot (one row) or tinyBLAS, Q4_0 (rows % 8 == 0) by the repacked GEMV, the others by pi2_matmul. */
+void pi2_moe_matmul(pi2_ctx *c, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
+
+/* smallthinker: the router's logits of the layer input x (n rows), before attention. */
+void pi2_moe_router_early(pi2_ctx *c, const pi2_layer *L, int32_t il, const float *x, int32_t n);
+/* The last layer keeps rows first.. of n (the outputs): the early logits follow. */
+void pi2_moe_keep_rows(pi2_ctx *c, int32_t first, int32_t n);
+
+/* c->o[t] = the FFN of c->xn[t] for t < n: routed experts (+ the shared expert), or qwen3's dense SwiGLU. */
+void pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+
+/* Expert products (ggml_mul_mat_id): for each active expert e and each row id i of its rows, out[i][r] = row r of
+ * expert e of w · the activation of i (xa row i / k when by_token, else row i), n_w tensors alike (gate and up). */
+void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, int32_t n_w, int32_t by_token);
+/* xa row r = row r of x (n_rows rows of n values) in the format products with `type` read. */
+void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n);
+
+/* ReGLU / SwiGLU as ggml computes them on a row of n: ggml_v_silu 16 at a time, libm expf for the n % 16 tail. */
+void pi2_moe_activate(float *g, const float *u, int64_t n, int32_t act);
+
+#endif

@@ -1,0 +1,165 @@
+/* moe_mm.c — the products of a PI2_ARCH_MOE model, in the kernel ggml's x86 CPU backend runs for each
+ * (pi2/moe_matmul.py): dense weights (ggml_mul_mat) by pi2_moe_matmul, the experts (ggml_mul_mat_id) by
+ * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
+ * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
+ * Q4_0 the repacked GEMV; Q6_K experts the tiled kernel from 8 rows; every other type its vec_dot (pi2_matmul
+ * for dense weights, which picks the batch kernels as ggml does). Threads split output rows only. */
+#include "ffn/moe.h"
+#include "kernels/ggml_order.h"
+
+#include <string.h>
+
+enum { KIND_F32, KIND_F16, KIND_Q4_0, KIND_VEC };
+enum { ROWS_PER_TASK = 16 };
+
+static int kind_of(const pi2_weight *w) {
+    if (w->type == PI2_T_F32) return KIND_F32;
+    if (w->type == PI2_T_F16) return KIND_F16;
+    if (w->type == PI2_T_Q4_0 && w->n_out % 8 == 0) return KIND_Q4_0;
+    return KIND_VEC;
+}
+
+typedef struct {
+    pi2_ctx *c;
+    const float *x;
+    int32_t n;
+    int64_t n_in;
+    int32_t type;
+} prep_job;
+
+static void prep_task(void *arg, int32_t r, int32_t thread) {
+    (void)thread;
+    const prep_job *j = arg;
+    struct pi2_moe *moe = j->c->moe;
+    const float *x = j->x + (size_t)r * j->n_in;
+    uint8_t *dst = moe->xa + (size_t)r * moe->xa_row;
+    if (j->type == PI2_T_F32) {
+        memcpy(dst, x, (size_t)j->n_in * sizeof(float));
+    } else if (j->type == PI2_T_F16) {
+        float *h = (float *)dst;
+        for (int64_t i = 0; i < j->n_in; i++) h[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(x[i]));
+    } else {
+        const pi2_type_traits *t = pi2_traits(j->type, j->c->p.impl);
+        pi2_traits(t->vec_dot_type, j->c->p.impl)->quantize_act(x, dst, j->n_in);
+    }
+}
+
+void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n) {
+    prep_job j = {c, x, n_rows, n, type};
+    if (n_rows == 1) prep_task(&j, 0, 0);
+    else pi2_pool_run(c->pool, prep_task, &j, n_rows);
+}
+
+/* ---------------------------------------------------------------- dense weights */
+
+typedef struct {
+    pi2_ctx *c;
+    const pi2_weight *w;
+    float *out;
+    int32_t n_tok, kind, tiny;
+    pi2_go_rows8_fn rows8;
+} dense_job;
+
+static void dense_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const dense_job *j = arg;
+    const pi2_weight *w = j->w;
+    const struct pi2_moe *moe = j->c->moe;
+    const int64_t r0 = (int64_t)task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK < w->n_out ? r0 + ROWS_PER_TASK : w->n_out;
+    for (int32_t t = 0; t < j->n_tok; t++) {
+        const uint8_t *xa = moe->xa + (size_t)t * moe->xa_row;
+        float *o = j->out + (size_t)t * w->n_out;
+        int64_t r = r0;
+        if (j->kind == KIND_Q4_0 && j->rows8)
+            for (; r + 8 <= r1; r += 8)
+                j->rows8(w->n_in, &o[r], w->data + (size_t)r * w->row_bytes, w->row_bytes, (const blk_q8_0 *)xa);
+        for (; r < r1; r++) {
+            const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+            if (j->kind == KIND_F32)
+                o[r] = j->tiny ? pi2_go_tinyblas_f32(w->n_in, (const float *)row, (const float *)xa)
+                               : pi2_go_dot_f32(w->n_in, (const float *)row, (const float *)xa);
+            else if (j->kind == KIND_F16)
+                o[r] = j->tiny ? pi2_go_tinyblas_f16(w->n_in, (const pi2_fp16 *)row, (const float *)xa)
+                               : pi2_go_dot_f16(w->n_in, (const pi2_fp16 *)row, (const float *)xa);
+            else
+                o[r] = pi2_go_dot_q4_0(w->n_in, (const blk_q4_0 *)row, (const blk_q8_0 *)xa);
+        }
+    }
+}
+
+void pi2_moe_matmul(pi2_ctx *c, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
+    pi2_mm rest[4];
+    int32_t n_rest = 0;
+    for (int32_t i = 0; i < n_mm; i++) {
+        const pi2_weight *w = mm[i].w;
+        const int kind = kind_of(w);
+        if (kind == KIND_VEC) {
+            rest[n_rest++] = mm[i];
+            continue;
+        }
+        pi2_moe_prep(c, w->type, x, n_tok, w->n_in);
+        dense_job j = {c, w, mm[i].out, n_tok, kind, pi2_go_tinyblas_ok(n_tok, w->n_out, w->n_in),
+                       kind == KIND_Q4_0 ? pi2_go_q4_0_rows8() : NULL};
+        const int32_t n_tasks = (int32_t)((w->n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
+        if (n_tasks == 1) dense_task(&j, 0, 0);
+        else pi2_pool_run(c->pool, dense_task, &j, n_tasks);
+    }
+    if (n_rest) pi2_matmul(&c->mm, x, n_tok, rest, n_rest);
+}
+
+/* ---------------------------------------------------------------- experts */
+
+typedef struct {
+    pi2_ctx *c;
+    const pi2_weight *const *w;
+    float *const *out;
+    int32_t n_w, by_token, tasks_per_expert;
+} expert_job;
+
+static void expert_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const expert_job *j = arg;
+    const struct pi2_moe *moe = j->c->moe;
+    const int32_t e = moe->active[task / j->tasks_per_expert], first = moe->start[e], cnt = moe->count[e];
+    const int32_t k = moe->k;
+    for (int32_t m = 0; m < j->n_w; m++) {
+        const pi2_weight *w = j->w[m];
+        const int kind = kind_of(w);
+        const pi2_type_traits *tr = pi2_traits(w->type, j->c->p.impl);
+        const pi2_vec_dot_fn dot = kind == KIND_VEC && tr->vec_dot_batch && w->type != PI2_T_Q4_K &&
+                                   pi2_uses_batch_dot(tr, cnt, 0) ? tr->vec_dot_batch : tr->vec_dot;
+        const pi2_vec_dot_rows4_fn rows4 = dot == tr->vec_dot ? pi2_kernels_dot_rows4(w->type, j->c->p.impl) : NULL;
+        const pi2_go_rows8_fn rows8 = kind == KIND_Q4_0 ? pi2_go_q4_0_rows8() : NULL;
+        const int64_t n_out = w->n_out;
+        const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * ROWS_PER_TASK;
+        const int64_t r1 = r0 + ROWS_PER_TASK < n_out ? r0 + ROWS_PER_TASK : n_out;
+        const uint8_t *base = w->data + (size_t)e * (size_t)n_out * w->row_bytes;
+        float *out = j->out[m];
+        for (int32_t i = 0; i < cnt; i++) {
+            const int32_t id = moe->list[first + i];
+            const uint8_t *xa = moe->xa + (size_t)(j->by_token ? id / k : id) * moe->xa_row;
+            float *o = out + (size_t)id * n_out;
+            int64_t r = r0;
+            if (kind == KIND_Q4_0 && rows8)
+                for (; r + 8 <= r1; r += 8)
+                    rows8(w->n_in, &o[r], base + (size_t)r * w->row_bytes, w->row_bytes, (const blk_q8_0 *)xa);
+            if (kind == KIND_Q4_0)
+                for (; r + 4 <= r1; r += 4)
+                    pi2_go_dot_q4_0_rows4(w->n_in, &o[r], base + (size_t)r * w->row_bytes, w->row_bytes, (const blk_q8_0 *)xa);
+            else if (rows4)
+                for (; r + 4 <= r1; r += 4) rows4(w->n_in, &o[r], base + (size_t)r * w->row_bytes, w->row_bytes, xa);
+            for (; r < r1; r++) {
+                const uint8_t *row = base + (size_t)r * w->row_bytes;
+                if (kind == KIND_F32) o[r] = pi2_go_dot_f32(w->n_in, (const float *)row, (const float *)xa);
+                else if (kind == KIND_F16) o[r] = pi2_go_dot_f16(w->n_in, (const pi2_fp16 *)row, (const float *)xa);
+                else if (kind == KIND_Q4_0) o[r] = pi2_go_dot_q4_0(w->n_in, (const blk_q4_0 *)row, (const blk_q8_0 *)xa);
+                else dot(w->n_in, &o[r], row, xa);
+            }
+        }
+    }
+}
+
+void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, int32_t n_w, int32_t by_token) {
+    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK)};
+    pi2_pool_run(c->pool, expert_task, &j, c->moe->n_active * j.tasks_per_expert);
+}

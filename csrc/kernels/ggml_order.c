@@ -1,0 +1,134 @@
+/* ggml_order.c — the dot products of ggml_order.h, plain C whose loops GCC builds for AVX-512, AVX2 and the baseline
+ * (each lane's operations are the same at every width, so all three give the same bits). */
+#include "ggml_order.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDE_CLONES
+#endif
+
+static inline float fma32(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
+
+/* _mm512_reduce_add_ps as GCC expands it: 256-bit halves, 128-bit halves, (0+2, 1+3), 0+1. */
+static inline float reduce16(const float *v) {
+    float r8[8], r4[4];
+    for (int i = 0; i < 8; i++) r8[i] = v[8 + i] + v[i];
+    for (int i = 0; i < 4; i++) r4[i] = r8[4 + i] + r8[i];
+    return (r4[0] + r4[2]) + (r4[1] + r4[3]);
+}
+
+WIDE_CLONES float pi2_go_dot_f32(int64_t n, const float *w, const float *x) {
+    float acc[4][16] = {{0}};
+    const int64_t nn = n - n % 64;
+    for (int64_t i = 0; i < nn; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++) acc[j][l] = fma32(x[i + 16 * j + l], w[i + 16 * j + l], acc[j][l]);
+    float s = 0.0f;
+    if (nn) {
+        float v[16];
+        for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+        s = reduce16(v);
+    }
+    for (int64_t i = nn; i < n; i++) s = fma32(x[i], w[i], s);
+    return s;
+}
+
+WIDE_CLONES float pi2_go_tinyblas_f32(int64_t n, const float *w, const float *x) {
+    float acc[16] = {0};
+    for (int64_t i = 0; i < n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] = fma32(x[i + l], w[i + l], acc[l]);
+    return reduce16(acc);
+}
+
+WIDE_CLONES float pi2_go_dot_f16(int64_t n, const pi2_fp16 *w, const float *xh) {
+    float acc[4][16] = {{0}};
+    for (int64_t i = 0; i < n; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++) {
+                const int64_t k = i + 16 * j + l;
+                if (k < n) acc[j][l] += pi2_fp16_to_f32(w[k]) * xh[k];   /* exact product */
+            }
+    float v[16];
+    for (int l = 0; l < 16; l++) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    return reduce16(v);
+}
+
+WIDE_CLONES float pi2_go_tinyblas_f16(int64_t n, const pi2_fp16 *w, const float *xh) {
+    float acc[16] = {0};
+    for (int64_t i = 0; i < n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += pi2_fp16_to_f32(w[i + l]) * xh[i + l];
+    return reduce16(acc);
+}
+
+static inline int32_t q4_0_isum(const blk_q4_0 *b, const blk_q8_0 *y) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++)
+        s += ((int32_t)(b->qs[i] & 0xF) - 8) * y->qs[i] + ((int32_t)(b->qs[i] >> 4) - 8) * y->qs[i + 16];
+    return s;
+}
+
+float pi2_go_dot_q4_0(int64_t n, const blk_q4_0 *w, const blk_q8_0 *x) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / 32; b++)
+        acc = fma32((float)q4_0_isum(&w[b], &x[b]), pi2_fp16_to_f32(w[b].d) * pi2_fp16_to_f32(x[b].d), acc);
+    return acc;
+}
+
+WIDE_CLONES void pi2_go_dot_q4_0_rows4(int64_t n, float *s, const uint8_t *w, size_t w_stride, const blk_q8_0 *x) {
+    float acc[4] = {0};
+    const blk_q4_0 *r[4];
+    for (int k = 0; k < 4; k++) r[k] = (const blk_q4_0 *)(w + (size_t)k * w_stride);
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float dx = pi2_fp16_to_f32(x[b].d);
+        for (int k = 0; k < 4; k++)
+            acc[k] = fma32((float)q4_0_isum(&r[k][b], &x[b]), pi2_fp16_to_f32(r[k][b].d) * dx, acc[k]);
+    }
+    for (int k = 0; k < 4; k++) s[k] = acc[k];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* Eight rows' exact block sums side by side (AVX2): per row, |x|·sign(y, x) pairs (maddubs) and pairs of those
+ * (madd) give eight int32 partial sums; hadd trees put row k's total in lane k. The sums are exact integers, the
+ * FMA chain per row is fdot.py's (product and sum in double, one rounding to float). */
+__attribute__((target("avx2,fma"))) static void q4_0_rows8_avx2(int64_t n, float *s, const uint8_t *w, size_t w_stride,
+                                                                const blk_q8_0 *x) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m8 = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+    __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const __m256i y = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        __m256i p[8];
+        float dw[8];
+        for (int k = 0; k < 8; k++) {
+            const blk_q4_0 *r = (const blk_q4_0 *)(w + (size_t)k * w_stride) + b;
+            const __m128i q = _mm_loadu_si128((const __m128i *)r->qs);
+            const __m256i v = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4), m8);
+            const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(y, v));
+            p[k] = _mm256_madd_epi16(prod, ones);
+            dw[k] = pi2_fp16_to_f32(r->d);
+        }
+        const __m256i h01 = _mm256_hadd_epi32(p[0], p[1]), h23 = _mm256_hadd_epi32(p[2], p[3]);
+        const __m256i h45 = _mm256_hadd_epi32(p[4], p[5]), h67 = _mm256_hadd_epi32(p[6], p[7]);
+        const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+        /* lanes: [r0 r1 r2 r3 | r0 r1 r2 r3] halves of rows 0-3, the same for 4-7 */
+        const __m256i lo = _mm256_permute2x128_si256(h0123, h4567, 0x20), hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+        const float dx = pi2_fp16_to_f32(x[b].d);
+        const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(dw), _mm256_set1_ps(dx));
+        const __m256d i_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(isum)), i_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(isum, 1));
+        const __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(scale)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(scale, 1));
+        acc_lo = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_lo, s_lo), acc_lo)));
+        acc_hi = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_hi, s_hi), acc_hi)));
+    }
+    _mm_storeu_ps(s, _mm256_cvtpd_ps(acc_lo));
+    _mm_storeu_ps(s + 4, _mm256_cvtpd_ps(acc_hi));
+}
+
+pi2_go_rows8_fn pi2_go_q4_0_rows8(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? q4_0_rows8_avx2 : NULL;
+}
+#else
+pi2_go_rows8_fn pi2_go_q4_0_rows8(void) { return NULL; }
+#endif

@@ -1,0 +1,117 @@
+"""test_moe_c.py — the C engine on the Mixture-of-Experts family (csrc/ffn/moe.c, moe_mm.c, kernels/ggml_order.c)
+against the numpy reference (pi2/reference_moe.py) and llama.cpp's figures (tests/data/moe-oracle.json).
+
+Checks, on the synthetic files of tests/moe_files.py (every architecture in F32, F16, Q8_0 and Q4_K_M): the logits
+of a prompt batch (every row) and of single tokens continuing the cache equal the reference's bit for bit at 1 and
+2 threads; a prompt whose logits are only the last row's (the last layer's FFN on that row alone); llama-perplexity's
+rows (decode_from); the teacher-forced logits equal llama.cpp's (sha256), its perplexity to the printed digits and
+its greedy tokens; the CLI runs MoE files on C by default; bad descriptors are refused.
+"""
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from conftest import DATA
+from moe_files import ARCHS, WTYPES, write_moe
+from pi2.engine import CContext, CModel
+from pi2.model.loader import load_model
+from pi2.reference_moe import MoEContext
+
+ORACLE = json.loads((DATA / "moe-oracle.json").read_text())
+TEXT = (DATA / "moe-text.txt").read_text()
+PROMPT = [3, 17, 42, 99, 7, 256, 300, 11, 64, 128, 5, 77, 200, 401, 33, 9, 150, 18, 260, 71]
+_files: dict = {}
+
+
+def loaded(tmp_path_factory, arch, wtype):
+    key = (arch, wtype)
+    if key not in _files:
+        path = write_moe(tmp_path_factory.mktemp("moec") / f"{arch}.{wtype}.gguf", arch, wtype)
+        m = load_model(path)
+        _files[key] = (path, m, CModel.from_model(m))
+    return _files[key]
+
+
+def first_diff(ref, c, tokens, **kw):
+    """The first traced checkpoint where the C engine differs from the reference, for the failure message."""
+    seen_r, seen_c = {}, {}
+    ref.trace = lambda name, il, x: seen_r.setdefault((name, il), np.asarray(x, np.float32).reshape(-1))
+    c.set_trace(lambda name, il, x: seen_c.setdefault((name, il), np.asarray(x, np.float32).reshape(-1).copy()))
+    ref.reset()
+    c.reset()
+    ref.decode(tokens, **kw)
+    c.decode(tokens, **kw)
+    for key, a in seen_r.items():
+        if key in seen_c and (a.shape != seen_c[key].shape or not np.array_equal(a, seen_c[key])):
+            return key
+    return None
+
+
+@pytest.mark.parametrize("wtype", WTYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_equal_reference(tmp_path_factory, arch, wtype):
+    _, m, cm = loaded(tmp_path_factory, arch, wtype)
+    ref = MoEContext(m, 64)
+    want = ref.decode(PROMPT, all_logits=True)
+    steps = [ref.decode([t]) for t in (5, 300, 17)]
+    for threads in (1, 2):
+        c = CContext(cm, 64, n_threads=threads)
+        got = c.decode(PROMPT, all_logits=True)
+        if not np.array_equal(got, want):
+            pytest.fail(f"{arch} {wtype} -t {threads}: prompt logits differ; first checkpoint: "
+                        f"{first_diff(MoEContext(m, 64), CContext(cm, 64, n_threads=threads), PROMPT, all_logits=True)}")
+        for t, w in zip((5, 300, 17), steps):
+            assert np.array_equal(c.decode([t]), w), f"{arch} {wtype} -t {threads}: token {t}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_last_row_and_perplexity_rows(tmp_path_factory, arch):
+    """A prompt with only the last row's logits, and llama-perplexity's rows (first..): the last layer's FFN runs
+    on those rows alone in both engines (Q4_K_M: Q6_K experts switch kernels at 8 rows)."""
+    _, m, cm = loaded(tmp_path_factory, arch, "Q4_K_M")
+    ref, c = MoEContext(m, 64), CContext(cm, 64, n_threads=2)
+    assert np.array_equal(c.decode(PROMPT), ref.decode(PROMPT))
+    assert np.array_equal(c.decode_from(PROMPT, 9), ref.decode_from(PROMPT, 9))
+
+
+def test_batches_split_by_n_batch_equal_one_batch(tmp_path_factory):
+    _, m, cm = loaded(tmp_path_factory, "qwen3moe", "Q8_0")
+    a = CContext(cm, 64, n_threads=2).decode(PROMPT, all_logits=True)
+    b = CContext(cm, 64, n_threads=2, n_batch=7).decode(PROMPT, all_logits=True)
+    c = CContext(cm, 64, n_threads=1, n_batch=7).decode_from(PROMPT, 12)
+    ref = MoEContext(m, 64)
+    rows = [ref.decode(PROMPT[:7], all_logits=True), ref.decode(PROMPT[7:14], all_logits=True),
+            ref.decode(PROMPT[14:], all_logits=True)]
+    assert np.array_equal(b, np.concatenate(rows))      # each step of n_batch tokens is its own batch
+    assert np.array_equal(c, b[12:])
+    assert a.shape == b.shape
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wtype", WTYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_against_llama_cpp(tmp_path_factory, arch, wtype):
+    rec = ORACLE["files"][f"{arch}.{wtype}"]
+    path, m, cm = loaded(tmp_path_factory, arch, wtype)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == rec["sha256"]
+    c = CContext(cm, 256, n_threads=2)
+    g0 = rec["greedy"][0]
+    logits = c.decode(g0["prompt_ids"], all_logits=True)
+    assert hashlib.sha256(np.ascontiguousarray(logits, np.float32).tobytes()).hexdigest() == rec["logits_sha256"]
+
+    from pi2.perplexity import perplexity
+    tokens = m.tokenizer.encode(TEXT, add_special=None, parse_special=False)
+    res = perplexity(lambda chunk: c.decode_from(chunk, len(chunk) // 2), tokens, ORACLE["n_ctx"],
+                     n_chunks=ORACLE["chunks"], bos_id=m.tokenizer.bos_id, add_bos=m.tokenizer.add_bos)
+    assert [f"{p:.4f}" for p in res.chunk_ppls] == rec["perplexity"]["chunks"]
+    assert (f"{res.ppl:.4f}", f"{res.stderr:.5f}") == (rec["perplexity"]["ppl"], rec["perplexity"]["stderr"])
+    for g in rec["greedy"]:
+        n = min(10, len(g["ids"]))
+        c.reset()
+        lg, got = c.decode(g["prompt_ids"]), []
+        for _ in range(n):
+            got.append(int(np.argmax(lg)))
+            lg = c.decode([got[-1]])
+        assert got == g["ids"][:n], g["prompt"]

@@ -251,6 +251,10 @@ pi2_status pi2_ctx_get_stats(const pi2_ctx *c, pi2_ctx_stats *out, pi2_cache_sta
             if (st.ffn_active) st.ffn_active[il] = c->ffn_active ? c->ffn_active[il] : 0;
             if (st.ffn_predicted) st.ffn_predicted[il] = pi2_ffn_pred_count(c, il);
         }
+        if (out->size >= offsetof(pi2_ctx_stats, expert_rows) + sizeof st.expert_rows && out->expert_rows) {
+            st.expert_rows = out->expert_rows;
+            pi2_moe_routed(c, st.expert_rows);
+        }
         st.size = out->size < sizeof st ? out->size : (uint32_t)sizeof st;
         memcpy(out, &st, st.size);
     }

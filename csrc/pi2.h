@@ -377,6 +377,8 @@ typedef struct {
     int64_t hot_fallbacks; /* ... the CPU computed after a failure */
     int64_t hot_bytes;     /* bytes the attached hot prefix holds now: copies, staging (made at a graph's first run),
                               output and index scratch; pi2/plan/npu_plan.py's copy_bytes once every graph has run */
+    int64_t *expert_rows;  /* in: the caller's [n_layer][n_expert] or NULL; out: the (token, slot) rows routed to each
+                              expert of each layer since the context was made (PI2_ARCH_MOE; zeros for the others) */
 } pi2_ctx_stats;
 
 typedef struct {

@@ -51,8 +51,6 @@ def c_engine_gap(model: Model, cfg: RunConfig) -> str:
     ModelConfig accepts, PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
     c = model.config
     if c.moe_family:
-        if cfg.keep is not None or cfg.dense:
-            return f"--keep and --dense do not apply to {c.arch} models (experts are computed whole)"
         return ""
     if c.arch not in ("llama", "qwen2", "gemma3", "bamboo"):
         return f"the C engine does not run {c.arch} models"
@@ -76,6 +74,8 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.keep is not None and not 0.0 < cfg.keep <= 1.0:
         raise UsageError(f"invalid --keep {cfg.keep:g}: a fraction of the FFN neurons in (0, 1]")
     n_ctx = resolve_ctx(model, cfg.n_ctx)
+    if model.config.moe_family and (cfg.keep is not None or cfg.dense):
+        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
     from pi2 import npu
     npu.check_mode(cfg.npu)
     gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) or model.config.moe_family else ""
@@ -111,8 +111,6 @@ def open_context(model: Model, cfg: RunConfig):
 
 def _moe_context(model: Model, cfg: RunConfig, n_ctx: int):
     """The MoE-family reference (pi2/reference_moe.py): it computes every neuron of the experts it routes to."""
-    if cfg.keep is not None or cfg.dense:
-        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
     from pi2 import npu
     from pi2.reference_moe import MoEContext
     ctx = MoEContext(model, n_ctx)

@@ -2,11 +2,12 @@
 """expert_working_set.py — how a MoE model routes a text: per layer, the experts used and how concentrated the
 routing is. Runs pi2's reference (llama.cpp's routing bit for bit) over the text in chunks of -c tokens, each a
 fresh sequence as llama-perplexity evaluates them, and counts the (token, expert) rows routed to each expert.
+Runs the C engine (llama.cpp's routing bit for bit too), or the reference with --engine reference.
 
 Per layer: used = experts that got a row; top-k = share of rows the k most used experts took (k = experts per
 token: what a cache holding k fixed experts would hit); top 25% = share of the most used quarter; max = the single
 hottest expert's share. Synthetic files route far more evenly than trained models: their figures are worst cases.
-Usage: python3 scripts/expert_working_set.py MODEL.gguf [-f TEXT] [-c 128] [--chunks 2]
+Usage: python3 scripts/expert_working_set.py MODEL.gguf [-f TEXT] [-c 128] [--chunks 2] [--engine c|reference]
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def main() -> None:
     ap.add_argument("-f", "--file", default=str(ROOT / "tests" / "data" / "moe-text.txt"))
     ap.add_argument("-c", "--ctx-size", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=2)
+    ap.add_argument("--engine", choices=("c", "reference"), default="c")
+    ap.add_argument("-t", "--threads", type=int, default=0)
     a = ap.parse_args()
     from pi2.errors import Pi2Error
     from pi2.reference_moe import MoEContext
@@ -40,8 +43,12 @@ def main() -> None:
     n = min(a.chunks, len(ids) // a.ctx_size)
     if n < 1:
         sys.exit(f"pi2: error: the text has {len(ids)} tokens, fewer than one chunk of {a.ctx_size}")
-    ctx = MoEContext(m, a.ctx_size)
-    ctx.w.output = lambda x: np.zeros((len(x), 1), np.float32)      # routing only: the logits are not needed
+    if a.engine == "c":
+        from pi2.engine import CContext, CModel
+        ctx = CContext(CModel.from_model(m), a.ctx_size, n_threads=a.threads)
+    else:
+        ctx = MoEContext(m, a.ctx_size)
+        ctx.w.output = lambda x: np.zeros((len(x), 1), np.float32)      # routing only: the logits are not needed
     for i in range(n):
         ctx.reset()
         ctx.decode(ids[i * a.ctx_size:(i + 1) * a.ctx_size], all_logits=True)

@@ -167,7 +167,7 @@ def test_matmul_batches(pool, qtype):
     """pi2_matmul (row tasks on 2 threads, token tiles, four-token, two-row and batch-order kernels) at
     every size as output rows (9 tokens) and at TOKENS tokens (7 rows): each token's row equals the
     one-token pi2_matvec of the same table bit for bit, unless the type has a batch order (Q4_K in groups
-    of 4, Q6_K from 8 tokens); numpy's x86 order bit for bit where numpy has it; else NMSE_NUMPY."""
+    of 4, Q5_K and Q6_K from 8 tokens); numpy's x86 order bit for bit where numpy has it; else NMSE_NUMPY."""
     rng = np.random.default_rng(400 + qtype)
     n_in = cols_for(qtype, 33 if qtype in (F32, F16, BF16) else 3)
     for n_out, n_tok in [(s, 9) for s in SIZES] + [(7, t) for t in TOKENS]:
@@ -181,7 +181,7 @@ def test_matmul_batches(pool, qtype):
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (impl, n_out, n_tok)
             else:
                 assert nmse(got, want) <= NMSE_NUMPY, (impl, n_out, n_tok, nmse(got, want))
-            if qtype not in (Q4_K, Q6_K):
+            if qtype not in (Q4_K, Q5_K, Q6_K):
                 one = np.stack([engine.matvec(raw, qtype, n_in, x[t], impl=impl) for t in range(n_tok)])
                 assert np.array_equal(got.view(np.uint32), one.view(np.uint32)), (impl, n_out, n_tok)
 

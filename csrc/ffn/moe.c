@@ -21,7 +21,7 @@
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 typedef struct { void **ptr; size_t bytes; } moe_buffer;
-enum { N_MOE_BUFFERS = 14 };
+enum { N_MOE_BUFFERS = 15 };
 
 static void moe_buffers(struct pi2_moe *moe, const pi2_model *m, const pi2_ctx_params *p, moe_buffer *out) {
     const pi2_model_params *hp = &m->hp;
@@ -36,7 +36,7 @@ static void moe_buffers(struct pi2_moe *moe, const pi2_model *m, const pi2_ctx_p
         {(void **)&moe->list, B * k * 4}, {(void **)&moe->active, X * 4}, {(void **)&moe->gate, B * k * F * 4},
         {(void **)&moe->up, B * k * F * 4}, {(void **)&moe->down, B * k * (size_t)hp->n_embd * 4},
         {(void **)&moe->sh, B * (size_t)hp->n_embd * 4}, {(void **)&moe->shg, B * 4},
-        {(void **)&moe->xa, B * k * moe->xa_row}};
+        {(void **)&moe->xa, B * k * moe->xa_row}, {(void **)&moe->routed, (size_t)hp->n_layer * X * 8}};
     memcpy(out, list, sizeof list);
 }
 
@@ -53,7 +53,7 @@ size_t pi2_moe_bytes(const pi2_model *m, const pi2_ctx_params *p) {
 void pi2_moe_free(struct pi2_moe *moe) {
     if (!moe) return;
     void *bufs[N_MOE_BUFFERS] = {moe->logits, moe->probs, moe->sel, moe->wts, moe->count, moe->start, moe->list,
-                                 moe->active, moe->gate, moe->up, moe->down, moe->sh, moe->shg, moe->xa};
+                                 moe->active, moe->gate, moe->up, moe->down, moe->sh, moe->shg, moe->xa, moe->routed};
     for (int i = 0; i < N_MOE_BUFFERS; i++) free(bufs[i]);
     free(moe);
 }
@@ -312,6 +312,12 @@ static void dense_ffn(pi2_ctx *c, const pi2_weight *gate, const pi2_weight *up, 
     pi2_moe_matmul(c, moe->gate, n, &(pi2_mm){down, y}, 1);
 }
 
+void pi2_moe_routed(const pi2_ctx *c, int64_t *out) {
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t n = (size_t)hp->n_layer * (size_t)hp->n_expert;
+    if (c->moe && hp->n_expert) memcpy(out, c->moe->routed, n * sizeof *out);
+}
+
 void pi2_moe_router_early(pi2_ctx *c, const pi2_layer *L, int32_t il, const float *x, int32_t n) {
     pi2_moe_matmul(c, x, n, &(pi2_mm){&L->router, c->moe->logits}, 1);
     TRACE("ffn_moe_logits", il, c->moe->logits, (int64_t)n * c->moe->X);
@@ -340,6 +346,7 @@ void pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     for (int32_t t = 0; t < n; t++) route(hp, moe, t, idx);
     TRACE("ffn_moe_weights", il, moe->wts, (int64_t)n * k);
     group_rows(moe, n);
+    for (int32_t e = 0; e < moe->X; e++) moe->routed[(size_t)il * moe->X + e] += moe->count[e];
 
     /* gate and up of every (token, slot) by its expert, then the activation, then down */
     if (L->gate_exps.type == L->up_exps.type) {

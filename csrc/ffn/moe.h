@@ -26,6 +26,7 @@ struct pi2_moe {
     float *sh;           /* [B][n_embd] the shared expert's output */
     float *shg;          /* [B] qwen2moe's shared-expert gate logit */
     uint8_t *xa;         /* [B·k][xa_row] activations in the weights' formats */
+    int64_t *routed;     /* [n_layer][X] rows routed to each expert since the context was made */
     size_t xa_row;
 };
 
@@ -38,6 +39,9 @@ void pi2_moe_free(struct pi2_moe *moe);
 /* mm[i].out = mm[i].w · x for n_tok rows, each product in ggml's kernel for its type and batch: F32/F16 by
  * ggml_vec_dot (one row) or tinyBLAS, Q4_0 (rows % 8 == 0) by the repacked GEMV, the others by pi2_matmul. */
 void pi2_moe_matmul(pi2_ctx *c, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
+
+/* out[il·n_expert + e] = rows routed to expert e of layer il (zeros when the model has no experts). */
+void pi2_moe_routed(const pi2_ctx *c, int64_t *out);
 
 /* smallthinker: the router's logits of the layer input x (n rows), before attention. */
 void pi2_moe_router_early(pi2_ctx *c, const pi2_layer *L, int32_t il, const float *x, int32_t n);

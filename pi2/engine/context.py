@@ -105,6 +105,18 @@ class CContext:
                                            "hot_fallbacks", "hot_bytes")}
         return {**out, "ffn_active": active, "ffn_predicted": predicted}
 
+    @property
+    def expert_counts(self) -> np.ndarray:
+        """(n_layer, n_expert) rows routed to each expert since the context was made (the MoE family; as
+        reference_moe.MoEContext.expert_counts)."""
+        cfg = self.cfg
+        out = np.zeros((cfg.n_layer, max(cfg.n_expert, 1)), np.int64)
+        if cfg.n_expert:
+            st = ffi.new("pi2_ctx_stats *", {"size": ffi.sizeof("pi2_ctx_stats")})
+            st.expert_rows = ffi.from_buffer("int64_t[]", out, require_writable=True)
+            check(lib.pi2_ctx_get_stats(self._h, st, ffi.NULL))
+        return out
+
     def ffn_counts(self) -> tuple:
         """(tokens through the FFN, active neurons per layer summed over them) since set_ffn."""
         st = self.stats()

@@ -115,3 +115,24 @@ def test_against_llama_cpp(tmp_path_factory, arch, wtype):
             got.append(int(np.argmax(lg)))
             lg = c.decode([got[-1]])
         assert got == g["ids"][:n], g["prompt"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "smallthinker"])
+def test_q4_0_experts_equal_reference(tmp_path, monkeypatch, arch):
+    """Q4_0 experts and attention (the benchmark file's experts): the repacked GEMV's order, batch and decode."""
+    import moe_files
+    plain = moe_files.quantized_type
+
+    def q4_0(wtype, names, shapes, n_layer, n_expert):
+        t = plain("F32", names, shapes, n_layer, n_expert)
+        return {n: "Q4_0" if ("_exps" in n or "attn_" in n) and n.endswith("weight") and len(shapes[n]) > 1 else v
+                for n, v in t.items()}
+    monkeypatch.setattr(moe_files, "quantized_type", q4_0)
+    m = load_model(write_moe(tmp_path / f"{arch}.Q4_0.gguf", arch, "F32"))
+    ref = MoEContext(m, 64)
+    want = ref.decode(PROMPT, all_logits=True)
+    step = ref.decode([5])
+    for threads in (1, 2):
+        c = CContext(CModel.from_model(m), 64, n_threads=threads)
+        assert np.array_equal(c.decode(PROMPT, all_logits=True), want)
+        assert np.array_equal(c.decode([5]), step)

@@ -146,6 +146,10 @@ __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni"))) static void q4_0_ro
     const blk_q4_0 *r[8];
     for (int k = 0; k < 8; k++) r[k] = (const blk_q4_0 *)(w + (size_t)k * w_stride);
     for (int64_t b = 0; b < n / 32; b++) {
+        const char *ahead = (const char *)w + 8 * w_stride + (size_t)b * 8 * sizeof(blk_q4_0);
+        _mm_prefetch(ahead, _MM_HINT_T0);   /* the next eight rows, spread over this pass (its share of them) */
+        _mm_prefetch(ahead + 64, _MM_HINT_T0);
+        _mm_prefetch(ahead + 128, _MM_HINT_T0);
         const __m128i ylo = _mm_loadu_si128((const __m128i *)x[b].qs), yhi = _mm_loadu_si128((const __m128i *)(x[b].qs + 16));
         const __m256i ylo2 = _mm256_set_m128i(ylo, ylo), yhi2 = _mm256_set_m128i(yhi, yhi);
         __m256i ysum = _mm256_dpbusd_epi32(zero, ones8, _mm256_set_m128i(yhi, ylo));

@@ -180,7 +180,7 @@ class RowView:
 
 def _bundle_views(model, il: int) -> dict:
     """A pi2 file's gate (bundle-gud only), up and down rows of layer il as strided views of ffn_bundle."""
-    from pi2.sparse import bundle_layout, row_bytes
+    from pi2.reference.sparse_ffn import bundle_layout, row_bytes
     cfg, t = model.config, model.tensor(f"blk.{il}.ffn_bundle.weight")
     lay, e, n = bundle_layout(model, il), cfg.n_embd, cfg.n_ff
     view = lambda qt, off: RowView(qt, (e, n), t.offset + off, (n - 1) * lay["width"] + row_bytes(qt, e),  # noqa: E731
@@ -408,7 +408,7 @@ class CContext:
 
     def _ffn_stats(self) -> dict:
         """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
-        from pi2.sparse import bytes_touched, layer_bytes, predictor_bytes
+        from pi2.reference.sparse_ffn import bytes_touched, layer_bytes, predictor_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
         if spec is None or model is None:

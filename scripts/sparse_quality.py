@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pi2.convert import convert, default_output, predictor, summary  # noqa: E402
 from pi2.errors import Pi2Error  # noqa: E402
-from pi2.perplexity import perplexity  # noqa: E402
-from pi2.runtime import RunConfig, open_context, open_model  # noqa: E402
+from pi2.runtime.perplexity import perplexity  # noqa: E402
+from pi2.runtime.session import RunConfig, open_context, open_model  # noqa: E402
 
 KEEPS = "1,0.8,0.7,0.5,0.35"
 

@@ -15,9 +15,9 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
 
 from pi2.model.loader import load_model
-from pi2.quants import dequantize
-from pi2.reference import ReferenceContext
-from pi2.sparse import act_values
+from pi2.reference.quants import dequantize
+from pi2.reference.forward import ReferenceContext
+from pi2.reference.sparse_ffn import act_values
 
 GRID = (0.1, 0.25, 0.5, 0.75, 1.0)
 

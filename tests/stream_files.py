@@ -7,7 +7,7 @@ import pytest
 from fixtures import write_model
 from pi2file import write_pi2
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.engine import CContext, CModel
 from pi2.model.loader import load_model
 

@@ -26,7 +26,7 @@ from fixtures import write_model
 from pi2 import engine
 from pi2.engine import CContext, CModel
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 ROOT = Path(__file__).resolve().parent.parent
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")

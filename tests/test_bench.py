@@ -11,7 +11,8 @@ import pytest
 from clirun import assert_error, cli
 from fixtures import write_model
 
-from pi2 import bench, bench_report
+from pi2.runtime import bench
+from pi2.runtime import bench_report
 from pi2.errors import UsageError
 
 LLAMA_FIELDS = ("build_commit", "cpu_info", "model_filename", "model_type", "model_size", "model_n_params",

@@ -136,7 +136,7 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
     (same tokens as the mapped run); a plain GGUF that does not fit runs from its mapping and suggests pi2 convert;
     files that fit run mapped with nothing said; a limit below the floor is refused with the minimum."""
     from clirun import cli
-    from pi2 import devices
+    from pi2.plan import devices
     from pi2.plan.budget import make_plan
     src = write_model(tmp_path / "big.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
     path = str(write_pi2(src, tmp_path / "big.pi2.gguf", down_type="Q8_0", default_keep=0.5))
@@ -158,7 +158,7 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
 
 
 def test_memory_limit_reads_meminfo_and_cgroup(monkeypatch):
-    from pi2 import devices
+    from pi2.plan import devices
     monkeypatch.setattr(devices, "cgroup_limit", lambda: None)
     meminfo = "MemTotal:       1000000 kB\nMemAvailable:    500000 kB\n"
     free = devices.memory_limit(meminfo)

@@ -7,10 +7,10 @@ import pytest
 from clirun import assert_error, cli, sha256, timing_counts
 from conftest import model_file
 from fixtures import write_model
-from pi2.generate import Timings, generate
+from pi2.runtime.generate import Timings, generate
 from pi2.model.chat import render_chat, select_template
-from pi2.runtime import RunConfig, open_context, open_model
-from pi2.sampling import Sampler, SamplerParams
+from pi2.runtime.session import RunConfig, open_context, open_model
+from pi2.runtime.sampling import Sampler, SamplerParams
 
 
 @pytest.fixture(scope="module")

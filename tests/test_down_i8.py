@@ -13,13 +13,14 @@ from decode_seq import run
 from fixtures import write_model
 from pi2file import write_pi2
 
-from pi2 import engine, sparse
+from pi2 import engine
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import layout
-from pi2.down_i8 import I8Rows, axpy_rows_i8, group_part
+from pi2.reference.down_i8 import I8Rows, axpy_rows_i8, group_part
 from pi2.engine import CContext, CModel
 from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 def scalar_part(p, q):
     """The definition, one value at a time in float32 (numpy scalars) and Python integers."""

@@ -17,12 +17,13 @@ from decode_seq import run
 from conftest import model_file
 from fixtures import write_model
 
-from pi2 import engine, sparse
+from pi2 import engine
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import convert, predictor
 from pi2.engine import CContext, CModel
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 
 

@@ -14,11 +14,12 @@ from decode_seq import run
 from fixtures import write_model
 from pi2file import write_pi2
 
-from pi2 import engine, sparse
+from pi2 import engine
+from pi2.reference import sparse_ffn as sparse
 from pi2.engine import CContext, CModel
 from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 
 
@@ -90,7 +91,7 @@ def test_grouped_down_rows_order():
     rng = np.random.default_rng(0)
     n_ff, e = 200, 32
     rows = rng.normal(size=(n_ff, e)).astype(np.float32)
-    from pi2.quants import QuantLinear
+    from pi2.reference.quants import QuantLinear
     q = QuantLinear.from_raw(rows.view(np.uint8).reshape(n_ff, -1), 0, e)
     h = rng.normal(size=(1, n_ff)).astype(np.float32)
     h[0, rng.random(n_ff) < 0.6] = 0

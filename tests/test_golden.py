@@ -23,7 +23,7 @@ def golden(key: str, kind: str) -> dict:
 
 
 def engines():
-    from pi2.runtime import ENGINES
+    from pi2.runtime.session import ENGINES
     return [e for e in ENGINES if e != "auto"]
 
 
@@ -33,7 +33,7 @@ _contexts = {}
 def context(key: str, engine: str):
     """One context per (model, engine) for the whole module: loading Qwen's weights takes seconds."""
     if (key, engine) not in _contexts:
-        from pi2.runtime import RunConfig, open_context, open_model
+        from pi2.runtime.session import RunConfig, open_context, open_model
         model = open_model(model_file(key))
         _contexts[(key, engine)] = (model, open_context(model, RunConfig(n_ctx=512, n_threads=1, engine=engine)))
     return _contexts[(key, engine)]

@@ -1,5 +1,5 @@
 """test_kernels.py — the C kernels (csrc/kernels, csrc/matmul.c, csrc/ops.c) against the numpy lane
-(pi2.quants, pi2.qdot, pi2.reference, pi2.ggml_order).
+(pi2.reference.quants, pi2.reference.qdot, pi2.reference, pi2.reference.ggml_order).
 
 Checks, at the issue's odd sizes SIZES (values of F32/F16/BF16 rows, activations and ops; blocks per row
 for block types, at most K_MAX_BLOCKS of the 256-value types; output rows and batch tokens):
@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 import cinternal
-from pi2 import engine, quants, reference
-from pi2 import ggml_order as go
+from pi2 import engine
+from pi2.reference import quants
+from pi2.reference import forward as reference
+from pi2.reference import ggml_order as go
 from pi2.errors import EngineError, UnsupportedError
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9

@@ -1,6 +1,6 @@
 """test_nnapi.py — the NNAPI delegate (csrc/nnapi.c, csrc/npu.c, pi2/npu.py) against a stand-in
 libneuralnetworks.so built here from tests/c/nnapi_standin.c: the graphs pi2 builds (operand codes and
-types, shapes, bias, fuse codes, input/output indexes), results against numpy and pi2.sparse, asynchronous
+types, shapes, bias, fuse codes, input/output indexes), results against numpy and pi2.reference.sparse_ffn, asynchronous
 runs overlapping CPU work, every fallback (no library, missing symbol, no accelerator, unsupported
 operation, compile, start and execution failures), and `--npu` on run and bench.
 F16 tolerance: weights, activations and every intermediate are rounded to F16 (relative error ~5e-4 per
@@ -19,13 +19,14 @@ import pytest
 from clirun import cli
 from fixtures import write_model
 from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
-from pi2 import engine, npu
+from pi2 import engine
+from pi2.runtime import npu
 from pi2.engine import CContext, CModel
 from pi2.engine_nnapi import NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
 from pi2.model.loader import load_model
-from pi2.runtime import RunConfig, open_context
-from pi2.sparse import combine
+from pi2.runtime.session import RunConfig, open_context
+from pi2.reference.sparse_ffn import combine
 
 ROOT = Path(__file__).resolve().parent.parent
 NMSE_F16 = 1e-5
@@ -159,7 +160,7 @@ def test_hot_ffn_graph_and_results(standin, act):
     d = NnapiDelegate(standin.path)
     (y,) = d.ffn(act, gate, up, down, H).run(x)
     (y_t,) = d.ffn(act, gate, up, np.ascontiguousarray(down.T), H, down_t=True).run(x)
-    # the sparse FFN's math over the hot prefix, in float32 (pi2.sparse.combine), then down
+    # the sparse FFN's math over the hot prefix, in float32 (pi2.reference.sparse_ffn.combine), then down
     g, u = (x @ gate[:H].T).astype(np.float32), (x @ up[:H].T).astype(np.float32)
     ref = combine(g, u, act).astype(np.float64) @ down[:, :H].T.astype(np.float64)
     assert y.shape == (6, 40)

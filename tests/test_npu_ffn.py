@@ -1,5 +1,5 @@
 """test_npu_ffn.py — decode's hot prefix on NNAPI (csrc/npu_ffn.c, pi2/plan/npu_plan.py, pi2/npu.py) against
-the stand-in libneuralnetworks.so: results against the numpy specification (pi2.sparse.SparseFFN.npu_hot: a
+the stand-in libneuralnetworks.so: results against the numpy specification (pi2.reference.sparse_ffn.SparseFFN.npu_hot: a
 single token computes every neuron below H and the rule's active ones above), the CPU path unchanged when
 nothing is attached, the run overlapping the CPU's work, every fallback (missing library, missing symbol,
 compile, start and execution failures) giving the CPU's own result, the budget counting the copies, and
@@ -21,14 +21,14 @@ from clirun import cli
 from fixtures import write_model
 from pi2file import write_pi2
 from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.engine import CContext, CModel
 from pi2.engine_nnapi import NnapiDelegate, ctx_npu_ffn_stats, ctx_set_npu_ffn
 from pi2.errors import EngineError
 from pi2.model.loader import load_model
 from pi2.plan import npu_plan
-from pi2.reference import ReferenceContext
-from pi2.runtime import RunConfig, open_context
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime.session import RunConfig, open_context
 
 NMSE_F16, NMSE_QUANT = 1e-5, 5e-4
 PROMPT, SINGLE = [1, 5, 9, 200], [33, 7, 80, 90]

@@ -15,9 +15,9 @@ from pi2.convert import convert, layerwise, predictor, profile
 from pi2.errors import ModelFormatError, UsageError
 from pi2.model.gguf_file import GGUFFile
 from pi2.model.loader import load_model
-from pi2.quants import dequantize
-from pi2.reference import ReferenceContext
-from pi2.sparse import act_values
+from pi2.reference.quants import dequantize
+from pi2.reference.forward import ReferenceContext
+from pi2.reference.sparse_ffn import act_values
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = [(11 * i + 5) % 400 + 3 for i in range(40)]
@@ -93,7 +93,7 @@ def _recall_on_calibration(path, src_path, kind):
         if kind == "lowbit":
             ghat = predictor.LowbitGate(out.raw(p + "ffn_gate_pred.weight"), 2, 64)(lp.x)
         else:
-            from pi2.quants import QuantLinear
+            from pi2.reference.quants import QuantLinear
             fc1 = QuantLinear.from_raw(out.raw(p + "fc1.weight"), out.tensors[p + "fc1.weight"].type, 64)
             fc2 = QuantLinear.from_raw(out.raw(p + "fc2.weight"), out.tensors[p + "fc2.weight"].type, 32)
             ghat = predictor.LowrankGate(fc1, fc2)(lp.attn_in)

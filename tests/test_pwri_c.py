@@ -22,12 +22,12 @@ from clirun import assert_error, cli, patched, tensor_info
 from decode_seq import TOKENS, run
 from fixtures import TEXT, write_model
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import convert
 from pi2.engine import CContext, CModel, stream_sizes, tensor_descs
 from pi2.errors import EngineError, ModelFormatError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 EXACT = ("Q8_0", "Q4_1", "Q5_0")     # quants._EXACT: the reference follows the kernels' float order
 ROUNDED = ("F16", "Q4_0")

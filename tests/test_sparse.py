@@ -16,11 +16,11 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize as gg_dequantize
 from pi2file import write_pi2
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.errors import UsageError
 from pi2.model.loader import load_model
-from pi2.quants import QuantLinear
-from pi2.reference import ReferenceContext, rms_norm
+from pi2.reference.quants import QuantLinear
+from pi2.reference.forward import ReferenceContext, rms_norm
 
 TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64]
 

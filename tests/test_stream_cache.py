@@ -12,7 +12,7 @@ import pytest
 from pagecache import cold_copy, resident_pages
 from stream_files import TOKENS, ctx_for, files, run  # noqa: F401 (files: the fixture)
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.engine import CContext, CModel, stream_sizes
 from pi2.errors import EngineError, UnsupportedError
 from pi2.model.loader import load_model

@@ -21,7 +21,7 @@ from gguf import GGUFReader
 from pagecache import cold_copy, resident_pages
 from pi2file import writer_like
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import convert, predictor
 from pi2.engine import CContext, CModel, ffi, lib, stream_sizes
 from pi2.errors import EngineError

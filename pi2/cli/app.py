@@ -55,7 +55,7 @@ def _budget(text: Optional[str]) -> Optional[int]:
 
 
 def _gbps(v: Optional[float]) -> Optional[float]:
-    from pi2.npu import check_gbps
+    from pi2.runtime.npu import check_gbps
     return check_gbps(v)
 
 
@@ -65,7 +65,7 @@ def parse_io(text: str) -> str:
 
 
 def _read_prompt(prompt: Optional[str], file: Optional[Path], escape: bool) -> Optional[str]:
-    from pi2.runtime import process_escapes
+    from pi2.runtime.session import process_escapes
     if prompt is not None and file is not None:
         raise UsageError("give the prompt once (-p or -f)")
     if file is not None:
@@ -108,8 +108,8 @@ def run(
                                                            "neuron cache's figures"),
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
-    from pi2 import commands
-    from pi2.sampling import SamplerParams
+    from pi2.cli import commands
+    from pi2.runtime.sampling import SamplerParams
     global _VERBOSE
     _VERBOSE = verbose
     text = _read_prompt(prompt, file, not no_escape)
@@ -139,7 +139,7 @@ def tokenize(
     show_count: bool = typer.Option(False, "--show-count", help="print the number of tokens"),
 ):
     """Tokenize text with the model's tokenizer (like llama-tokenize)."""
-    from pi2 import commands
+    from pi2.cli import commands
     text = _read_prompt(prompt, file, not no_escape)
     if text is None:
         raise UsageError("nothing to tokenize: pass -p TEXT or -f FILE")
@@ -151,7 +151,7 @@ def tokenize(
 def info(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          tensors: bool = typer.Option(False, "--tensors", help="list every tensor")):
     """Describe a model: architecture, parameters, tensor types and sizes, tokenizer, context."""
-    from pi2 import commands
+    from pi2.cli import commands
     commands.info(_model_path(model, model_opt), list_tensors=tensors)
 
 
@@ -167,7 +167,7 @@ def perplexity(
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
-    from pi2 import commands
+    from pi2.cli import commands
     commands.perplexity(_model_path(model, model_opt), file, ctx_size, chunks, max(threads, 0), engine,
                         keep, dense, use_predictor, memory_budget=_budget(memory_budget), io=parse_io(io))
 
@@ -192,7 +192,7 @@ def bench(
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
-    from pi2 import bench as b
+    from pi2.runtime import bench as b
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
                            output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
                            npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io),
@@ -231,7 +231,7 @@ def devices(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelO
             json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
             nnapi_lib: Optional[str] = NnapiLibOpt):
     """What this machine offers pi2: CPU, memory, I/O backends, O_DIRECT on the model's file system, NNAPI."""
-    from pi2 import devices as dv
+    from pi2.plan import devices as dv
     dv.show(_model_path(model, model_opt) if model or model_opt else None, nnapi_lib, json_out)
 
 
@@ -263,7 +263,7 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
     """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
     --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
     predicted gain)."""
-    from pi2 import commands
+    from pi2.cli import commands
     commands.plan(_model_path(model, model_opt), _budget(memory_budget), ctx_size, max(threads, 0),
                   parse_io(io), json_out, npu, nnapi_lib, _gbps(npu_gbps), use_predictor)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from pi2.errors import UsageError
-from pi2.sampling import SamplerParams
+from pi2.runtime.sampling import SamplerParams
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,9 @@ def _check(opts: RunOptions) -> None:
 
 
 def _open(opts: RunOptions):
-    from pi2.generate import Timings
-    from pi2.runtime import RunConfig, open_context, open_model
-    from pi2.sampling import Sampler
+    from pi2.runtime.generate import Timings
+    from pi2.runtime.session import RunConfig, open_context, open_model
+    from pi2.runtime.sampling import Sampler
     timings = Timings()
     model = open_model(opts.model)
     ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
@@ -78,7 +78,7 @@ def _write(text: str) -> None:
 
 def run(opts: RunOptions) -> None:
     """One prompt in, tokens out; text streams to stdout, timings to stderr (or one JSON object)."""
-    from pi2.generate import check_prompt, generate
+    from pi2.runtime.generate import check_prompt, generate
     if opts.prompt is None:
         raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
     _check(opts)
@@ -103,7 +103,7 @@ def run(opts: RunOptions) -> None:
         _write("\n")
         print(timings.report(), file=sys.stderr)
     if opts.verbose:
-        from pi2.npu import notes
+        from pi2.runtime.npu import notes
         for line in notes(ctx):
             print(f"pi2: npu: {line}", file=sys.stderr)
         cache_report(ctx)
@@ -114,7 +114,7 @@ def cache_report(ctx) -> None:
     plan = getattr(ctx, "plan", None)
     if plan is None:
         return
-    from pi2.bench import peak_rss
+    from pi2.runtime.bench import peak_rss
     st = ctx.stream_stats()
     print(f"pi2: cache: budget {plan.budget / 2**20:.0f} MiB, hot {st['hot_bytes'] / 2**20:.1f} MiB, "
           f"cold {plan.n_slots} x {plan.slot_bytes // 1024} KiB slots, cluster {plan.cluster}, io {plan.io}",
@@ -144,11 +144,11 @@ def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_
     --predictor` (the file's predictor at its default keep: its gate rows stream too)."""
     from pi2 import flash_io
     from pi2.engine import CModel, _default_threads
-    from pi2.npu import check_gbps, check_mode, open_delegate
+    from pi2.runtime.npu import check_gbps, check_mode, open_delegate
     from pi2.plan.budget import make_plan, streamable
     from pi2.plan.npu_plan import decide
-    from pi2.runtime import open_model, resolve_ctx
-    from pi2.sparse import choose_rule
+    from pi2.runtime.session import open_model, resolve_ctx
+    from pi2.reference.sparse_ffn import choose_rule
     check_mode(npu)
     check_gbps(npu_gbps)
     model = open_model(model_path)
@@ -172,7 +172,7 @@ def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_
 
 def chat(opts: RunOptions) -> None:
     """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
-    from pi2.generate import check_prompt, generate, timed_decode
+    from pi2.runtime.generate import check_prompt, generate, timed_decode
     from pi2.model.chat import render_chat, select_template
     if opts.json_out:
         raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
@@ -250,8 +250,8 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
                memory_budget: Optional[int] = None, io: str = "auto") -> None:
     """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
     import time
-    from pi2.perplexity import format_final, perplexity as ppl
-    from pi2.runtime import RunConfig, open_context, open_model
+    from pi2.runtime.perplexity import format_final, perplexity as ppl
+    from pi2.runtime.session import RunConfig, open_context, open_model
     try:
         text = file.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as e:

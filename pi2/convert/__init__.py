@@ -21,7 +21,7 @@ from pi2.convert.writer import ConvertError, kv_types, write_gguf
 from pi2.errors import UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
-from pi2.quants import dequantize
+from pi2.reference.quants import dequantize
 
 PI2_VERSION = 1
 SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (see profile.SCORES)

@@ -8,7 +8,7 @@ import numpy as np
 
 from pi2.errors import UnsupportedError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
-from pi2.quants import dequantize, quantize_weight
+from pi2.reference.quants import dequantize, quantize_weight
 
 LAYOUTS = ("bundle-ud", "bundle-gud")
 FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "q4_1", "f32", "f16")

@@ -23,7 +23,7 @@ import numpy as np
 
 from pi2.errors import ModelFormatError, UsageError
 from pi2.model.gguf_file import TYPE_IDS
-from pi2.quants import QuantLinear, quantize_act, quantize_weight
+from pi2.reference.quants import QuantLinear, quantize_act, quantize_weight
 
 KINDS = ("lowbit", "lowrank")
 INPUTS = ("ffn_norm", "attn_input")

@@ -89,7 +89,7 @@ def supported(model) -> str:
 
 def _layer_costs(model, il: int) -> tuple:
     """(gate row bytes, up + down row bytes, activation frequencies) of layer il."""
-    from pi2.sparse import bundle_layout, row_bytes
+    from pi2.reference.sparse_ffn import bundle_layout, row_bytes
     cfg = model.config
     lay = bundle_layout(model, il)
     gate = row_bytes(model.tensor(f"blk.{il}.ffn_gate.weight").type, cfg.n_embd)
@@ -101,7 +101,7 @@ def _layer_costs(model, il: int) -> tuple:
 def measure_cpu_gbps(model, threads: int) -> float:
     """GB/s of up rows pi2's kernels read (layer 0, up to 1024 rows, best of 3) on one thread, times threads."""
     from pi2 import engine
-    from pi2.sparse import bundle_layout, row_bytes
+    from pi2.reference.sparse_ffn import bundle_layout, row_bytes
     lay, e = bundle_layout(model, 0), model.config.n_embd
     nu = row_bytes(lay["up_type"], e)
     rec = model.raw("blk.0.ffn_bundle.weight")

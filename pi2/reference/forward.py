@@ -15,9 +15,9 @@ import numpy as np
 
 from pi2.errors import UsageError
 from pi2.model.loader import Model
-from pi2 import ggml_order as go
-from pi2 import sparse
-from pi2.quants import QuantLinear
+from pi2.reference import ggml_order as go
+from pi2.reference import sparse_ffn as sparse
+from pi2.reference.quants import QuantLinear
 
 F16 = np.float16
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pi2 import ggml_order as go
-from pi2.down_i8 import I8Rows, axpy_rows_i8
+from pi2.reference import ggml_order as go
+from pi2.reference.down_i8 import I8Rows, axpy_rows_i8
 from pi2.errors import ModelFormatError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
-from pi2.quants import QuantLinear, dequantize
+from pi2.reference.quants import QuantLinear, dequantize
 
 I8 = TYPE_IDS["I8"]             # int8 down rows with per-row scales (pi2/down_i8.py)
 SCORES = ("act", "act_up")      # pi2.ffn.score: |act(gate)| or |act(gate)·up|
@@ -54,7 +54,7 @@ def act_values(gate: np.ndarray, act: str) -> np.ndarray:
     if act == "silu":
         return go.v_silu(gate)
     if act == "gelu":
-        from pi2.reference import gelu_f16
+        from pi2.reference.forward import gelu_f16
         return gelu_f16(gate)
     return np.maximum(gate, np.float32(0))
 
@@ -496,7 +496,7 @@ def combine(g: np.ndarray, u: np.ndarray, act: str) -> np.ndarray:
     if act == "silu":
         return go.swiglu(g, u)
     if act == "gelu":
-        from pi2.reference import gelu_f16
+        from pi2.reference.forward import gelu_f16
         return gelu_f16(g) * u
     z = np.float32(0)
     return np.maximum(g, z) * (np.maximum(u, z) if act == "drelu" else u)

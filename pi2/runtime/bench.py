@@ -115,8 +115,8 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
                 engine="auto", warmup=True, progress=False, keep=None, dense=False, npu="auto",
                 nnapi_lib=None, memory_budget=None, io="auto", npu_gbps=None, predictor=True) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams."""
-    from pi2.npu import check_gbps, check_mode
-    from pi2.runtime import ENGINES
+    from pi2.runtime.npu import check_gbps, check_mode
+    from pi2.runtime.session import ENGINES
     models = tuple(str(m) for m in models or ())
     if not models:
         raise UsageError("no model given", hint="pi2 bench -m MODEL.gguf [-p 512] [-n 128] [-t 1,2]")
@@ -219,16 +219,16 @@ class _Runner:
 
 
 def _ctx_size(tests: list) -> int:
-    from pi2.runtime import DEFAULT_CTX
+    from pi2.runtime.session import DEFAULT_CTX
     need = max(t.n_prompt + t.n_gen for t in tests)
     return need + 1 if need == DEFAULT_CTX else need   # RunConfig caps exactly DEFAULT_CTX at the training context
 
 
 def run_model(p: BenchParams, path: str, emit, log) -> None:
     """Run every test on one model; `emit(record)` is called as each test finishes."""
-    from pi2 import bench_report as report
-    from pi2.npu import bench_fields as npu_fields
-    from pi2.runtime import RunConfig, open_context, open_model
+    from pi2.runtime import bench_report as report
+    from pi2.runtime.npu import bench_fields as npu_fields
+    from pi2.runtime.session import RunConfig, open_context, open_model
     tests = tests_for(p, path)
     model = open_model(path)
     try:
@@ -285,7 +285,7 @@ def summarize(samples_ns: list, n_tokens: int) -> dict:
 
 def run(p: BenchParams, out=None, err=None) -> None:
     """Run the benchmark; results on `out` (stdout) in p.output format, diagnostics on `err` (stderr)."""
-    from pi2 import bench_report as report
+    from pi2.runtime import bench_report as report
     out, err = out or sys.stdout, err or sys.stderr
 
     def log(msg: str) -> None:

@@ -102,7 +102,7 @@ def cpu_info() -> str:
 
 def record(t, info: dict, engine: str, test_time: str, rss: int, extra: dict) -> dict:
     """One result with llama-bench's field names (and order) followed by pi2_* fields."""
-    from pi2.bench import summarize
+    from pi2.runtime.bench import summarize
     commit, number = build_info()
     rec = {"build_commit": commit, "build_number": number, "cpu_info": cpu_info(), "gpu_info": "",
            "backends": "CPU", **info, "n_batch": t.n_batch, "n_threads": t.n_threads, "type_k": "f16",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UsageError
+from pi2.errors import UsageError
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # a seed of -1 wraps to this; both mean "pick a random seed"
 

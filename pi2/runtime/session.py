@@ -72,7 +72,7 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.keep is not None and not 0.0 < cfg.keep <= 1.0:
         raise UsageError(f"invalid --keep {cfg.keep:g}: a fraction of the FFN neurons in (0, 1]")
     n_ctx = resolve_ctx(model, cfg.n_ctx)
-    from pi2 import npu
+    from pi2.runtime import npu
     npu.check_mode(cfg.npu)
     gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
     if cfg.engine == "c" and gap:
@@ -88,7 +88,7 @@ def open_context(model: Model, cfg: RunConfig):
         return _streamed_context(model, cfg, n_ctx)
     if cfg.engine == "c" or (cfg.engine == "auto" and not gap):
         from pi2.engine import CContext, CModel
-        from pi2.sparse import choose_rule
+        from pi2.reference.sparse_ffn import choose_rule
         rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
         ctx.set_ffn(rule)
@@ -97,7 +97,7 @@ def open_context(model: Model, cfg: RunConfig):
     if cfg.engine == "auto" and not _NOTED:
         _NOTED.append(True)
         print(f"pi2: note: {gap}", file=sys.stderr)
-    from pi2.reference import ReferenceContext
+    from pi2.reference.forward import ReferenceContext
     ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
     npu.no_c_engine(ctx, cfg.npu)
     return ctx
@@ -108,7 +108,7 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int) -> RunConfig:
     (devices.memory_limit). A pi2 file that does not fit streams within that limit (its budget); a plain GGUF runs
     from its mapping (the kernel reads weights back in as they are evicted; its read-ahead is kept: the dense
     matmuls scan each matrix in order) and gets a note suggesting `pi2 convert`."""
-    from pi2.devices import memory_limit
+    from pi2.plan.devices import memory_limit
     from pi2.plan.budget import MARGIN, context_bytes, fmt, runtime_rss, streamable
     limit = memory_limit()
     if limit is None:
@@ -136,10 +136,11 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
     """A C context whose FFN bundles come from the neuron cache the budget leaves room for (and its gate rows, when
     the run uses the file's predictor: two-phase loading); with the NPU on, its copies of the hot prefix are part of
     the fixed region and the cache keeps no hot prefix of its own."""
-    from pi2 import flash_io, npu
+    from pi2 import flash_io
+    from pi2.runtime import npu
     from pi2.engine import CContext, CModel, _default_threads
     from pi2.plan.budget import make_plan, streamable
-    from pi2.sparse import choose_rule
+    from pi2.reference.sparse_ffn import choose_rule
     why = streamable(model)
     if why:
         raise UsageError(why)

@@ -137,7 +137,6 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
 
 _ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2, "bamboo": 3}
 _ACTS = {"silu": 0, "gelu": 1, "relu": 2, "drelu": 3}
-_GLOBAL_ROLES = {"token_embd.weight": 0, "output_norm.weight": 1, "output.weight": 2, "rope_freqs.weight": 3}
 _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
     "attn_norm.weight": (4, None), "attn_q.weight": (5, None), "attn_k.weight": (6, None),
     "attn_v.weight": (7, None), "attn_output.weight": (8, None), "attn_q.bias": (9, "qkv_bias"),
@@ -180,7 +179,7 @@ class RowView:
 
 def _bundle_views(model, il: int) -> dict:
     """A pi2 file's gate (bundle-gud only), up and down rows of layer il as strided views of ffn_bundle."""
-    from pi2.reference.sparse_ffn import bundle_layout, row_bytes
+    from pi2.model.ffn_layout import bundle_layout, row_bytes
     cfg, t = model.config, model.tensor(f"blk.{il}.ffn_bundle.weight")
     lay, e, n = bundle_layout(model, il), cfg.n_embd, cfg.n_ff
     view = lambda qt, off: RowView(qt, (e, n), t.offset + off, (n - 1) * lay["width"] + row_bytes(qt, e),  # noqa: E731
@@ -408,7 +407,7 @@ class CContext:
 
     def _ffn_stats(self) -> dict:
         """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
-        from pi2.reference.sparse_ffn import bytes_touched, layer_bytes, predictor_bytes
+        from pi2.model.ffn_layout import bytes_touched, layer_bytes, predictor_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
         if spec is None or model is None:

@@ -24,7 +24,7 @@ from pi2.model.loader import load_model
 from pi2.reference.quants import dequantize
 
 PI2_VERSION = 1
-SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (see profile.SCORES)
+SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (runtime.ffn_rule.SCORES)
 DEFAULT_CALIB_TOKENS = 2048
 _SKIP_KEYS = ("general.alignment", "general.architecture")
 

@@ -12,6 +12,7 @@ from functools import cached_property
 from pi2.errors import ModelFormatError, UnsupportedError
 from pi2.model.config import ModelConfig
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile, TensorInfo
+from pi2.model.tokenizer import Tokenizer
 
 # weight types the engines can compute with
 SUPPORTED_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
@@ -89,7 +90,6 @@ class Model:
 
     @cached_property
     def tokenizer(self):
-        from pi2.model.tokenizer import Tokenizer
         return Tokenizer.from_kv(self.file.kv)
 
     @property

@@ -22,6 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pi2 import engine
+from pi2.errors import Pi2Error
+from pi2.model.ffn_layout import bundle_layout, row_bytes
+from pi2.plan.budget import bundle_ud_gap
+
 GROUP = 64                 # H is a multiple of PI2_FFN_GROUP (or n_ff)
 NPU_DEFAULT_GBPS = 10.0    # GB/s of F16 weights, a phone NPU's GEMV at batch 1 when nothing was measured
 MIN_GAIN = 1.05            # auto: the predicted FFN speed-up must be at least this
@@ -75,7 +80,6 @@ class NpuDecision:
 
 def supported(model) -> str:
     """Why a pi2 file's hot prefix cannot go to NNAPI ("" when it can)."""
-    from pi2.plan.budget import bundle_ud_gap
     cfg = model.config
     why = bundle_ud_gap(model, "the hot prefix on NNAPI")
     if why:
@@ -89,7 +93,6 @@ def supported(model) -> str:
 
 def _layer_costs(model, il: int) -> tuple:
     """(gate row bytes, up + down row bytes, activation frequencies) of layer il."""
-    from pi2.reference.sparse_ffn import bundle_layout, row_bytes
     cfg = model.config
     lay = bundle_layout(model, il)
     gate = row_bytes(model.tensor(f"blk.{il}.ffn_gate.weight").type, cfg.n_embd)
@@ -100,8 +103,6 @@ def _layer_costs(model, il: int) -> tuple:
 
 def measure_cpu_gbps(model, threads: int) -> float:
     """GB/s of up rows pi2's kernels read (layer 0, up to 1024 rows, best of 3) on one thread, times threads."""
-    from pi2 import engine
-    from pi2.reference.sparse_ffn import bundle_layout, row_bytes
     lay, e = bundle_layout(model, 0), model.config.n_embd
     nu = row_bytes(lay["up_type"], e)
     rec = model.raw("blk.0.ffn_bundle.weight")
@@ -121,7 +122,6 @@ def measure_npu_gbps(delegate, act: str, n_embd: int, n_hot: int = 256) -> float
     rng = np.random.default_rng(0)
     gate, up = (rng.standard_normal((n_hot, n_embd)).astype(np.float32) for _ in range(2))
     down = rng.standard_normal((n_embd, n_hot)).astype(np.float32)
-    from pi2.errors import Pi2Error
     try:
         g = delegate.ffn(act, gate, up, down, n_hot)
     except Pi2Error:

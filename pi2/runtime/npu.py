@@ -4,31 +4,45 @@ Owns: the mode rule for plain files' prompt batches (auto: only when NNAPI lists
 device and the F16 weight copies take at most half of MemAvailable; nnapi: any device NNAPI lists,
 including its CPU driver, with a one-line note and a CPU run when NNAPI is unavailable; off), and for pi2
 files the hot prefix of decode, by pi2/plan/npu_plan.py's decision (the one `pi2 plan` prints);
-attaching the delegate to a C context, the fields bench reports, and the notes `--verbose` prints
-(why the delegate was not used or fell back to the CPU).
-Does not: build graphs (csrc/nnapi_graph.c) or read the environment (the CLI passes --nnapi-lib).
+the run's record of it (NpuUse: planned by plan_npu, applied to a C context by attach), the fields bench reports,
+and the notes `--verbose` prints (why the delegate was not used or fell back to the CPU).
+Does not: build graphs (csrc/nnapi/) or read the environment (the CLI passes --nnapi-lib).
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
-from pi2.errors import UsageError
+from pi2.engine_nnapi import NnapiDelegate, ctx_nnapi_stats, ctx_npu_ffn_stats, ctx_set_nnapi, ctx_set_npu_ffn
+from pi2.errors import Pi2Error
+from pi2.plan.npu_plan import NpuDecision, decide
 
-MODES = ("auto", "nnapi", "off")
 MIN_BATCH = 8        # prompt batches of fewer tokens stay on the CPU (NNAPI's per-call overhead dominates)
 
 
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise UsageError(f"unknown --npu '{mode}' (choose from {', '.join(MODES)})")
-    return mode
+@dataclass
+class NpuUse:
+    """What a run does with NNAPI and why. plan_npu fills it before the context exists; attach applies it.
+    state is "nnapi" once a context computes on the delegate; notes say why it does not (--verbose)."""
+    mode: str
+    state: str = "off"
+    devices: str = ""
+    notes: list = field(default_factory=list)
+    delegate: NnapiDelegate | None = None     # opened, to attach; kept as long as the session
+    decision: NpuDecision | None = None       # pi2 files: the hot prefix on the NPU (what `pi2 plan` prints)
+    why_not: str = ""                         # why no delegate was planned ("" when one was, or with --npu off)
 
+    @property
+    def hot(self) -> bool:
+        """The decision gives decode's hot prefix to the NPU (pi2 files)."""
+        return self.decision is not None and self.decision.use
 
-def check_gbps(gbps: float | None) -> float | None:
-    """--npu-gbps: a positive throughput, or None (measure it)."""
-    if gbps is not None and not gbps > 0:
-        raise UsageError(f"invalid --npu-gbps {gbps:g}: a positive throughput in GB/s")
-    return gbps
+    def note(self, reason: str) -> None:
+        """A reason NNAPI is not used; --npu nnapi says it on stderr at once, since it was asked for."""
+        if reason and self.mode != "off":
+            self.notes.append(reason)
+        if self.mode == "nnapi":
+            print(f"pi2: note: --npu nnapi: {reason}; running on the CPU", file=sys.stderr)
 
 
 def copy_bytes(cfg) -> int:
@@ -51,10 +65,8 @@ def mem_available() -> int | None:
 
 def open_delegate(mode: str, lib_path: str | None = None):
     """(delegate or None, reason when None) for `mode`; never raises for a missing or broken NNAPI."""
-    if check_mode(mode) == "off":
+    if mode == "off":
         return None, ""
-    from pi2.engine_nnapi import NnapiDelegate
-    from pi2.errors import Pi2Error
     try:
         d = NnapiDelegate(lib_path, accelerators_only=(mode == "auto"))
     except Pi2Error as e:
@@ -65,80 +77,69 @@ def open_delegate(mode: str, lib_path: str | None = None):
     return d, ""
 
 
-def attach(ctx, mode: str, lib_path: str | None = None, model=None, npu_gbps: float | None = None,
-           room: int | None = None) -> None:
-    """Give a C context's prompt batches (plain files) or its decode's hot prefix (pi2 `model`s) to NNAPI per
-    `mode`; sets ctx.npu_state and ctx.npu_notes. room: bytes a pi2 file's copies may take (None: half of
-    MemAvailable under auto). --npu nnapi that cannot be honoured prints one note on stderr and the run
-    continues on the CPU."""
-    ctx.npu_state, ctx.npu_notes, ctx.npu_devices = "off", [], ""
-    if model is not None and model.config.pi2:
-        _attach_hot(ctx, model, mode, lib_path, npu_gbps, room)
-        return
+def plan_batches(model, mode: str, lib_path: str | None) -> NpuUse:
+    """A plain file on the C engine: its prompt batches go to NNAPI per `mode` (attach hands them over)."""
+    use = NpuUse(mode)
     d, reason = open_delegate(mode, lib_path)
-    avail, need = mem_available(), copy_bytes(ctx.cfg)
+    avail, need = mem_available(), copy_bytes(model.config)
     if d is not None and mode == "auto" and avail is not None and need > avail // 2:
         d, reason = None, (f"the F16 weight copies for NNAPI ({need >> 20} MiB) would take more than half of the "
                            f"available memory ({avail >> 20} MiB)")
-    if d is not None:
-        from pi2.engine_nnapi import ctx_set_nnapi
-        from pi2.errors import Pi2Error
-        try:
-            ctx_set_nnapi(ctx, d, MIN_BATCH)
-        except Pi2Error as e:
-            d, reason = None, str(e)
-    if d is None:
-        ctx.npu_notes += [reason] if reason else []
-        if mode == "nnapi":
-            print(f"pi2: note: --npu nnapi: {reason}; running on the CPU", file=sys.stderr)
-        return
-    ctx.npu_state = "nnapi"
-    ctx.npu_devices = ",".join(dev["name"] for dev in d.devices() if dev["selected"])
+    use.delegate, use.why_not = d, reason if d is None else ""
+    return use
 
 
-def _attach_hot(ctx, model, mode: str, lib_path, npu_gbps, room) -> None:
-    from pi2.plan.npu_plan import decide
+def plan_hot(model, mode: str, lib_path: str | None, threads: int, room: int | None,
+             npu_gbps: float | None) -> NpuUse:
+    """A pi2 file: whether decode's hot prefix goes to NNAPI (npu_plan.decide). room: bytes the copies may take
+    (None: half of MemAvailable under auto)."""
+    use = NpuUse(mode)
     d, reason = open_delegate(mode, lib_path)
     if room is None and mode == "auto" and mem_available() is not None:
         room = mem_available() // 2
-    dec = decide(model, mode, d, reason, ctx.n_threads, room, npu_gbps)
-    ctx.npu_plan = dec
-    if dec.use:
-        from pi2.engine_nnapi import ctx_set_npu_ffn
-        from pi2.errors import Pi2Error
-        try:
-            ctx_set_npu_ffn(ctx, d, dec.n_hot)
-        except Pi2Error as e:
-            dec.use, dec.reason = False, str(e)
-    if not dec.use:
-        ctx.npu_notes += [dec.reason] if mode != "off" else []
-        if mode == "nnapi":
-            print(f"pi2: note: --npu nnapi: {dec.reason}; running on the CPU", file=sys.stderr)
-        return
-    ctx.npu_state, ctx.npu_devices = "nnapi", dec.devices
+    use.decision = decide(model, mode, d, reason, threads, room, npu_gbps)
+    use.delegate = d if use.decision.use else None
+    use.why_not = "" if use.decision.use else use.decision.reason
+    return use
 
 
-def no_c_engine(ctx, mode: str) -> None:
+def for_reference(mode: str) -> NpuUse:
     """A context of the reference engine: NNAPI does not apply."""
-    ctx.npu_state, ctx.npu_devices = "off", ""
-    ctx.npu_notes = [] if mode == "off" else ["the reference engine does not use NNAPI"]
-    if mode == "nnapi":
-        print("pi2: note: --npu nnapi: the reference engine does not use NNAPI; running on the CPU", file=sys.stderr)
+    return NpuUse(mode, why_not="the reference engine does not use NNAPI")
 
 
-def notes(ctx) -> list:
+def attach(ctx, use: NpuUse) -> None:
+    """Hand a C context's prompt batches (plain files) or its decode's hot prefix (pi2 files) to the delegate
+    `use` planned (ctx None: a reference context); without one, or when that fails, the context stays on the CPU
+    with the reason in use.notes."""
+    if ctx is None or use.delegate is None:
+        use.note(use.why_not)
+        return
+    try:
+        if use.hot:
+            ctx_set_npu_ffn(ctx, use.delegate, use.decision.n_hot)
+        else:
+            ctx_set_nnapi(ctx, use.delegate, MIN_BATCH)
+    except Pi2Error as e:
+        if use.hot:
+            use.decision.use, use.decision.reason = False, str(e)
+        use.delegate = None
+        use.note(str(e))
+        return
+    use.state = "nnapi"
+    use.devices = use.decision.devices if use.hot else \
+        ",".join(dev["name"] for dev in use.delegate.devices() if dev["selected"])
+
+
+def notes(use: NpuUse) -> list:
     """Why NNAPI was not used, or fell back to the CPU (for --verbose)."""
-    out = list(getattr(ctx, "npu_notes", []))
-    d = getattr(ctx, "_nnapi", None)
-    return out + (d.notes() if d is not None else [])
+    return list(use.notes) + (use.delegate.notes() if use.delegate is not None else [])
 
 
-def bench_fields(ctx) -> dict:
+def bench_fields(ctx, use: NpuUse) -> dict:
     """pi2_npu* fields of a bench record: state, devices, weight-copy bytes, products run / handed back."""
-    state = getattr(ctx, "npu_state", "off")
-    fields = {"npu": state, "npu_devices": getattr(ctx, "npu_devices", "")}
-    if state == "nnapi":
-        from pi2.engine_nnapi import ctx_nnapi_stats, ctx_npu_ffn_stats
+    fields = {"npu": use.state, "npu_devices": use.devices}
+    if use.state == "nnapi":
         s, h = ctx_nnapi_stats(ctx), ctx_npu_ffn_stats(ctx)
         fields.update(npu_bytes=s["bytes"] + h["bytes"], npu_runs=s["runs"] + h["runs"],
                       npu_fallbacks=s["fallbacks"] + h["fallbacks"])

@@ -1,203 +1,94 @@
-"""runtime.py — opening a model and an evaluation context for a chosen engine, with the run's settings.
+"""session.py — a model opened for a run: the context (C or reference) made as plan_run decided, NNAPI attached and
+the neuron cache set up, and what the runtime keeps about it (Session: the plan, the NPU's state and notes).
 
-Owns: engine selection (`c`, the compiled forward pass, which `auto` picks; `reference`, the numpy
-specification; `auto` falls back to it for what the C engine cannot run yet), the context size rule
-(-c 0 = the model's training context; default 4096 capped at it), the memory a run may use when no
---memory-budget is given (a pi2 file larger than it streams within it; a plain GGUF runs from its mapping with
-a note), and prompt preparation.
+Owns: opening a model (open_model) and a session on it (open_session), the order in which a C context is set up
+(FFN rule, NNAPI, then the cache: the hot prefix the NPU computes is not cached), the session's notes on stderr,
+and its figures for bench and --verbose (stats).
+Does not: decide anything (pi2/runtime/plan.py) or generate (pi2/runtime/generate.py).
 """
 from __future__ import annotations
 
-import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from pi2.errors import UsageError
+import numpy as np
+
+from pi2.engine import CContext
 from pi2.model.loader import Model, load_model
-
-ENGINES = ("auto", "c", "reference")
-DEFAULT_CTX = 4096
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    n_ctx: int = DEFAULT_CTX      # 0 = the model's training context
-    n_threads: int = 0            # 0 = all cores
-    engine: str = "auto"
-    keep: float | None = None     # --keep: model-wide mean FFN keep-fraction (None = the file's default)
-    dense: bool = False           # --dense: every FFN neuron
-    npu: str = "auto"             # --npu auto | nnapi | off (pi2/npu.py)
-    nnapi_lib: str | None = None  # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
-    memory_budget: int | None = None  # --memory-budget in bytes: stream the FFN bundles (pi2/plan/budget.py)
-    io: str = "auto"              # --io: the backend of streamed reads
-    predictor: bool = True        # --no-predictor: a pi2 file's pi2-made predictor is not used
-    npu_gbps: float | None = None  # --npu-gbps: the NPU's throughput to plan with (None = measured)
-
-
-_NOTED: list = []
-_FIT_NOTED: set = set()     # files whose does-not-fit note was printed (once per process)
-
-
-def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
-    """Runs that need the sparse FFN: PowerInfer and pi2 files (unless --dense), or --keep below 1."""
-    c = model.config
-    if cfg.dense:
-        return c.pi2 or c.ffn_down_t or c.sparse     # their FFN layout still needs the sparse FFN's reading
-    return c.sparse or c.pi2 or c.ffn_down_t or (cfg.keep is not None and cfg.keep < 1.0)
-
-
-def c_engine_gap(model: Model, cfg: RunConfig) -> str:
-    """Why the C engine cannot run this model with these settings ("" when it can). It runs every architecture
-    ModelConfig accepts, PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
-    c = model.config
-    if c.arch not in ("llama", "qwen2", "gemma3", "bamboo"):
-        return f"the C engine does not run {c.arch} models"
-    return ""
-
-
-def resolve_ctx(model: Model, n_ctx: int) -> int:
-    """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
-    if n_ctx < 0:
-        raise UsageError(f"invalid context size {n_ctx}")
-    train = model.config.n_ctx_train
-    if n_ctx == 0:
-        return train
-    return min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
-
-
-def open_context(model: Model, cfg: RunConfig):
-    """A fresh evaluation context on `model` for the configured engine."""
-    if cfg.engine not in ENGINES:
-        raise UsageError(f"unknown engine '{cfg.engine}' (choose from {', '.join(ENGINES)})")
-    if cfg.keep is not None and not 0.0 < cfg.keep <= 1.0:
-        raise UsageError(f"invalid --keep {cfg.keep:g}: a fraction of the FFN neurons in (0, 1]")
-    n_ctx = resolve_ctx(model, cfg.n_ctx)
-    from pi2.runtime import npu
-    npu.check_mode(cfg.npu)
-    gap = c_engine_gap(model, cfg) if is_sparse_run(model, cfg) else ""
-    if cfg.engine == "c" and gap:
-        raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
-    if cfg.memory_budget is None and cfg.engine != "reference" and not gap:
-        cfg = _fit_memory(model, cfg, n_ctx)
-    if cfg.memory_budget is not None and not model.config.pi2:
-        print("pi2: note: a plain GGUF runs from its mapping and --memory-budget is not enforced; "
-              "`pi2 convert` makes a pi2 file whose FFN streams within the budget", file=sys.stderr)
-    elif cfg.memory_budget is not None:
-        if gap or cfg.engine == "reference":
-            raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
-        return _streamed_context(model, cfg, n_ctx)
-    if cfg.engine == "c" or (cfg.engine == "auto" and not gap):
-        from pi2.engine import CContext, CModel
-        from pi2.reference.sparse_ffn import choose_rule
-        rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
-        ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
-        ctx.set_ffn(rule)
-        npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps)
-        return ctx
-    if cfg.engine == "auto" and not _NOTED:
-        _NOTED.append(True)
-        print(f"pi2: note: {gap}", file=sys.stderr)
-    from pi2.reference.forward import ReferenceContext
-    ctx = ReferenceContext(model, n_ctx, keep=cfg.keep, dense=cfg.dense, predictor=cfg.predictor)
-    npu.no_c_engine(ctx, cfg.npu)
-    return ctx
-
-
-def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int) -> RunConfig:
-    """No --memory-budget: a run uses what the file needs, capped by the memory the process may use
-    (devices.memory_limit). A pi2 file that does not fit streams within that limit (its budget); a plain GGUF runs
-    from its mapping (the kernel reads weights back in as they are evicted; its read-ahead is kept: the dense
-    matmuls scan each matrix in order) and gets a note suggesting `pi2 convert`."""
-    from pi2.plan.devices import memory_limit
-    from pi2.plan.budget import MARGIN, context_bytes, fmt, runtime_rss, streamable
-    limit = memory_limit()
-    if limit is None:
-        return cfg
-    kv, scratch = context_bytes(model.config, n_ctx, max(cfg.n_threads, 1))
-    need = os.path.getsize(model.path) + kv + scratch + runtime_rss(model) + MARGIN
-    if need <= limit:
-        return cfg
-    name = os.path.basename(model.path)
-    first = name not in _FIT_NOTED
-    _FIT_NOTED.add(name)
-    if model.config.pi2 and not streamable(model):
-        if first:
-            print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: its FFN streams "
-                  f"from flash within that (as --memory-budget {limit >> 20}M)", file=sys.stderr)
-        return replace(cfg, memory_budget=limit)
-    if first:
-        print(f"pi2: note: {name} needs {fmt(need)} but this process may use {fmt(limit)}: it runs from its mapping, "
-              "re-reading weights from flash as they are evicted (slow); `pi2 convert` makes a pi2 file whose FFN "
-              "streams only the neurons each token needs", file=sys.stderr)
-    return cfg
-
-
-def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
-    """A C context whose FFN bundles come from the neuron cache the budget leaves room for (and its gate rows, when
-    the run uses the file's predictor: two-phase loading); with the NPU on, its copies of the hot prefix are part of
-    the fixed region and the cache keeps no hot prefix of its own."""
-    from pi2 import flash_io
-    from pi2.runtime import npu
-    from pi2.engine import CContext, CModel, _default_threads
-    from pi2.plan.budget import make_plan, streamable
-    from pi2.reference.sparse_ffn import choose_rule
-    why = streamable(model)
-    if why:
-        raise UsageError(why)
-    backend, _ = flash_io.resolve(cfg.io, model.path)
-    model.tokenizer      # built now, so that the runtime the plan measures includes it
-    rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)
-    cm = CModel.from_model(model)
-    threads = cfg.n_threads if cfg.n_threads > 0 else _default_threads()
-    plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, rule=rule)
-    ctx = CContext(cm, n_ctx, threads)
-    ctx.set_ffn(rule)
-    npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps, room=cfg.memory_budget - plan.floor)
-    if ctx.npu_state == "nnapi":
-        plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, runtime=plan.runtime,
-                         npu=ctx.npu_plan, rule=rule)
-    ctx.set_stream(**plan.stream_args())
-    ctx.plan = plan
-    return ctx
+from pi2.plan.budget import Plan
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime import npu
+from pi2.runtime.config import RunConfig
+from pi2.runtime.plan import RunPlan, plan_run, take_notes
 
 
 def open_model(path) -> Model:
     return load_model(path)
 
 
-def _strtol2(two: bytes):
-    """strtol(two, &end, 16) on a 2-char buffer, as llama.cpp calls it for \\xHH: the value if it consumed
-    both chars (two hex digits, or one hex digit after a space or a sign), else None."""
-    hexd = b"0123456789abcdefABCDEF"
-    if len(two) == 2 and two[0] in hexd and two[1] in hexd:
-        return int(two, 16)
-    if len(two) == 2 and two[0] in b" \t\n\v\f\r+-" and two[1] in hexd:
-        v = int(two[1:], 16)
-        return -v if two[0] == ord("-") else v
-    return None
+@dataclass
+class Session:
+    """A model and its evaluation context for one sequence. decode / reset / n_past / n_ctx are the context's
+    (generate and perplexity take a session or a bare context alike)."""
+    model: Model
+    plan: RunPlan
+    ctx: CContext | ReferenceContext
+    npu: npu.NpuUse
+    cache: Plan | None = None      # the neuron cache's split in force (None: everything mapped)
+
+    @property
+    def engine(self) -> str:
+        return self.plan.engine
+
+    @property
+    def n_ctx(self) -> int:
+        return self.ctx.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return self.ctx.n_past
+
+    def decode(self, tokens, all_logits: bool = False) -> np.ndarray:
+        return self.ctx.decode(tokens, all_logits)
+
+    def reset(self) -> None:
+        self.ctx.reset()
+
+    def stats(self) -> dict:
+        """Bench figures since the previous call: ffn_keep and ffn_bytes_per_token (every neuron for engines
+        without a sparse FFN), the neuron cache's (streamed runs) and the NPU's."""
+        st = dict(self.ctx.bench_stats())
+        if self.cache is not None:
+            st["memory_budget"] = self.cache.budget
+        st.setdefault("ffn_keep", 1.0)
+        st.setdefault("ffn_bytes_per_token", dense_ffn_bytes(self.model))
+        st.update(npu.bench_fields(self.ctx, self.npu))
+        return st
+
+    def notes(self) -> list:
+        """Why NNAPI was not used or fell back to the CPU (--verbose)."""
+        return npu.notes(self.npu)
 
 
-def process_escapes(s: str) -> str:
-    """llama.cpp's string_process_escapes: \\n \\r \\t \\' \\" \\\\ and \\xHH (a raw byte); other escapes
-    and a trailing backslash stay as written. Works on the UTF-8 bytes; non-UTF-8 results are surrogates."""
-    b = s.encode("utf-8", "surrogateescape")
-    out = bytearray()
-    i, n = 0, len(b)
-    simple = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
-    while i < n:
-        c = b[i]
-        if c == 0x5C and i + 1 < n:
-            i += 1
-            e = b[i]
-            v = _strtol2(b[i + 1:i + 3]) if e == ord("x") and i + 2 < n else None
-            if e in simple:
-                out += simple[e]
-            elif v is not None:
-                out.append(v & 0xFF)
-                i += 2
-            else:
-                out += b"\\" + bytes([e])
-        else:
-            out.append(c)
-        i += 1
-    return out.decode("utf-8", "surrogateescape")
+def dense_ffn_bytes(model) -> int:
+    """FFN weight bytes a dense token reads: every gate, up and down matrix."""
+    return sum(t.nbytes for n, t in model.file.tensors.items()
+               if n.endswith((".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight", ".ffn_down_t.weight")))
+
+
+def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
+    """A fresh context on `model` as plan_run(model, cfg) decides (or as the given plan says); the plan's notes go
+    to stderr (each once per process)."""
+    p = cfg if isinstance(cfg, RunPlan) else plan_run(model, cfg)
+    for text in take_notes(p):
+        print(f"pi2: note: {text}", file=sys.stderr)
+    if p.engine == "reference":
+        npu.attach(None, p.npu)
+        return Session(model, p, ReferenceContext(model, p.n_ctx, p.rule), p.npu)
+    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads)
+    ctx.set_ffn(p.rule)
+    npu.attach(ctx, p.npu)
+    cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu
+    if cache is not None:
+        ctx.set_stream(**cache.stream_args())
+    return Session(model, p, ctx, p.npu, cache)

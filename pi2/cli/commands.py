@@ -1,62 +1,55 @@
-"""commands.py — the library functions behind each CLI command (run, chat, tokenize, info, perplexity).
-
-Owns: what each command prints and where (generated text on stdout, diagnostics and timings on stderr).
+"""commands.py — the library functions behind each CLI command: they open what the command needs through the
+runtime and decide what is printed where: generated text on stdout (or one JSON object), diagnostics, notes and
+timings on stderr; `plan`, `tokenize`, `info`, `devices`, `profile-io` and `bench` print their results on stdout.
 """
 from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from pi2 import convert as cv
+from pi2.convert.predictor import Spec
 from pi2.errors import UsageError
-from pi2.runtime.sampling import SamplerParams
+from pi2.model.info import describe
+from pi2.model.loader import load_model
+from pi2.plan import devices as dv
+from pi2.plan import profile
+from pi2.runtime import bench as rb
+from pi2.runtime.bench import peak_rss
+from pi2.runtime.chat import Chat
+from pi2.runtime.config import RunConfig, SamplerParams
+from pi2.runtime.generate import Timings, check_prompt, generate
+from pi2.runtime.perplexity import format_final, perplexity as ppl
+from pi2.runtime.plan import plan_run
+from pi2.runtime.sampling import Sampler
+from pi2.runtime.session import open_model, open_session
 
 
 @dataclass(frozen=True)
 class RunOptions:
+    """`pi2 run`: the model and prompt, how it runs (RunConfig) and samples, and what is printed."""
     model: Path
     prompt: Optional[str]
-    n_predict: int = -1
-    threads: int = 0
-    ctx_size: int = 4096
+    run: RunConfig = field(default_factory=RunConfig)
     sampling: SamplerParams = field(default_factory=SamplerParams)
+    n_predict: int = -1
     ignore_eos: bool = False
     display_prompt: bool = True
     json_out: bool = False
-    engine: str = "auto"
-    keep: Optional[float] = None    # model-wide mean FFN keep-fraction (None = the file's default)
-    dense: bool = False
-    npu: str = "auto"               # --npu auto | nnapi | off
-    nnapi_lib: Optional[str] = None
-    npu_gbps: Optional[float] = None     # --npu-gbps: the NPU's throughput to plan with (None = measured)
-    verbose: bool = False           # --verbose: also print why NNAPI was not used, and the neuron cache's figures
-    predictor: bool = True          # False: --no-predictor
-    memory_budget: Optional[int] = None   # --memory-budget, bytes
-    io: str = "auto"                # --io
-
-
-def _check(opts: RunOptions) -> None:
-    """Flag values llama.cpp would misuse (-n -5 runs forever there); -2 is its 'until the context is full'."""
-    if opts.n_predict < -2:
-        raise UsageError(f"invalid -n {opts.n_predict}",
-                         hint="-n -1 generates until end of generation or a full context")
-    if opts.ctx_size < 0:
-        raise UsageError(f"invalid context size -c {opts.ctx_size}", hint="-c 0 uses the model's training context")
+    verbose: bool = False           # --verbose: also why NNAPI was not used, and the neuron cache's figures
 
 
 def _open(opts: RunOptions):
-    from pi2.runtime.generate import Timings
-    from pi2.runtime.session import RunConfig, open_context, open_model
-    from pi2.runtime.sampling import Sampler
+    if opts.n_predict < -2:     # llama.cpp runs forever on -n -5; -2 is its 'until the context is full'
+        raise UsageError(f"invalid -n {opts.n_predict}", hint="-n -1 generates until end of generation or a full context")
     timings = Timings()
-    model = open_model(opts.model)
-    ctx = open_context(model, RunConfig(opts.ctx_size, opts.threads, opts.engine, opts.keep, opts.dense,
-                                      opts.npu, opts.nnapi_lib, opts.memory_budget, opts.io,
-                                      predictor=opts.predictor, npu_gbps=opts.npu_gbps))
-    sampler = Sampler(opts.sampling, model.config.n_vocab, ctx.n_ctx)
-    return model, ctx, sampler, timings
+    session = open_session(open_model(opts.model), opts.run)
+    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx)
+    return session, sampler, timings
 
 
 def _write(text: str) -> None:
@@ -78,19 +71,17 @@ def _write(text: str) -> None:
 
 def run(opts: RunOptions) -> None:
     """One prompt in, tokens out; text streams to stdout, timings to stderr (or one JSON object)."""
-    from pi2.runtime.generate import check_prompt, generate
     if opts.prompt is None:
         raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
-    _check(opts)
-    model, ctx, sampler, timings = _open(opts)
-    tok = model.tokenizer
+    session, sampler, timings = _open(opts)
+    tok = session.model.tokenizer
     prompt_tokens = tok.encode(opts.prompt, add_special=None, parse_special=True)
-    check_prompt(prompt_tokens, ctx.n_ctx)
+    check_prompt(prompt_tokens, session.n_ctx)
     if not opts.json_out and opts.display_prompt:
         _write(opts.prompt)
     try:
-        gen = generate(ctx, tok, prompt_tokens, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
-                       on_text=None if opts.json_out else _write)
+        gen = generate(session.ctx, tok, prompt_tokens, opts.n_predict, sampler, timings,
+                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write)
     except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (cli.main)
         if not opts.json_out:
             print("\n" + timings.report(), file=sys.stderr)
@@ -103,26 +94,24 @@ def run(opts: RunOptions) -> None:
         _write("\n")
         print(timings.report(), file=sys.stderr)
     if opts.verbose:
-        from pi2.runtime.npu import notes
-        for line in notes(ctx):
-            print(f"pi2: npu: {line}", file=sys.stderr)
-        cache_report(ctx)
+        verbose_report(session)
 
 
-def cache_report(ctx) -> None:
-    """--verbose: the neuron cache's plan and figures of a streamed run, and the peak RSS, on stderr."""
-    plan = getattr(ctx, "plan", None)
+def verbose_report(session) -> None:
+    """--verbose: why NNAPI was not used, and a streamed run's neuron cache (its plan and figures, the peak RSS)."""
+    for line in session.notes():
+        print(f"pi2: npu: {line}", file=sys.stderr)
+    plan = session.cache
     if plan is None:
         return
-    from pi2.runtime.bench import peak_rss
-    st = ctx.stream_stats()
+    st = session.ctx.stream_stats()
     print(f"pi2: cache: budget {plan.budget / 2**20:.0f} MiB, hot {st['hot_bytes'] / 2**20:.1f} MiB, "
           f"cold {plan.n_slots} x {plan.slot_bytes // 1024} KiB slots, cluster {plan.cluster}, io {plan.io}",
           file=sys.stderr)
     print(f"pi2: cache: hit rate {st['cache_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), "
           f"flash {st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, "
           f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
-    cs = ctx.cache_stats()   # since the run began
+    cs = session.ctx.cache_stats()   # since the run began
     whole = cs["layer_loads"] + cs["gate_layer_loads"]
     if whole:
         print(f"pi2: cache: {whole} layer regions read whole (prompt batches{', gate rows' if plan.gate_whole else ''})"
@@ -137,56 +126,15 @@ def cache_report(ctx) -> None:
               f"{st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)", file=sys.stderr)
 
 
-def plan(model_path: Path, budget: int, n_ctx: int, threads: int, io: str, json_out: bool, npu: str = "auto",
-         nnapi_lib: Optional[str] = None, npu_gbps: Optional[float] = None, predictor: bool = False) -> None:
-    """pi2 plan: the split of a memory budget for a pi2 file (pi2/plan/budget.py) and whether the NPU computes
-    the hot prefix (pi2/plan/npu_plan.py, the decision `pi2 run` takes), on stdout. predictor: as `pi2 run
-    --predictor` (the file's predictor at its default keep: its gate rows stream too)."""
-    from pi2 import flash_io
-    from pi2.engine import CModel, _default_threads
-    from pi2.runtime.npu import check_gbps, check_mode, open_delegate
-    from pi2.plan.budget import make_plan, streamable
-    from pi2.plan.npu_plan import decide
-    from pi2.runtime.session import open_model, resolve_ctx
-    from pi2.reference.sparse_ffn import choose_rule
-    check_mode(npu)
-    check_gbps(npu_gbps)
-    model = open_model(model_path)
-    why = streamable(model)
-    if why:
-        raise UsageError(why)
-    backend, _ = flash_io.resolve(io, model.path)
-    model.tokenizer      # as a run holds it
-    cm, n_ctx, threads = CModel.from_model(model), resolve_ctx(model, n_ctx), threads or _default_threads()
-    rule = choose_rule(model, use_predictor=True) if predictor else None
-    p = make_plan(model, cm, budget, n_ctx, threads, io=backend, rule=rule)
-    d, reason = open_delegate(npu, nnapi_lib)
-    dec = decide(model, npu, d, reason, threads, room=budget - p.floor, npu_gbps=npu_gbps)
-    if dec.use:
-        p = make_plan(model, cm, budget, n_ctx, threads, io=backend, runtime=p.runtime, npu=dec, rule=rule)
-    if json_out:
-        print(json.dumps({**p.as_dict(), "npu": dec.as_dict()}))
-    else:
-        print("\n".join(p.lines() + dec.lines()))
-
-
 def chat(opts: RunOptions) -> None:
     """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
-    from pi2.runtime.generate import check_prompt, generate, timed_decode
-    from pi2.model.chat import render_chat, select_template
     if opts.json_out:
         raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
-    _check(opts)
-    model, ctx, sampler, timings = _open(opts)
-    tok = model.tokenizer
-    template, fallback = select_template(model.file.kv)
-    if fallback:    # llama.cpp's behaviour: warn, then use ChatML
+    session, sampler, timings = _open(opts)
+    conv = Chat(session, opts.prompt)
+    if conv.fallback:    # llama.cpp's behaviour: warn, then use ChatML
         print("pi2: warning: the model has no chat template (tokenizer.chat_template); using ChatML",
               file=sys.stderr)
-    bos = tok.token_to_piece(tok.bos_id).decode("utf-8", "replace") if tok.bos_id is not None else ""
-    eos = tok.token_to_piece(tok.eos_id).decode("utf-8", "replace") if tok.eos_id is not None else ""
-    messages = [{"role": "system", "content": opts.prompt}] if opts.prompt else []
-    cached = ""     # the text whose tokens are in the KV cache
     interactive = sys.stdin.isatty()
     while True:
         if interactive:
@@ -199,34 +147,33 @@ def chat(opts: RunOptions) -> None:
             break
         if not user.strip():
             continue
-        messages.append({"role": "user", "content": user})
-        full = render_chat(template, messages, True, bos, eos)
-        if not full.startswith(cached):     # the template rewrote history: start the cache over
-            ctx.reset()
-            cached = ""
-        new_tokens = tok.encode(full[len(cached):], add_special=(cached == ""), parse_special=True)
-        if cached and len(new_tokens) > ctx.n_ctx - ctx.n_past - 4:
-            print("pi2: the context is full; ending the chat", file=sys.stderr)
-            break
-        check_prompt(new_tokens, ctx.n_ctx - ctx.n_past)
-        gen = generate(ctx, tok, new_tokens, opts.n_predict, sampler, timings, on_text=_write, special=False)
-        _write("\n")
-        messages.append({"role": "assistant", "content": gen.text})
-        cached = full + gen.text
-        if gen.stop_reason == "length" and gen.tokens and ctx.n_past < ctx.n_ctx:
-            timed_decode(ctx, gen.tokens[-1:], timings)     # the last reply token was sampled, not evaluated
-        if gen.eog_token is not None and ctx.n_past < ctx.n_ctx:
-            timed_decode(ctx, [gen.eog_token], timings)
-            cached += tok.token_to_piece(gen.eog_token, special=True).decode("utf-8", "replace")
-        if gen.stop_reason == "context" or ctx.n_past + 1 >= ctx.n_ctx:
+        gen = conv.reply(user, opts.n_predict, sampler, timings, on_text=_write)
+        if gen is not None:
+            _write("\n")
+        if gen is None or gen.stop_reason == "context" or conv.full:
             print("pi2: the context is full; ending the chat", file=sys.stderr)
             break
     print(timings.report(), file=sys.stderr)
+    if opts.verbose:
+        verbose_report(session)
+
+
+def plan(model_path: Path, cfg: RunConfig, json_out: bool) -> None:
+    """pi2 plan: the plan `pi2 run` makes with the same flags (pi2/runtime/plan.py) for a pi2 file in a memory
+    budget: the budget's split (pi2/plan/budget.py) and whether the NPU computes the hot prefix
+    (pi2/plan/npu_plan.py), on stdout."""
+    p = plan_run(open_model(model_path), cfg)
+    if p.cache is None:
+        raise UsageError(p.stream_gap or "--memory-budget needs the C engine")
+    dec = p.npu.decision
+    if json_out:
+        print(json.dumps({**p.cache.as_dict(), "npu": dec.as_dict()}))
+    else:
+        print("\n".join(p.cache.lines() + dec.lines()))
 
 
 def tokenize(model_path: Path, text: str, ids_only: bool, add_special: bool, parse_special: bool,
              show_count: bool) -> None:
-    from pi2.model.loader import load_model
     model = load_model(model_path)
     tok = model.tokenizer
     ids = tok.encode(text, add_special=None if add_special else False, parse_special=parse_special)
@@ -241,26 +188,17 @@ def tokenize(model_path: Path, text: str, ids_only: bool, add_special: bool, par
 
 
 def info(model_path: Path, list_tensors: bool = False) -> None:
-    from pi2.model.info import describe
     describe(model_path, list_tensors)
 
 
-def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads: int, engine: str,
-               keep: Optional[float] = None, dense: bool = False, predictor: bool = True,
-               memory_budget: Optional[int] = None, io: str = "auto") -> None:
+def perplexity(model_path: Path, file: Path, cfg: RunConfig, n_chunks: int, verbose: bool = False) -> None:
     """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
-    import time
-    from pi2.runtime.perplexity import format_final, perplexity as ppl
-    from pi2.runtime.session import RunConfig, open_context, open_model
     try:
         text = file.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as e:
         raise UsageError(f"cannot read {file}: {e.strerror}") from None
-    model = open_model(model_path)
-    tok = model.tokenizer
-    ctx = open_context(model, RunConfig(n_ctx, threads, engine, keep, dense, predictor=predictor,
-                                        memory_budget=memory_budget, io=io))
-    n_ctx = ctx.n_ctx       # -c 0 means the model's training context, as in llama-perplexity
+    session = open_session(open_model(model_path), cfg)
+    tok = session.model.tokenizer
     t0 = time.perf_counter()
     tokens = tok.encode(text, add_special=None, parse_special=False)
     # held back until the checks in ppl() pass, so a bad input still gets a one-line error
@@ -273,9 +211,33 @@ def perplexity(model_path: Path, file: Path, n_ctx: int, n_chunks: int, threads:
         print(out, end="", file=sys.stderr, flush=True)
 
     def eval_chunk(chunk):
-        ctx.reset()
-        return ctx.decode(chunk, all_logits=True)
+        session.reset()
+        return session.ctx.decode(chunk, all_logits=True)
 
-    result = ppl(eval_chunk, tokens, n_ctx, n_chunks=n_chunks, bos_id=tok.bos_id, add_bos=tok.add_bos,
+    # -c 0 means the model's training context, as in llama-perplexity
+    result = ppl(eval_chunk, tokens, session.n_ctx, n_chunks=n_chunks, bos_id=tok.bos_id, add_bos=tok.add_bos,
                  progress=progress)
     print(format_final(result))
+    if verbose:
+        verbose_report(session)
+
+
+def bench(models: list, n_prompt, n_gen, pg, batch, threads, reps: int, output: str, engine: str, *, warmup: bool,
+          progress: bool, run: RunConfig) -> None:
+    """pi2 bench: llama-bench's table (or JSON, CSV) on stdout as each test finishes, progress on stderr."""
+    rb.run(rb.make_params(models, n_prompt, n_gen, pg, batch, threads, reps, output, engine, warmup=warmup,
+                          progress=progress, run=run))
+
+
+def convert(src: Path, out: Optional[Path], *, pred: Optional[tuple], **kw) -> None:
+    """pi2 convert: the pi2 file written, and a summary of what was measured on stdout (progress bars on stderr).
+    pred: (kind, input, bits, rank, recall) of --predictor."""
+    print(cv.summary(cv.convert(src, out, pred=None if pred is None else Spec(*pred), **kw)))
+
+
+def devices(model: Optional[Path], nnapi_lib: Optional[str], json_out: bool) -> None:
+    dv.show(model, nnapi_lib, json_out)
+
+
+def profile_io(model: Path, **kw) -> None:
+    profile.show(model, **kw)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pi2.cli.app import main
+from pi2.cli.main import main
 
 ERROR_RE = re.compile(r"^pi2: error: \S.*$")
 HINT_RE = re.compile(r"^  hint: \S.*$")

@@ -138,10 +138,10 @@ def test_parse_int_range_like_llama_bench():
 
 
 def test_stats_are_sample_stddev():
-    s = bench.summarize([1_000_000_000, 2_000_000_000], 10)
+    s = bench_report.summarize([1_000_000_000, 2_000_000_000], 10)
     assert s["samples_ts"] == [10.0, 5.0] and s["avg_ts"] == 7.5
     assert s["stddev_ts"] == pytest.approx(3.535534, abs=1e-6)
-    assert bench.summarize([5], 1)["stddev_ns"] == 0
+    assert bench_report.summarize([5], 1)["stddev_ns"] == 0
 
 
 def test_ftype_guess_like_llama_cpp():

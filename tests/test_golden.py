@@ -33,9 +33,10 @@ _contexts = {}
 def context(key: str, engine: str):
     """One context per (model, engine) for the whole module: loading Qwen's weights takes seconds."""
     if (key, engine) not in _contexts:
-        from pi2.runtime.session import RunConfig, open_context, open_model
+        from pi2.runtime.config import RunConfig
+from pi2.runtime.session import open_model, open_session
         model = open_model(model_file(key))
-        _contexts[(key, engine)] = (model, open_context(model, RunConfig(n_ctx=512, n_threads=1, engine=engine)))
+        _contexts[(key, engine)] = (model, open_session(model, RunConfig(n_ctx=512, n_threads=1, engine=engine)))
     return _contexts[(key, engine)]
 
 

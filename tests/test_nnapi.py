@@ -25,7 +25,8 @@ from pi2.engine import CContext, CModel
 from pi2.engine_nnapi import NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
 from pi2.model.loader import load_model
-from pi2.runtime.session import RunConfig, open_context
+from pi2.runtime.config import RunConfig
+from pi2.runtime.session import open_session
 from pi2.reference.sparse_ffn import combine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,19 +341,19 @@ def test_context_failure_is_the_cpu_result(standin, tiny):
 def test_missing_library_is_a_silent_cpu_run(tiny, capsys):
     m, _ = tiny
     toks = list(range(2, 30))
-    off = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="off"))
-    auto = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib="/nonexistent/libneuralnetworks.so"))
+    off = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="off"))
+    auto = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib="/nonexistent/libneuralnetworks.so"))
     assert np.array_equal(auto.decode(toks, all_logits=True), off.decode(toks, all_logits=True))
-    assert auto.npu_state == "off" and capsys.readouterr().err == ""
+    assert auto.npu.state == "off" and capsys.readouterr().err == ""
 
 
 def test_auto_skips_copies_that_do_not_fit(standin, tiny, monkeypatch):
     m, _ = tiny
     monkeypatch.setattr(npu, "mem_available", lambda: npu.copy_bytes(m.config))     # twice the copies needed
-    ctx = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib=standin.path))
-    assert ctx.npu_state == "off" and "more than half of the available memory" in npu.notes(ctx)[0]
-    forced = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="nnapi", nnapi_lib=standin.path))
-    assert forced.npu_state == "nnapi"
+    ctx = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib=standin.path))
+    assert ctx.npu.state == "off" and "more than half of the available memory" in npu.notes(ctx.npu)[0]
+    forced = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="nnapi", nnapi_lib=standin.path))
+    assert forced.npu.state == "nnapi"
 
 
 def test_cli_npu_modes(standin, tiny):

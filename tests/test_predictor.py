@@ -18,6 +18,7 @@ from pi2.model.loader import load_model
 from pi2.reference.quants import dequantize
 from pi2.reference.forward import ReferenceContext
 from pi2.reference.sparse_ffn import act_values
+from pi2.runtime import ffn_rule
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = [(11 * i + 5) % 400 + 3 for i in range(40)]
@@ -115,7 +116,8 @@ def test_recall_reaches_target_on_calibration_text(files):
 
 
 def _ctx(path, **kw):
-    return ReferenceContext(load_model(path), 64, **kw)
+    m = load_model(path)
+    return ReferenceContext(m, 64, ffn_rule.choose_rule(m, use_predictor=kw.get("predictor", True)))
 
 
 def test_predicted_rule_equals_threshold_rule_when_everything_is_predicted(files):

@@ -1,4 +1,4 @@
-"""clirun.py — helpers for the CLI tests: run `pi2` in process (pi2.cli.main with captured stdio) or as a
+"""clirun.py — helpers for the CLI tests: run `pi2` in process (pi2.cli.main.main with captured stdio) or as a
 subprocess, check the one-line error contract, patch GGUF headers, hash files.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ tokens (each skipped when absent or slower than REAL_TIMEOUT under qemu). Qwen2.
 bit but takes ~25 s, so it is left out.
 Checks: the aarch64 logits equal the native C engine's (pi2.engine.CContext, same tokens, same batch and
 single-token steps) bit for bit, since the NEON kernels follow x86's float order and the rest of the core
-is plain C; and they agree with pi2/reference.py within NMSE_LOGITS with the same argmax per token, the
+is plain C; and they agree with pi2/reference/forward.py within NMSE_LOGITS with the same argmax per token, the
 tolerance of tests/test_forward_c.py (random fixtures amplify 8-bit activation roundings).
 Skipped, with the reason, when aarch64-linux-gnu-gcc or qemu-aarch64-static is missing.
 """

@@ -1,4 +1,4 @@
-"""test_down_i8.py — int8 down rows (`--ffn-type i8`): the reference's integer group sum (pi2/down_i8.py)
+"""test_down_i8.py — int8 down rows (`--ffn-type i8`): the reference's integer group sum (pi2/reference/down_i8.py)
 against a scalar model of its definition and against the exact float sum; the converter's I8 rows and scales;
 the C engine equal to the reference bit for bit (batches and single tokens, 1 and 3 threads; streamed bundles
 in tests/test_stream_cache.py); the checks on the scales in the C descriptors; the CLI."""

@@ -1,5 +1,5 @@
 """test_ffn_predicted_c.py — the C engine's `predicted` FFN rule (csrc/ffn_predict.c) against the numpy reference
-(pi2/sparse.py SparseFFN): bit-identical logits and the same statistics (keep, predicted share, bytes per token) for
+(pi2/reference/sparse_ffn.py SparseFFN): bit-identical logits and the same statistics (keep, predicted share, bytes per token) for
 low-bit (1 and 2 bits) and low-rank predictors reading ffn_norm(h) or the layer's attn_norm input, for prompt
 batches and single tokens, for 1-3 threads; the rule with every neuron predicted is the threshold rule; the C
 checks of predictor descriptors and parameters; `pi2 run` / `pi2 bench` on such files run in C by default; and on

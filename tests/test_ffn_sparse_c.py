@@ -1,4 +1,4 @@
-"""test_ffn_sparse_c.py — the C sparse FFN (csrc/ffn_sparse.c) against the numpy reference (pi2/sparse.py):
+"""test_ffn_sparse_c.py — the C sparse FFN (csrc/ffn_sparse.c) against the numpy reference (pi2/reference/sparse_ffn.py):
 bit-identical logits for every rule (per-token top-F on plain files, calibrated thresholds and the dense rule on
 pi2 files in both bundle layouts), for prompt batches and single-token decode, for any thread count;
 the same active-neuron statistics; the C descriptors of bundle rows checked; `--engine c` with `--keep` on the CLI;

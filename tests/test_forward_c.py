@@ -1,4 +1,4 @@
-"""test_forward_c.py — the C forward pass (csrc/forward.c through pi2.engine.CContext) against pi2/reference.py.
+"""test_forward_c.py — the C forward pass (csrc/forward.c through pi2.engine.CContext) against pi2/reference/forward.py.
 
 Checks: logits of every architecture and writable weight type against the reference (prompt batch, then
 single tokens continuing the KV cache); every traced checkpoint, naming the first that diverges; bit-identical

@@ -1,4 +1,4 @@
-"""test_nnapi.py — the NNAPI delegate (csrc/nnapi.c, csrc/npu.c, pi2/npu.py) against a stand-in
+"""test_nnapi.py — the NNAPI delegate (csrc/nnapi.c, csrc/npu.c, pi2/runtime/npu.py) against a stand-in
 libneuralnetworks.so built here from tests/c/nnapi_standin.c: the graphs pi2 builds (operand codes and
 types, shapes, bias, fuse codes, input/output indexes), results against numpy and pi2.reference.sparse_ffn, asynchronous
 runs overlapping CPU work, every fallback (no library, missing symbol, no accelerator, unsupported
@@ -307,7 +307,7 @@ def test_context_prompt_batches_on_nnapi(standin, tiny_f32):
     ctx = CContext(cm, 64, n_threads=1)
     ctx_set_nnapi(ctx, NnapiDelegate(standin.path), min_batch=8)
     st = ctx_nnapi_stats(ctx)
-    need = npu.copy_bytes(m.config)                        # what pi2/npu.py weighs before attaching
+    need = npu.copy_bytes(m.config)                        # what pi2/runtime/npu.py weighs before attaching
     assert need <= st["bytes"] <= 1.1 * need and st["runs"] == 0
     out = ctx.decode(toks, all_logits=True)
     L, E = m.config.n_layer, m.config.n_embd

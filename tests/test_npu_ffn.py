@@ -1,4 +1,4 @@
-"""test_npu_ffn.py — decode's hot prefix on NNAPI (csrc/npu_ffn.c, pi2/plan/npu_plan.py, pi2/npu.py) against
+"""test_npu_ffn.py — decode's hot prefix on NNAPI (csrc/npu_ffn.c, pi2/plan/npu_plan.py, pi2/runtime/npu.py) against
 the stand-in libneuralnetworks.so: results against the numpy specification (pi2.reference.sparse_ffn.SparseFFN.npu_hot: a
 single token computes every neuron below H and the rule's active ones above), the CPU path unchanged when
 nothing is attached, the run overlapping the CPU's work, every fallback (missing library, missing symbol,

@@ -1,5 +1,5 @@
 """test_pwri_c.py — PowerInfer `PWRI` files on the C engine (csrc/ffn_pwri.c, the PI2_FFN_PREDICTOR rule) against
-the numpy reference (pi2/sparse.py, rule `predictor`): the predictor fc2·relu(fc1·h) on the residual before ffn_norm,
+the numpy reference (pi2/reference/sparse_ffn.py, rule `predictor`): the predictor fc2·relu(fc1·h) on the residual before ffn_norm,
 active = score >= powerinfer.sparse_threshold, ReGLU (`llama`) or dReLU (`bamboo`), down as rows of ffn_down_t.
 Checks: bit-identical logits and the same active count and bytes per token for prompt batches and single tokens at
 -t 1 and -t 2, for the weight types whose products the reference computes in the kernels' float order; a threshold
@@ -7,7 +7,7 @@ equal to a score keeps that neuron (>=); dReLU really differs from ReGLU; bamboo
 from PWRI files (mapped and streamed); `pi2 run / bench / perplexity` run PWRI files in C by default with the
 reference's tokens, statistics and perplexity; a PWRI file missing one fc2 ends with a one-line error.
 F16 and Q4_0 (the types of PowerInfer's published files): the reference multiplies them by one BLAS product
-(pi2/quants.py QuantLinear, not in _EXACT), whose summation order no C kernel follows, so from the first matrix
+(pi2/reference/quants.py QuantLinear, not in _EXACT), whose summation order no C kernel follows, so from the first matrix
 product on the engines agree only to rounding: logits to NMSE_LOGITS with the same argmax (as tests/test_forward_c.py),
 keep to KEEP_TOL (a score within rounding of the threshold may flip a neuron)."""
 from __future__ import annotations

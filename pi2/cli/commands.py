@@ -82,7 +82,7 @@ def run(opts: RunOptions) -> None:
     try:
         gen = generate(session.ctx, tok, prompt_tokens, opts.n_predict, sampler, timings,
                        ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write)
-    except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (cli.main)
+    except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (pi2/cli/main.py)
         if not opts.json_out:
             print("\n" + timings.report(), file=sys.stderr)
         raise

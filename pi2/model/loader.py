@@ -42,7 +42,7 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple]:
 
 def _ffn_tensors(cfg: ModelConfig, b: str) -> dict[str, tuple]:
     """A layer's FFN tensors: dense GGUF, PowerInfer (`ffn_down_t`, predictors fc1/fc2 of any width r) or pi2
-    (bundles and their statistics, see pi2/sparse.py; gate rows in the bundles in `bundle-gud` layout)."""
+    (bundles and their statistics, see pi2/model/ffn_layout.py; gate rows in the bundles in `bundle-gud` layout)."""
     e, f = cfg.n_embd, cfg.n_ff
     if cfg.pi2:
         want = {b + "ffn_bundle.weight": (None, f), b + "ffn_perm.weight": (f,), b + "ffn_freq.weight": (f,),

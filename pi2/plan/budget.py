@@ -13,8 +13,7 @@ predicted frequency for gate rows (ffn_freq scaled, capped at 1, to the layer's 
 the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L − m_L); clusters are taken in
 descending worth while they fit, each kind's choice staying a prefix per layer.
 Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py measures the device and
-reads its throughput back). Over 400 lines on purpose: the floor, the split and the fallbacks below the floor
-(gate rows streamed whole, cluster sizes) fill one Plan and are read as one rule.
+reads its throughput back).
 """
 from __future__ import annotations
 

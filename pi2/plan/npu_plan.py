@@ -13,7 +13,7 @@ copies (2 bytes x 3 matrices) while the CPU computes every gate row and the acti
 Rates: the NPU's is measured on the opened delegate (one hot-FFN graph, best of 5 runs, its per-call cost
 included) unless --npu-gbps gives one; NPU_DEFAULT_GBPS when neither is available. The CPU's is measured
 with pi2's kernels on layer 0's up rows (one thread) times the thread count.
-Does not: open the library (pi2/npu.py) or build graphs (csrc/npu_ffn.c).
+Does not: open the library (pi2/runtime/npu.py) or build graphs (csrc/npu_ffn.c).
 """
 from __future__ import annotations
 

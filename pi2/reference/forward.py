@@ -16,7 +16,6 @@ import numpy as np
 from pi2.errors import UsageError
 from pi2.model.loader import Model
 from pi2.reference import ggml_order as go
-from pi2.reference.ggml_order import gelu_f16  # noqa: F401 (the reference's GELU, named here too)
 from pi2.reference import sparse_ffn as sparse
 from pi2.reference.quants import QuantLinear
 from pi2.runtime.ffn_rule import choose_rule

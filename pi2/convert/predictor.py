@@ -24,8 +24,8 @@ import numpy as np
 
 from pi2.errors import UsageError
 from pi2.model.gguf_file import TYPE_IDS
-from pi2.model.ffn_layout import PRED_BLOCK, PRED_INPUTS, PRED_KINDS, lowbit_row_bytes  # noqa: F401 (format facts, here too)
-from pi2.reference.predictor import LowbitGate, LowrankGate, lowbit_decode  # noqa: F401 (ĝ, here too)
+from pi2.model.ffn_layout import PRED_BLOCK, PRED_INPUTS, PRED_KINDS
+from pi2.reference.predictor import LowbitGate, LowrankGate
 from pi2.reference.quants import QuantLinear, quantize_weight
 from pi2.runtime.ffn_rule import cut_at
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA, model_file
-from pi2.runtime.config import RunConfig
+from pi2.runtime.config import ENGINES, RunConfig
 from pi2.runtime.session import open_model, open_session
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
@@ -25,7 +25,6 @@ def golden(key: str, kind: str) -> dict:
 
 
 def engines():
-    from pi2.runtime.session import ENGINES
     return [e for e in ENGINES if e != "auto"]
 
 

@@ -229,7 +229,7 @@ PI2_API void pi2_abort(pi2_ctx *ctx);
  * partial sum starts at +0 and adds h_i·v_ij (v = the row's values as pi2_dequantize_rows gives
  * them; one float product, one float sum) for its active neurons in ascending order; y starts at +0
  * and adds the partial sums of groups with an active neuron in ascending order. Bit-identical for any
- * thread count; pi2/sparse.py is the specification. I8 rows (with FFN_DOWN_SCALE and _COLSCALE): a
+ * thread count; pi2/reference/sparse_ffn.py is the specification. I8 rows (with FFN_DOWN_SCALE and _COLSCALE): a
  * group's partial sum is the integer scheme of pi2/down_i8.py (kernels/axpy_i8.c), and y is multiplied
  * by the column scales once the groups are added. */
 enum { PI2_FFN_GROUP = 64 };  /* neurons per partial sum of FFN_DOWN_ROWS (a group) */

@@ -9,8 +9,6 @@ from pi2.engine.kernels import IMPLS, TypeInfo, dequantize, kernel_info, matvec,
 from pi2.engine.lib import ABI_VERSION, check, ffi, lib
 from pi2.engine.model import ROLES, CModel, RowView, c_model_structs, ctx_sizes, model_params, stream_sizes, tensor_descs
 
-_default_threads = default_threads   # the name pi2/runtime.py and pi2/commands.py import
-
 __all__ = ["ABI_VERSION", "CContext", "CModel", "IMPLS", "ROLES", "RowView", "TypeInfo", "c_model_structs", "check",
            "ctx_sizes", "default_threads", "dequantize", "ffi", "kernel_info", "lib", "matvec", "model_params",
            "quantize_act", "stream_sizes", "tensor_descs", "type_info"]

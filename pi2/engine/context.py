@@ -2,7 +2,7 @@
 reference.ReferenceContext), its sparse FFN rule, its streamed FFN (the neuron cache and read pipeline) and their
 statistics, and decodes that Ctrl-C can stop.
 
-Does not: choose a rule or a plan (pi2/sparse.py, pi2/plan/), or touch the NNAPI delegate (nnapi.py).
+Does not: choose a rule or a plan (pi2/runtime/ffn_rule.py, pi2/plan/), or touch the NNAPI delegate (nnapi.py).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pi2.engine.flash_io import IDS as IO_IDS
 from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.model import CModel
+from pi2.model.ffn_layout import bytes_touched, layer_bytes, predictor_bytes
 from pi2.errors import UnsupportedError, UsageError
 
 
@@ -153,7 +154,6 @@ class CContext:
 
     def _ffn_stats(self) -> dict:
         """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
-        from pi2.sparse import bytes_touched, layer_bytes, predictor_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
         if spec is None or model is None:

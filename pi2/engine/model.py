@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pi2.engine.lib import check, enum, ffi, lib
 from pi2.errors import UnsupportedError
+from pi2.model.ffn_layout import bundle_layout, row_bytes
 
 ARCHS = enum("PI2_ARCH_", ("llama", "qwen2", "gemma3", "bamboo"))
 ACTS = enum("PI2_ACT_", ("silu", "gelu", "relu", "drelu"))
@@ -63,7 +64,6 @@ class RowView:
 
 def _bundle_views(model, il: int) -> dict:
     """A pi2 file's gate (bundle-gud only), up and down rows of layer il as strided views of ffn_bundle."""
-    from pi2.sparse import bundle_layout, row_bytes
     cfg, t = model.config, model.tensor(f"blk.{il}.ffn_bundle.weight")
     lay, e, n = bundle_layout(model, il), cfg.n_embd, cfg.n_ff
     view = lambda qt, off: RowView(qt, (e, n), t.offset + off, (n - 1) * lay["width"] + row_bytes(qt, e),  # noqa: E731

@@ -3,7 +3,7 @@
 Owns: NnapiDelegate (libneuralnetworks.so opened at run time, its devices and notes), NnapiGraph (a compiled
 FULLY_CONNECTED graph: start/wait/run; the graph API is a test entry point, pi2_test.h), and attaching a delegate
 to a CContext for prompt batches (ctx_set_nnapi) or decode's hot prefix (ctx_set_npu_ffn), with their statistics.
-Does not: decide whether a run uses the NPU (pi2/npu.py, pi2/plan/npu_plan.py).
+Does not: decide whether a run uses the NPU (pi2/runtime/npu.py, pi2/plan/npu_plan.py).
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ class ModelConfig:
     swa_period: int = 0            # gemma3: layer il is global when il % swa_period == swa_period - 1
     sparse: bool = False           # a PowerInfer PWRI file (or a pi2 file converted from one)
     ffn_down_t: bool = False       # down stored transposed as ffn_down_t (PowerInfer files)
-    pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/sparse.py
+    pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/model/ffn_layout.py
     ffn_layout: str = ""           # pi2 files: pi2.ffn.layout (bundle-ud | bundle-gud)
 
     def is_swa_layer(self, il: int) -> bool:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from pi2.model.gguf_file import GGML_TYPES
 from pi2.model.loader import load_model
 
 _GROUPS = [("embedding", r"^token_embd\."), ("output", r"^output\."), ("attention", r"\.attn_(q|k|v|output|qkv)\."),
@@ -35,7 +37,6 @@ def human_count(n: int) -> str:
 
 def _pi2_rows(m) -> list:
     """Sparse metadata of a pi2 file: layout, calibration, down types, keep for 10 % FFN error, hot skew."""
-    import numpy as np
     kv, f = m.file.kv, m.file
     if "pi2.version" not in kv:
         return []
@@ -48,7 +49,6 @@ def _pi2_rows(m) -> list:
         fr = np.sort(f.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel())[::-1]
         cum = np.cumsum(fr) / max(float(fr.sum()), 1e-30)
         hot80.append((int(np.searchsorted(cum, 0.8)) + 1) / fr.size)
-    from pi2.model.gguf_file import GGML_TYPES
     types = sorted({GGML_TYPES[int(t)][0] for t in kv.get("pi2.ffn.down_types", [])})
     k = np.asarray(keep10)
     pred = []

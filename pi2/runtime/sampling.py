@@ -8,30 +8,17 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UsageError
+from pi2.errors import UsageError
+from pi2.runtime.config import SamplerParams
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # a seed of -1 wraps to this; both mean "pick a random seed"
 
 # top-p: when the candidates are not sorted yet, first try the 256 most likely ones, as llama.cpp does.
 _TOP_P_GUESS = 256
 _TOP_P_GUESS_MIN_SIZE = 1024
-
-
-@dataclass(frozen=True)
-class SamplerParams:
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int = -1
 
 
 def resolve_seed(seed: int) -> int:

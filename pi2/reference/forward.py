@@ -1,11 +1,11 @@
-"""reference.py — the numpy forward pass: the executable specification of what pi2 computes.
+"""forward.py — the numpy forward pass: the executable specification of what pi2 computes.
 
 It computes what llama.cpp's CPU backend computes (flash attention off), roundings included:
 activations are quantized to the weight type's dot-product format before every matrix product
 (quants.QuantLinear), K and V are stored as F16, Q is rounded to F16 for K·Q and the softmax weights
 to F16 for the product with V, GELU goes through F16 as ggml's table does, and RoPE angles are built
 by repeated float32 multiplication. Summation orders, FMAs and SIMD lanes follow ggml's x86 build
-(ggml_order.py, qdot.py), so on x86 llama.cpp's tensors are reproduced bit for bit for the kernels
+(ggml_order.py, qdot.py), the sparse FFN in sparse_ffn.py, so on x86 llama.cpp's tensors are reproduced bit for bit for the kernels
 these models use. One function per concept; `ReferenceContext` holds a KV cache.
 Also serves `pi2 run --engine reference`.
 """
@@ -15,9 +15,10 @@ import numpy as np
 
 from pi2.errors import UsageError
 from pi2.model.loader import Model
-from pi2 import ggml_order as go
-from pi2 import sparse
-from pi2.quants import QuantLinear
+from pi2.reference import ggml_order as go
+from pi2.reference import sparse_ffn as sparse
+from pi2.reference.quants import QuantLinear
+from pi2.runtime.ffn_rule import choose_rule
 
 F16 = np.float16
 
@@ -74,27 +75,6 @@ def attention(q, k_cache, v_cache, pos, n_kv, scale, window=0, trace=None):
     return out.reshape(n_head_kv, g, n_tok, -1).transpose(2, 0, 1, 3).reshape(n_tok, -1)
 
 
-def gelu_f16(x: np.ndarray) -> np.ndarray:
-    """ggml's GELU (tanh form) through its F16 table: input rounded to F16, table value (go.gelu_table)."""
-    y = go.gelu_table()[x.astype(F16).view(np.uint16)]
-    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, y))
-
-
-def ffn(x: np.ndarray, w: dict, act: str, trace=lambda name, t: None) -> np.ndarray:
-    """The dense gated FFN: down(act(gate(x)) * up(x))."""
-    g, u = w["ffn_gate"](x), w["ffn_up"](x)
-    trace("ffn_gate", g)
-    trace("ffn_up", u)
-    if act == "silu":
-        h = go.swiglu(g, u)
-    elif act == "gelu":
-        h = gelu_f16(g) * u
-    else:
-        h = np.maximum(g, 0) * u
-    trace("ffn_swiglu", h)
-    return w["ffn_down"](h)
-
-
 class ReferenceWeights:
     """The model's tensors as float32 norms/biases and QuantLinear matrices (dequantized lazily)."""
 
@@ -127,12 +107,13 @@ class ReferenceWeights:
 class ReferenceContext:
     """A sequence being evaluated: the F16 KV cache and the position of the next token."""
 
-    def __init__(self, model: Model, n_ctx: int, weights: ReferenceWeights | None = None,
-                 keep: float | None = None, dense: bool = False, predictor: bool = True):
+    def __init__(self, model: Model, n_ctx: int, rule=None, weights: ReferenceWeights | None = None):
+        """rule: the run's runtime.ffn_rule.FFNRule (which neurons each token computes); None: the file's own rule,
+        choose_rule(model)."""
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
         self.w = weights or ReferenceWeights(model)
-        self.ffn = sparse.SparseFFN(model, self.w.layers, keep, dense, predictor)   # which neurons each token computes
+        self.ffn = sparse.SparseFFN(model, self.w.layers, choose_rule(model) if rule is None else rule)
         self.k = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
         self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
         self.n_past = 0

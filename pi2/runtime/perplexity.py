@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import UsageError
+from pi2.errors import UsageError
 
 Progress = Callable[[str], None]
 _ROWS_PER_BLOCK = 16

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from pi2.errors import UsageError
 from pi2.model.tokenizer import StreamDecoder, Tokenizer
-from pi2.sampling import Sampler
+from pi2.runtime.sampling import Sampler
 
 
 @dataclass

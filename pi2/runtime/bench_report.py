@@ -3,7 +3,7 @@
 Owns: llama-bench's model description (`arch size-class ftype`, named as llama.cpp names it), build and
 CPU identification, the record fields (llama-bench's names, then pi2_*), and the md / csv / json / jsonl
 printers. `markdown_rows` also formats records merged from both tools (scripts/bench_vs_llamacpp.sh).
-Does not: time anything (bench.py).
+Does not: time anything (bench.py); its statistics of the timings (summarize) are here.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import csv
 import functools
 import json
 import platform
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -102,7 +103,6 @@ def cpu_info() -> str:
 
 def record(t, info: dict, engine: str, test_time: str, rss: int, extra: dict) -> dict:
     """One result with llama-bench's field names (and order) followed by pi2_* fields."""
-    from pi2.bench import summarize
     commit, number = build_info()
     rec = {"build_commit": commit, "build_number": number, "cpu_info": cpu_info(), "gpu_info": "",
            "backends": "CPU", **info, "n_batch": t.n_batch, "n_threads": t.n_threads, "type_k": "f16",
@@ -112,6 +112,15 @@ def record(t, info: dict, engine: str, test_time: str, rss: int, extra: dict) ->
     rec.update({"pi2_version": pi2.__version__, "pi2_engine": engine, "pi2_peak_rss": rss})
     rec.update({f"pi2_{k}": v for k, v in extra.items()})
     return rec
+
+
+def summarize(samples_ns: list, n_tokens: int) -> dict:
+    """llama-bench's statistics: mean and sample standard deviation of ns and of per-repetition t/s."""
+    ts = [1e9 * n_tokens / ns for ns in samples_ns]
+    sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
+    return {"avg_ns": int(statistics.mean(samples_ns)), "stddev_ns": int(sd(samples_ns)),
+            "avg_ts": round(statistics.mean(ts), 6), "stddev_ts": round(sd(ts), 6),
+            "samples_ns": list(samples_ns), "samples_ts": [round(x, 3) for x in ts]}
 
 
 def test_name(rec: dict) -> str:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from pi2 import qdot
+from pi2.reference import qdot
 from pi2.errors import ModelFormatError, UnsupportedError
 from pi2.model.gguf_file import GGML_TYPES
-from pi2.quants_k import SPLITTERS as _K_SPLITTERS, _nibbles_k, _scales_mins_k4, q6_k_codes, quantize_q8_k
+from pi2.reference.quants_k import SPLITTERS as _K_SPLITTERS, _nibbles_k, _scales_mins_k4, q6_k_codes, quantize_q8_k
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
 Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 12, 13, 14, 15, 30

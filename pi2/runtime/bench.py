@@ -3,21 +3,25 @@
 Owns: the flag values (lists and ranges as llama-bench parses them), the test list (models × engines ×
 batch sizes × threads × pp / tg / pp+tg), the timed loop (one warm-up, then -r repetitions; random ids
 made before the clock starts, no sampling), and the records, with llama-bench's field names plus pi2_*
-fields. An engine context may add fields through a `bench_stats()` method returning a dict (for example
-cache_hit_rate, flash_bytes_per_token); each key is reported as pi2_<key>.
-Does not: compute (pi2.runtime opens the engines), print (bench_report.py) or parse argv (cli.py).
+fields: every figure of the session's stats() (for example cache_hit_rate, flash_bytes_per_token) is reported
+as pi2_<key>.
+Does not: compute (pi2/runtime/session.py opens the engines), print (bench_report.py) or parse argv (pi2/cli/).
 """
 from __future__ import annotations
 
 import os
 import random
 import re
-import statistics
+import resource
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from pi2.engine import default_threads
 from pi2.errors import UsageError
+from pi2.runtime import bench_report as report
+from pi2.runtime.config import DEFAULT_CTX, ENGINES, RunConfig
+from pi2.runtime.session import open_model, open_session
 
 OUTPUTS = ("md", "json", "jsonl", "csv")
 DEFAULT_BATCH = 2048
@@ -36,14 +40,7 @@ class BenchParams:
     output: str = "md"
     warmup: bool = True
     progress: bool = False
-    keep: float | None = None        # --keep (None = the file's default)
-    dense: bool = False              # --dense
-    predictor: bool = True           # False: --no-predictor
-    npu: str = "auto"                # --npu auto | nnapi | off
-    nnapi_lib: str | None = None     # --nnapi-lib
-    npu_gbps: float | None = None    # --npu-gbps (None = measured)
-    memory_budget: int | None = None # --memory-budget, bytes: stream the FFN bundles
-    io: str = "auto"                 # --io
+    run: RunConfig = field(default_factory=RunConfig)   # every test's run options; engine, threads and context per test
 
 
 @dataclass
@@ -112,11 +109,9 @@ def _pair(s: str) -> tuple:
 
 
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
-                engine="auto", warmup=True, progress=False, keep=None, dense=False, npu="auto",
-                nnapi_lib=None, memory_budget=None, io="auto", npu_gbps=None, predictor=True) -> BenchParams:
-    """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams."""
-    from pi2.npu import check_gbps, check_mode
-    from pi2.runtime import ENGINES
+                engine="auto", warmup=True, progress=False, run: RunConfig | None = None) -> BenchParams:
+    """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams; run: the options every
+    test shares (RunConfig's defaults when None)."""
     models = tuple(str(m) for m in models or ())
     if not models:
         raise UsageError("no model given", hint="pi2 bench -m MODEL.gguf [-p 512] [-n 128] [-t 1,2]")
@@ -131,19 +126,10 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
                     n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
-                    warmup=warmup, progress=progress, keep=keep, dense=dense, predictor=predictor,
-                    npu=check_mode(npu), nnapi_lib=nnapi_lib, memory_budget=memory_budget, io=io,
-                    npu_gbps=check_gbps(npu_gbps))
+                    warmup=warmup, progress=progress, run=run or RunConfig())
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
     return p
-
-
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def tests_for(p: BenchParams, model: str) -> list:
@@ -158,21 +144,8 @@ def tests_for(p: BenchParams, model: str) -> list:
     return out
 
 
-def engine_name(ctx) -> str:
-    """The engine a context belongs to (what `auto` resolved to)."""
-    name = getattr(ctx, "engine", None)
-    if isinstance(name, str):
-        return name
-    cls = type(ctx).__name__
-    return {"ReferenceContext": "reference", "CContext": "c"}.get(cls, cls)
-
-
 def peak_rss() -> int:
-    """Peak resident set size of this process so far, in bytes (0 where getrusage is missing)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return 0
+    """Peak resident set size of this process so far, in bytes."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
@@ -219,16 +192,12 @@ class _Runner:
 
 
 def _ctx_size(tests: list) -> int:
-    from pi2.runtime import DEFAULT_CTX
     need = max(t.n_prompt + t.n_gen for t in tests)
     return need + 1 if need == DEFAULT_CTX else need   # RunConfig caps exactly DEFAULT_CTX at the training context
 
 
 def run_model(p: BenchParams, path: str, emit, log) -> None:
     """Run every test on one model; `emit(record)` is called as each test finishes."""
-    from pi2 import bench_report as report
-    from pi2.npu import bench_fields as npu_fields
-    from pi2.runtime import RunConfig, open_context, open_model
     tests = tests_for(p, path)
     model = open_model(path)
     try:
@@ -240,13 +209,11 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         for t in tests:
             groups.setdefault((t.engine, t.n_threads), []).append(t)
         for (engine, nt), group in groups.items():
-            ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine, keep=p.keep, dense=p.dense,
-                                                predictor=p.predictor, npu=p.npu, nnapi_lib=p.nnapi_lib,
-                                                memory_budget=p.memory_budget, io=p.io, npu_gbps=p.npu_gbps))
-            resolved = engine_name(ctx)
+            session = open_session(model, replace(p.run, n_ctx=n_ctx, n_threads=nt, engine=engine))
+            resolved = session.engine
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))
-            runner = _Runner(ctx, model.config.n_vocab, bos)
+            runner = _Runner(session.ctx, model.config.n_vocab, bos)
             for t in group:
                 test_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 if p.warmup:
@@ -257,35 +224,14 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
                     if p.progress:
                         log(f"pi2 bench: {t.name}, {nt} thread(s): repetition {i + 1}/{p.reps}")
                     t.samples_ns.append(runner.once(t.n_prompt, t.n_gen, t.n_batch))
-                stats = getattr(ctx, "bench_stats", None)
-                extra = dict(stats()) if callable(stats) else {}
-                extra.setdefault("ffn_keep", 1.0)       # engines without a sparse FFN compute every neuron
-                extra.setdefault("ffn_bytes_per_token", dense_ffn_bytes(model))
-                extra.update(npu_fields(ctx))
-                emit(report.record(t, info, resolved, test_time, peak_rss(), extra))
-            del ctx, runner
+                emit(report.record(t, info, resolved, test_time, peak_rss(), session.stats()))
+            del session, runner
     finally:
         model.close()
 
 
-def dense_ffn_bytes(model) -> int:
-    """FFN weight bytes a dense token reads: every gate, up and down matrix."""
-    return sum(t.nbytes for n, t in model.file.tensors.items()
-               if n.endswith((".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight", ".ffn_down_t.weight")))
-
-
-def summarize(samples_ns: list, n_tokens: int) -> dict:
-    """llama-bench's statistics: mean and sample standard deviation of ns and of per-repetition t/s."""
-    ts = [1e9 * n_tokens / ns for ns in samples_ns]
-    sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-    return {"avg_ns": int(statistics.mean(samples_ns)), "stddev_ns": int(sd(samples_ns)),
-            "avg_ts": round(statistics.mean(ts), 6), "stddev_ts": round(sd(ts), 6),
-            "samples_ns": list(samples_ns), "samples_ts": [round(x, 3) for x in ts]}
-
-
 def run(p: BenchParams, out=None, err=None) -> None:
     """Run the benchmark; results on `out` (stdout) in p.output format, diagnostics on `err` (stderr)."""
-    from pi2 import bench_report as report
     out, err = out or sys.stdout, err or sys.stderr
 
     def log(msg: str) -> None:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
-from pi2.errors import UsageError
+from pi2.engine import flash_io, kernel_info
+from pi2.engine.nnapi import NnapiDelegate
+from pi2.errors import EngineError, Pi2Error, UsageError
 
 # /proc/cpuinfo flag -> the name pi2 prints (x86 "flags", aarch64 "Features")
 _FEATURES = {"asimd": "neon", "asimddp": "dotprod", "i8mm": "i8mm", "sve": "sve", "avx2": "avx2", "fma": "fma",
@@ -49,7 +52,6 @@ def cpu_info(cpuinfo: str | None = None) -> dict:
         f = _read(str(cpu / "cpufreq/cpuinfo_max_freq")).strip()
         if f.isdigit():
             clusters[int(f) // 1000] = clusters.get(int(f) // 1000, 0) + 1
-    from pi2.engine import kernel_info
     return {"model": model, "cores": os.cpu_count() or 1, "usable_cores": usable,
             "clusters_mhz": {str(k): v for k, v in sorted(clusters.items(), reverse=True)},
             "features": sorted({name for flag, name in _FEATURES.items() if flag in flags}),
@@ -102,10 +104,8 @@ def memory_limit(meminfo: str | None = None) -> int | None:
 
 def io_backends(path: Path | None = None) -> dict:
     """The probe's verdict on every backend, on `path` or a temporary 1 MiB file in the temp directory."""
-    from pi2.engine import flash_io
     tmp = None
     if path is None:
-        import tempfile
         fd, tmp = tempfile.mkstemp(prefix="pi2-probe-", suffix=".bin")
         with os.fdopen(fd, "wb") as fh:
             fh.write(os.urandom(1 << 20))
@@ -123,8 +123,6 @@ def io_backends(path: Path | None = None) -> dict:
 
 def o_direct(path: Path) -> dict:
     """Whether pi2 reads `path` with O_DIRECT (pi2_io_open: the open, statx, a first aligned read), and why not."""
-    from pi2.engine import flash_io
-    from pi2.errors import EngineError
     try:
         with flash_io.FlashFile(path, "pread", queue_depth=1, direct=True) as f:
             info = f.info
@@ -134,8 +132,6 @@ def o_direct(path: Path) -> dict:
 
 
 def nnapi_info(lib_path: str | None = None) -> dict:
-    from pi2.engine.nnapi import NnapiDelegate
-    from pi2.errors import Pi2Error
     try:
         d = NnapiDelegate(lib_path)
     except Pi2Error as e:

@@ -193,3 +193,9 @@ def gelu_table() -> np.ndarray:
             th = np.array([_libm.tanhf(float(v)) if np.isfinite(v) else np.nan for v in inner], dtype=F32)
             _gelu_table.append((half * x * (one + th)).astype(np.float16).astype(F32))
     return _gelu_table[0]
+
+
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """ggml's GELU (tanh form) through its F16 table: input rounded to F16, table value (gelu_table)."""
+    y = gelu_table()[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10, F32(0), np.where(x >= 10, x, y))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pi2.ggml_order import hsum8
+from pi2.reference.ggml_order import hsum8
 
 F32, F64 = np.float32, np.float64
 _CHUNK_BYTES = 3 << 20          # float64 lane accumulators per row chunk: fits in L2

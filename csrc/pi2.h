@@ -3,7 +3,7 @@
  *       FFN rule, the streamed FFN (the neuron cache), the statistics, the NNAPI delegate and flash I/O.
  * Shape: opaque handles, init/free pairs, params structs with a *_default_params() or documented zero defaults,
  *       statistics structs whose first field is their size (the caller sets it; C fills only the fields that fit,
- *       so a field added at the end is no ABI break). 29 functions; test entry points are in pi2_test.h.
+ *       so a field added at the end is no ABI break). 30 functions; test entry points are in pi2_test.h.
  * Only declarations marked PI2_API are exported from the built module (the rest is built with hidden visibility).
  * Over 400 lines on purpose: the API is one header (what a program includes, what Python binds), and each
  * declaration keeps its contract beside it.

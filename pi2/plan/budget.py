@@ -132,7 +132,7 @@ class Plan:
     gate: bool = False      # the gate rows stream too (two-phase loading with the file's predictor)
     gate_whole: bool = False    # the gate rows stream, read whole each token: the budget is below the floor with
                                 # them mapped (any rule; no gate hot prefix)
-    gate_note: str = ""     # why they do not, when the predictor was asked for (pi2/runtime/plan.py)
+    gate_note: str = ""     # why they do not, under a rule other than the file's predictor
     gate_bytes: int = 0     # every layer's gate region
     gate_slot_bytes: int = 0
     n_gate_slots: int = 0
@@ -334,6 +334,9 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
              ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0, gate=gate,
              gate_whole=gate_whole, floor_mapped_gate=floor_mapped)
+    if rule is not None and not gate:   # a rule without the file's predictor: why the gate rows stay mapped
+        p.gate_note = ("the file has no pi2 predictor" if "pi2.predictor.kind" not in model.file.kv
+                       else f"the run's rule is {rule.rule}, not the file's predictor")
     if streams_gate:
         p.gate_bytes = sum(s["gate_layer_bytes"] for s in sizes)
         p.gate_slot_bytes = sizes[0]["gate_slot_bytes"]

@@ -125,10 +125,6 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     if p.npu.hot and p.cache is not None:
         p.cache = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, runtime=p.cache_cpu.runtime,
                             npu=p.npu.decision, rule=p.rule)
-    if p.cache is not None and cfg.predictor and p.rule.rule != "predicted":   # asked for, but the gate rows stay
-        why = ("the file has no pi2 predictor" if "pi2.predictor.kind" not in model.file.kv
-               else f"the run's rule is {p.rule.rule}, not the file's predictor")
-        p.cache.gate_note = p.cache_cpu.gate_note = why
 
 
 def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | None:

@@ -42,6 +42,10 @@ _DS_LETTERS = (
     r"\U000104D8-\U000104FB\U00010C80-\U00010CB2\U00010CC0-\U00010CF2\U000118A0-\U000118DF"
     r"\U0001E900-\U0001E943]+")
 NEWLINES = r"[^\n]+|[\n]+"
+_CASED = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTR + "?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTR + "?")
+_CJK_KANA = r"[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+"
+DIGIT_GROUPS = "digit-groups"     # llama.cpp's custom split: number runs in threes from the right (afmoe)
 
 LISTS = {
     "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
@@ -54,7 +58,7 @@ LISTS = {
     "deepseek-llm": ["[\r\n]", _DS_LETTERS, r"\s?[!-/:-~\uFF01-\uFF0F\uFF1A-\uFF5E\u2018-\u201F\u3000-\u3002]+",
                      r"\s+$", _DS_CJK, r"\p{N}+"],
     "deepseek-coder": ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _DS_CJK, r"\p{N}"],
-    "deepseek3": [r"\p{N}{1,3}", r"[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+", _DS3],
+    "deepseek3": [r"\p{N}{1,3}", _CJK_KANA, _DS3],
     "poro": [_PORO],
     "viking": [_PORO, r"\p{N}"],
     "tekken": [_UPPER_LOWER.replace("{c}", "") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
@@ -67,6 +71,25 @@ LISTS = {
                    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"],
     "seed-coder": [_CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"],
     "newlines": [NEWLINES],
+    "laguna": [NEWLINES, QWEN2],
+    "ufakzeka": [r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "minicpm5": [r"\p{N}{1,3}", LLAMA3.replace(r"|\p{N}{1,3}|", r"|\p{N}+|")],
+    "mellum2": [r"\p{N}", GPT2],
+    "jais2": [LLAMA3.replace(r"|\s+(?!\S)|\s+", "") + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4))
+              + r"|\s{1,2}(?!\S)|\s{1}"],
+    "exaone-moe": [_CONTR + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
+                   r"|\s*[\r\n]|\s+(?!\S)|\s+"],
+    "granite-97m": [_UPPER_LOWER.replace("{c}", _CONTR + "?").replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+                    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "tiny-aya": [DIGIT_GROUPS, _CASED + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "afmoe": [DIGIT_GROUPS, r"[\u4E00-\u9FFF\u3400-\u4DBF\u8C48-\uFAFF\u3040-\u309F\u30A0-\u30FF\uFF65-\uFF9F"
+              r"\u2F00-\u2FDF\u0E40-\u0E7F\u0E80-\u0EFF\u1780-\u17FF\u1000-\u109F\uAA60-\uAA7F\uA9E0-\uA9FF"
+              r"\uAC00-\uD7AF\u1100-\u11FF]+", _DS3],
+    "spark2_5": [r"\p{N}{1,3}", _CJK_KANA, r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
+                 r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+", r"\p{N}"],
+    "youtu": [r"[\uAC00-\uD7A3\u3131-\u318E]+|[\uFF01\u2026\u201C\u201D\u2018\u2019\u2014\uFF1A\uFF1B\uFF0C"
+              r"\u3001-\u303F\uFE30-\uFE4F]+|[\u3105-\u312F]+|" + _CJK_KANA,
+              _CASED + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
 }
 
 
@@ -121,21 +144,40 @@ def _table():
     add("gemma4 granite-embed-multi-311m", "newlines", byte_encode=False, escape_spaces=True,
         newline_tokens=True, force_bos=True)
     add("sarvam-moe", "newlines", byte_encode=False, escape_spaces=True, clean_spaces=False)
+    add("minicpm5", "minicpm5", ignore_merges=True)
+    add("youtu", "youtu", clean_spaces=False, ignore_merges=True)
+    add("granite-embed-multi-97m", "granite-97m", clean_spaces=False, ignore_merges=True)
+    add("jais-2", "jais2")
+    add("exaone-moe", "exaone-moe")
+    add("mellum2", "mellum2")
+    add("laguna", "laguna", clean_spaces=False)
+    add("ufakzeka", "ufakzeka", clean_spaces=False)
+    add("tiny_aya cohere2moe", "tiny-aya", clean_spaces=False)
+    add("afmoe", "afmoe", clean_spaces=False)
+    add("spark2_5", "spark2_5", clean_spaces=False)
     return t
 
 
 _PRE = _table()
+# names llama.cpp knows whose splitting pi2 does not reproduce
+REFUSED = {"kimi-k2": "llama.cpp cuts its text with custom code (Han runs, cased words) that pi2 does not have",
+           "whitespace": "it belongs to the 'whitespace' tokenizer model, which pi2 does not support"}
 
 
 def pre_tokenizer(name: str | None) -> PreTokenizer:
     """Look up a pre-tokenizer; a missing name means 'default' (as llama.cpp); an unknown one is an error."""
     key = name or "default"
+    if key in REFUSED:
+        raise UnsupportedError(f"pre-tokenizer '{key}' is not supported: {REFUSED[key]}")
     if key not in _PRE:
         raise UnsupportedError(f"unknown pre-tokenizer type: '{key}'",
                                hint="llama.cpp refuses this vocabulary too; known: " + ", ".join(sorted(_PRE)))
     lst, flags = _PRE[key]
     compiled = []
     for expr in LISTS[lst]:
+        if expr == DIGIT_GROUPS:
+            compiled.append((None, True))
+            continue
         try:
             compiled.append(_compile(expr))
         except regex.error as e:
@@ -158,7 +200,7 @@ def _compile(expr: str):
     """-> (compiled, collapsed?) : \\p{X} rewritten to [marker + ASCII members], as llama.cpp does."""
     collapsed = any(p in expr for p in _PROPS)
     if collapsed:
-        if not expr.isascii():
+        if not expr.isascii() or regex.search(r"\\[uU][0-9a-fA-F]{4}", expr):
             raise regex.error("a regex with both unicode categories and non-ASCII characters")
         out, inside, i = [], False, 0
         while i < len(expr):
@@ -207,6 +249,9 @@ def split(text: str, pre: PreTokenizer) -> list[str]:
     collapsed, wide = _views(text)
     offsets = [len(text)]
     for rx, use_collapsed in pre.regexes:
+        if rx is None:
+            offsets = _digit_groups(collapsed, offsets)
+            continue
         src = collapsed if use_collapsed else wide
         new, start = [], 0
         for off in offsets:
@@ -226,6 +271,34 @@ def split(text: str, pre: PreTokenizer) -> list[str]:
         words.append(text[start:start + off])
         start += off
     return words
+
+
+_DIGITS = frozenset("0123456789\xd1")
+
+
+def _digit_groups(collapsed: str, offsets: list) -> list:
+    """llama.cpp's unicode_regex_split_custom_afmoe: a run of numbers is cut in threes from the right; the
+    text before a run goes with its first group (later regexes split it off)."""
+    new, start = [], 0
+    for off in offsets:
+        end, prev, pos = start + off, start, start
+        while pos < end:
+            if collapsed[pos] not in _DIGITS:
+                pos += 1
+                continue
+            cur = pos
+            while pos < end and collapsed[pos] in _DIGITS:
+                pos += 1
+            cut = cur + (pos - cur) % 3
+            if cut == cur:
+                cut += 3
+            while cut <= pos:
+                new.append(cut - prev)
+                prev, cut = cut, cut + 3
+        if prev < end:
+            new.append(end - prev)
+        start = end
+    return new
 
 
 # --- GPT-2 byte-level mapping -----------------------------------------------------------------------

@@ -53,3 +53,12 @@ def test_an_untranslatable_regex_is_a_one_line_error_naming_the_pre_tokenizer(mo
 def test_unknown_pre_tokenizer():
     with pytest.raises(UnsupportedError, match="unknown pre-tokenizer type: 'no-such'"):
         pre_tokenizer("no-such")
+
+
+def test_the_cli_reports_an_untranslatable_regex_in_one_line(tmp_path, monkeypatch):
+    from clirun import assert_error, cli
+    from fixtures import write_model
+    model = write_model(tmp_path / "m.gguf")                   # a byte-level BPE vocabulary, pre 'smollm'
+    monkeypatch.setitem(LISTS, "starcoder", [r"[z-a]+"])
+    line = assert_error(cli("tokenize", "-m", model, "-p", "hi"), 1, "pre-tokenizer 'smollm'")
+    assert line.startswith("pi2: error: pre-tokenizer 'smollm': cannot translate its regex")

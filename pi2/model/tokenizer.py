@@ -11,7 +11,7 @@ from pi2.model import specials
 from pi2.model.bpe import BPE
 from pi2.model.detokenize import StreamDecoder, clean_spaces, piece
 from pi2.model.pretokenize import pre_tokenizer
-from pi2.model.specials import (BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNDEFINED, UNKNOWN, UNUSED,  # noqa: F401
+from pi2.model.specials import (BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN,  # noqa: F401
                                 USER_DEFINED, K)
 from pi2.model.spm import SPM
 from pi2.model.vocab_order import map_order

@@ -19,7 +19,8 @@ SEP = "\n__ggml_vocab_test__\n"
 EXTRA = ["a~b ~~ ~", "e\u0301 x\u0301y \u0301", "ab'S 'LL 'll 're", "\u00a0\u2003x\u3000 \u0085y",
          "1234567 12 3 1234", "Hello\r\n\r\nWorld  \n ", "日本語テキスト 中文 한국어", "Ꮳ ǅ ǈ ώ ι", "x\u200by",
          "\U0001F600\U0001F600", "ABCdefGHI aBC", "don't I'M we'VE", "مرحبا بالعالم", "हिन्दी भाषा", "\t\tfoo\t",
-         "\u1C89 \U00016D40 \u2FFC", "<sentinel:12>IMGIMGABZ x", "a\n\n\nb\n", "  \n\n  ",
+         "\u1C89 \U00016D40 \u2FFC", "ab\u1C89cd x\U00016D40y \u2FFCz q\uA7CBr",
+         "<sentinel:12>IMGIMGABZ x", "a\n\n\nb\n", "  \n\n  ",
          "$+<=>^`|~ !\"#%&'()*,-./:;?@[\\]_{}", "Ⅻ ½ ² ٣", "a/b/c\r\n", "ÀÖØöøƺ", "12,345,678.90", "   leading",
          "trailing   ", "x12345y 1٣٣٣٣"]
 
@@ -46,7 +47,8 @@ def c_unescape(s: str) -> str:
 
 def llama_lists(src: str) -> tuple:
     """({pre type: [regex...]}, {name: pre type}) as llama-vocab.cpp spells them."""
-    body = src[src.index("struct llm_tokenizer_bpe : llm_tokenizer {"):src.index("std::vector<std::string> regex_exprs;")]
+    start = src.index("struct llm_tokenizer_bpe : llm_tokenizer {")
+    body = src[start:src.index("std::vector<std::string> regex_exprs;", start)]
     lists, labels = {}, []
     for part in re.split(r"(case LLAMA_VOCAB_PRE_TYPE_\w+:|default:)", body):
         m = re.match(r"case LLAMA_VOCAB_PRE_TYPE_(\w+):", part)

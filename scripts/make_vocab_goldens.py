@@ -5,7 +5,8 @@ Runs llama.cpp's `test-tokenizer-0` (add_special = false, parse_special = false)
 `models/ggml-vocab-*.gguf` of a llama.cpp tree and writes tests/data/llama-vocab-suite.json:
   - for the vocabularies that come with `.inp`/`.out` cases: the detokenized text llama.cpp prints for
     each case (`common_detokenize`, special tokens shown), after checking its ids against `.out`;
-  - for those without cases: the ids and text llama.cpp gives on the cases of `--cases-from`.
+  - for those without cases: the ids and text llama.cpp gives on the cases of `--cases-from`;
+  - for all of them: the ids and text llama.cpp gives on HARD, texts that stress Unicode handling.
 The ids of the cases themselves are not copied: the test reads them from the `.out` files.
 
 Usage: make_vocab_goldens.py --llama /work/llama/build/bin/test-tokenizer-0 --models DIR [--out FILE]
@@ -19,6 +20,12 @@ import tempfile
 from pathlib import Path
 
 SEP = "\n__ggml_vocab_test__\n"
+HARD = ["a~b ~~ ~", "e\u0301 x\u0301y \u0301", "ab'S 'LL 'll 're", "\u00a0\u2003x\u3000 \u0085y", "1234567 12 3 1234",
+        "Hello\r\n\r\nWorld  \n ", "日本語テキスト 中文 한국어", "Ꮳ ǅ ǈ ώ ι Ω K", "x\u200by\ufeffz", "\U0001F600\U0001F600",
+        "ABCdefGHI aBC", "don't I'M we'VE", "مرحبا بالعالم", "हिन्दी भाषा", "\t\tfoo\t", "\u1C89 \U00016D40 \u2FFC",
+        "ab\u1C89cd x\U00016D40y \u2FFCz q\uA7CBr",
+        "a\n\n\nb\n", "  \n\n  ", "$+<=>^`|~ !\"#%&'()*,-./:;?@[\\]_{}", "Ⅻ ½ ² ٣", "İstanbul ǅx ÅΣ ﬁ 𝔘",
+        "a\u0301\u0300b \u00e9\u00e8", "x12345y 1٣٣٣٣", "<s> </s> <unk> [CLS] <|endoftext|>", "▁a ▁▁b"]
 
 
 def read_cases(inp: Path) -> list:
@@ -61,7 +68,8 @@ def main() -> None:
     ap.add_argument("--llama", required=True, help="path of llama.cpp's test-tokenizer-0")
     ap.add_argument("--models", required=True, type=Path, help="llama.cpp's models/ directory")
     ap.add_argument("--cases-from", default="gpt-2", help="vocabulary whose cases the case-less ones get")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests/data/llama-vocab-suite.json")
+    ap.add_argument("--out", type=Path,
+                    default=Path(__file__).resolve().parent.parent / "tests/data/llama-vocab-suite.json")
     a = ap.parse_args()
     commit = subprocess.run(["git", "-C", str(a.models), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "0c1e570 (vendor/llama.cpp of llama-cpp-python==0.3.36)"
@@ -69,7 +77,7 @@ def main() -> None:
                          "command": "python3 scripts/make_vocab_goldens.py --llama .../test-tokenizer-0 "
                                     f"--models .../models --cases-from {a.cases_from}",
                          "date": datetime.date.today().isoformat()},
-           "with_cases": {}, "without_cases": {}}
+           "with_cases": {}, "without_cases": {}, "hard": {}}
     extra_cases = read_cases(a.models / f"ggml-vocab-{a.cases_from}.gguf.inp")
     for vocab in sorted(a.models.glob("ggml-vocab-*.gguf")):
         name = vocab.name[len("ggml-vocab-"):-len(".gguf")]
@@ -96,6 +104,16 @@ def main() -> None:
                     continue
             doc["without_cases"][name] = {"loads": True, "cases": {s: {"ids": got[s][0], "detok": got[s][1]}
                                                                     for s in sorted(got)}}
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d) / vocab.name
+            shutil.copy(vocab, tmp)
+            Path(str(tmp) + ".inp").write_text(SEP.join(HARD), encoding="utf-8")
+            Path(str(tmp) + ".out").write_text("0\n" * len(HARD))
+            try:
+                got = run(a.llama, tmp, HARD)
+                doc["hard"][name] = {s: {"ids": got[s][0], "detok": got[s][1]} for s in sorted(got)}
+            except RuntimeError:
+                pass
         print(name, "ok")
     a.out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 

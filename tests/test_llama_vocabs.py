@@ -4,7 +4,8 @@ Every `models/ggml-vocab-*.gguf` of llama.cpp 0c1e570 (fetched from the llama-cp
 scripts/fetch_models.py llama-vocabs), every case of its `.inp`/`.out` files, tokenized as test-tokenizer-0
 does (add_special = false, parse_special = false); the detokenized text is checked against what
 test-tokenizer-0 prints (tests/data/llama-vocab-suite.json, scripts/make_vocab_goldens.py). The vocabularies
-without cases are checked against llama.cpp's ids on the gpt-2 cases, from the same file.
+without cases are checked against llama.cpp's ids on the gpt-2 cases, and every vocabulary on texts that
+stress Unicode handling, from the same file.
 """
 import json
 
@@ -89,6 +90,15 @@ def test_vocabularies_without_cases(name):
     tok, want = load(name), golden()["without_cases"][name]
     assert want["loads"]
     for text, r in want["cases"].items():
+        assert tok.encode(text, add_special=False, parse_special=False) == r["ids"], text[:40]
+        assert tok.decode(r["ids"]) == r["detok"].encode("utf-8", "surrogateescape"), text[:40]
+
+
+@pytest.mark.parametrize("name", SUITE + WITHOUT_CASES)
+def test_hard_texts(name):
+    """Texts that stress Unicode handling (marks, exotic spaces, characters newer than Unicode 15.1, ...)."""
+    tok, want = load(name), golden()["hard"][name]
+    for text, r in want.items():
         assert tok.encode(text, add_special=False, parse_special=False) == r["ids"], text[:40]
         assert tok.decode(r["ids"]) == r["detok"].encode("utf-8", "surrogateescape"), text[:40]
 

@@ -75,8 +75,8 @@ LISTS = {
     "ufakzeka": [r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
     "minicpm5": [r"\p{N}{1,3}", LLAMA3.replace(r"|\p{N}{1,3}|", r"|\p{N}+|")],
     "mellum2": [r"\p{N}", GPT2],
-    "jais2": [LLAMA3.replace(r"|\s+(?!\S)|\s+", "") + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4))
-              + r"|\s{1,2}(?!\S)|\s{1}"],
+    "jais2": [LLAMA3.replace(r"|\s+(?!\S)|\s+", "")
+              + "".join(rf"|\s{{{n}}}(?!\S)" for n in (512, 256, 128, 64, 32, 16, 8, 4)) + r"|\s{1,2}(?!\S)|\s{1}"],
     "exaone-moe": [_CONTR + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?"
                    r"|\s*[\r\n]|\s+(?!\S)|\s+"],
     "granite-97m": [_UPPER_LOWER.replace("{c}", _CONTR + "?").replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")

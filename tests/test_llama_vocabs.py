@@ -7,10 +7,11 @@ test-tokenizer-0 prints (tests/data/llama-vocab-suite.json, scripts/make_vocab_g
 without cases are checked against llama.cpp's ids on the gpt-2 cases, and every vocabulary on texts that
 stress Unicode handling, from the same file.
 """
+import importlib.util
 import json
 
 import pytest
-from conftest import DATA, llama_vocab_dir
+from conftest import DATA, ROOT, llama_vocab_dir
 
 from pi2.errors import UnsupportedError
 from pi2.model.gguf_file import GGUFFile
@@ -20,8 +21,10 @@ SUITE = ["bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "g
          "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
 WITHOUT_CASES = ["aquila", "baichuan", "gpt-neox"]
 REFUSED = {"nomic-bert-moe": "tokenizer 't5' is not supported"}      # UGM (T5 unigram): not implemented
-SEP = "\n__ggml_vocab_test__\n"
 _GOLDEN: dict = {}
+_spec = importlib.util.spec_from_file_location("tokenizer_suite", ROOT / "scripts" / "tokenizer_suite.py")
+suite = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(suite)
 
 
 def golden() -> dict:
@@ -39,27 +42,11 @@ def load(name: str) -> Tokenizer:
 
 
 def read_inputs(name: str) -> list:
-    """The inputs as test-tokenizer-0 splits them (a final separator ends the list)."""
-    raw = (llama_vocab_dir() / f"ggml-vocab-{name}.gguf.inp").read_bytes().decode("utf-8")
-    out, pos = [], 0
-    while pos < len(raw):
-        nxt = raw.find(SEP, pos)
-        if nxt < 0:
-            out.append(raw[pos:])
-            break
-        out.append(raw[pos:nxt])
-        pos = nxt + len(SEP)
-    return out
+    return suite.read_inputs(llama_vocab_dir() / f"ggml-vocab-{name}.gguf.inp")
 
 
 def read_cases(name: str) -> dict:
-    """text -> expected ids; like test-tokenizer-0's std::map, a repeated input keeps its last line."""
-    inputs = read_inputs(name)
-    lines = (llama_vocab_dir() / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()                          # std::getline: a final newline ends the last line
-    assert len(inputs) == len(lines), f"{name}: {len(inputs)} inputs, {len(lines)} outputs"
-    return {s: [int(x) for x in o.split()] for s, o in zip(inputs, lines)}
+    return suite.read_cases(llama_vocab_dir() / f"ggml-vocab-{name}.gguf")
 
 
 def test_the_suite_is_every_vocabulary_with_cases():
@@ -108,3 +95,13 @@ def test_unsupported_vocabularies_are_refused_in_one_line(name):
     with pytest.raises(UnsupportedError, match=REFUSED[name]) as e:
         load(name)
     assert "\n" not in str(e.value)
+
+
+def test_the_suite_script_reports_every_vocabulary():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "tokenizer_suite.py"), str(llama_vocab_dir())],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[:-1]] == SUITE and lines[-1].split()[0] == "all"

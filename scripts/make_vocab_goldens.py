@@ -14,6 +14,7 @@ Usage: make_vocab_goldens.py --llama /work/llama/build/bin/test-tokenizer-0 --mo
 import argparse
 import datetime
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,11 +27,15 @@ HARD = ["a~b ~~ ~", "e\u0301 x\u0301y \u0301", "ab'S 'LL 'll 're", "\u00a0\u2003
         "ab\u1C89cd x\U00016D40y \u2FFCz q\uA7CBr",
         "a\n\n\nb\n", "  \n\n  ", "$+<=>^`|~ !\"#%&'()*,-./:;?@[\\]_{}", "Ⅻ ½ ² ٣", "İstanbul ǅx ÅΣ ﬁ 𝔘",
         "a\u0301\u0300b \u00e9\u00e8", "x12345y 1٣٣٣٣", "<s> </s> <unk> [CLS] <|endoftext|>", "▁a ▁▁b"]
+# text that is not valid UTF-8 (held as surrogateescape str): stray, truncated, overlong, encoded surrogates
+HARD += [b.decode("utf-8", "surrogateescape") for b in (
+    b"a\xffb", b"\xe4\xb8", b"x\xc1\xbfy", b"\xed\xa0\x80z", b"caf\xc3 ok", b"\xff\xc3\xa9xyz \xe4\xb8\xad\xe6 q",
+    b"ab\xe4\xb8\xadc \xc3", b"\x80\x80 hi")]
 
 
 def read_cases(inp: Path) -> list:
     """The inputs as test-tokenizer-0 reads them (split on the separator, a final separator ends the list)."""
-    raw, out, pos = inp.read_bytes().decode("utf-8"), [], 0
+    raw, out, pos = inp.read_bytes().decode("utf-8", "surrogateescape"), [], 0
     while pos < len(raw):
         nxt = raw.find(SEP, pos)
         if nxt < 0:
@@ -47,10 +52,10 @@ def run(binary: str, vocab: Path, cases: list) -> dict:
     if r.returncode not in (0, 3):                                     # 3: some case differs from .out
         raise RuntimeError(r.stderr.decode("utf-8", "replace")[-300:])
     stdout = r.stdout
-    keys = sorted(set(cases), key=lambda s: s.encode("utf-8"))       # std::map<std::string> order
+    keys = sorted(set(cases), key=lambda s: s.encode("utf-8", "surrogateescape"))   # std::map<std::string> order
     got, pos = {}, 0
     for s in keys:
-        head = b"\nsrc: '" + s.encode("utf-8") + b"'\nres: '"
+        head = b"\nsrc: '" + s.encode("utf-8", "surrogateescape") + b"'\nres: '"
         if not stdout.startswith(head, pos):
             raise SystemExit(f"{vocab.name}: unexpected output at byte {pos}")
         pos += len(head)
@@ -107,7 +112,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d) / vocab.name
             shutil.copy(vocab, tmp)
-            Path(str(tmp) + ".inp").write_text(SEP.join(HARD), encoding="utf-8")
+            Path(str(tmp) + ".inp").write_bytes(SEP.join(HARD).encode("utf-8", "surrogateescape"))
             Path(str(tmp) + ".out").write_text("0\n" * len(HARD))
             try:
                 got = run(a.llama, tmp, HARD)
@@ -115,7 +120,9 @@ def main() -> None:
             except RuntimeError:
                 pass
         print(name, "ok")
-    a.out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    text = json.dumps(doc, ensure_ascii=False, indent=1)
+    text = re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", text)    # lone surrogates as escapes
+    a.out.write_text(text + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 from pi2.model.pretokenize import CHAR_BYTE, PreTokenizer, byte_encode, split
+from pi2.model.utf8 import llama_text
 
 _CACHE_MAX = 1 << 16
 
@@ -40,6 +41,7 @@ class BPE:
     def encode(self, text: str, out: list) -> None:
         """Append the ids of a raw-text fragment (no special tokens in it) to `out`."""
         cache, pre = self._cache, self.pre
+        text = llama_text(text)                 # undecodable bytes as llama.cpp reads them
         if pre.escape_spaces:
             text = text.replace(" ", "\u2581")
         for word in split(text, pre):

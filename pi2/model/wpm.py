@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pi2.errors import ModelFormatError
 from pi2.model import ucd
+from pi2.model.utf8 import llama_text
 
 _CACHE_MAX = 1 << 16
 _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
@@ -30,7 +31,7 @@ class WordPiece:
     def words(self, text: str) -> list:
         """llm_tokenizer_wpm_session::preprocess: normalized words."""
         words, cur = [], []
-        for ch in text:
+        for ch in llama_text(text):
             if self.strip_accents:
                 ch = ucd.nfd_first(ch)
             if ch in ucd.WHITESPACE:
@@ -38,7 +39,7 @@ class WordPiece:
                     words.append("".join(cur))
                     cur = []
                 continue
-            cat = ucd.category(ch)          # undecodable bytes (surrogates) are "C": dropped like U+FFFD
+            cat = ucd.category(ch)
             if ch in "\x00\ufffd" or cat == "C" or (self.strip_accents and cat == "M"):
                 continue
             s = ucd.lower(ch) if self.lowercase else ch

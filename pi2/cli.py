@@ -280,6 +280,11 @@ def _click_exceptions():
     return ce.ClickException, ce.UsageError, getattr(ce, "NoArgsIsHelpError", ()), aborts, exits
 
 
+def _one_line(msg: str) -> str:
+    """The error contract is one line: control characters (from a damaged file's strings) are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
+
+
 def _interrupted() -> None:
     print("\npi2: interrupted", file=sys.stderr)
     sys.exit(130)
@@ -289,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         rc = app(args=argv, prog_name="pi2", standalone_mode=False)
     except Pi2Error as e:
-        print(f"pi2: error: {e}", file=sys.stderr)
+        print(f"pi2: error: {_one_line(str(e))}", file=sys.stderr)
         if e.hint:
             print(f"  hint: {e.hint}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -41,6 +41,17 @@ _SCALARS = {0: ("<u1", "<B"), 1: ("<i1", "<b"), 2: ("<u2", "<H"), 3: ("<i2", "<h
             10: ("<u8", "<Q"), 11: ("<i8", "<q"), 12: ("<f8", "<d")}
 _MAX_DIMS = 4
 _MAX_NAME = 64
+_MAX_KEY = 256
+
+
+def _is_name(s: str, max_bytes: int) -> bool:
+    """A key or tensor name pi2 can print on one line: printable and not too long (garbage from a damaged
+    header would otherwise flood or break the one-line error that names it)."""
+    return 0 < len(s.encode()) <= max_bytes and s.isprintable()
+
+
+def _shown(s: str) -> str:
+    return repr(s[:40] + ("..." if len(s) > 40 else ""))
 
 
 @dataclass(frozen=True)
@@ -190,8 +201,8 @@ class GGUFFile:
         self.kv: dict = {}
         for i in range(n_kv):
             key = cur.string(f"key #{i}")
-            if not key or key in self.kv:
-                raise ModelFormatError(f"{self.path}: empty or duplicate key {key!r}")
+            if not key or key in self.kv or not _is_name(key, _MAX_KEY):
+                raise ModelFormatError(f"{self.path}: key #{i} {_shown(key)} is empty, repeated or not a name")
             vtype = cur.unpack("<I", key)
             self.kv[key] = cur.value(vtype, key)
         align = self.kv.get("general.alignment", 32)
@@ -201,6 +212,9 @@ class GGUFFile:
         infos = []
         for i in range(n_tensors):
             name = cur.string(f"tensor #{i} name")
+            if not _is_name(name, _MAX_NAME - 1):
+                raise ModelFormatError(f"{self.path}: tensor #{i}'s name {_shown(name)} is empty, longer than "
+                                       f"{_MAX_NAME - 1} bytes or not printable")
             n_dims = cur.unpack("<I", name)
             if n_dims > _MAX_DIMS:
                 raise ModelFormatError(f"{self.path}: tensor '{name}' has {n_dims} dimensions (at most 4)")

@@ -88,9 +88,17 @@ def test_thresholds_longer_than_the_keep_grid(files, tmp_path):
                  match=r"ffn_err/ffn_thresh need 5 values \(pi2.ffn.keep_grid\)")
 
 
-def test_info_of_a_pi2_file_without_its_keep_grid(files, tmp_path):
-    """Found: `info` indexed an empty keep grid (IndexError)."""
+def test_pi2_file_without_its_keep_grid(files, tmp_path):
+    """Found: `info` indexed an empty keep grid (IndexError), run and the budget planner read the missing key
+    (KeyError): a pi2 file's own keys are now checked when it is opened."""
     bad = _without_key(files["pi2"], tmp_path / "k.gguf", "pi2.ffn.keep_grid")
-    assert_error(cli("info", bad), 1, match="ffn_err needs 0 values")
-    typed = patched(files["pi2"], tmp_path / "d.gguf", [])
-    assert cli("info", typed).code == 0
+    for args in (["info", bad], ["run", bad, "-p", "hi", "-n", "1"], ["run", bad, "-p", "hi", "-n", "1", "--engine",
+                 "reference"], ["plan", "-m", bad, "--memory-budget", "1G"]):
+        assert_error(cli(*args), 1, match="pi2.ffn.keep_grid must be present in a pi2 file")
+
+
+def test_pi2_key_of_the_wrong_type(files, tmp_path):
+    b = files["pi2"].read_bytes()
+    at = b.index(gguf_str("pi2.ffn.default_keep")) + 8 + len("pi2.ffn.default_keep")
+    bad = patched(files["pi2"], tmp_path / "t.gguf", [(at, struct.pack("<I", 4))])     # F32 read as UINT32
+    assert_error(cli("info", bad), 1, match=r"pi2.ffn.default_keep must be a number in \[0, 1\]")

@@ -160,6 +160,7 @@ def drive(args) -> int:
     running: dict = {}
     t0 = time.monotonic()
     log = open(out / "log.jsonl", "a")
+    shown = 0
     while chunks or running:
         while chunks and len(running) < args.jobs:
             a, b = chunks.pop(0)
@@ -205,8 +206,10 @@ def drive(args) -> int:
                 rec = {"i": -1, "cmd": "?", "outcome": "crash", "code": 0, "err": err[-4000:]}
                 _count(rec, counts, per_cmd, log, out, args, seeds)
         n = sum(counts.values())
-        if n and (n % 1000 == 0 or not (chunks or running)):
+        if n // 1000 > shown:
+            shown = n // 1000
             _progress(counts, n, t0)
+    _progress(counts, sum(counts.values()), t0)
     summary = {"execs": sum(counts.values()), "seed": args.seed, "seconds": round(time.monotonic() - t0, 1),
                "outcomes": counts, "per_command": per_cmd}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

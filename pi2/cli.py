@@ -285,12 +285,28 @@ def _one_line(msg: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
 
 
+_STATUS = [130]      # exit status of an interruption: 128 + the signal (SIGINT unless SIGTERM/SIGHUP came)
+
+
 def _interrupted() -> None:
-    print("\npi2: interrupted", file=sys.stderr)
-    sys.exit(130)
+    print("\npi2: interrupted" if _STATUS[0] == 130 else f"\npi2: terminated (signal {_STATUS[0] - 128})",
+          file=sys.stderr)
+    sys.exit(_STATUS[0])
+
+
+def _on_termination(signum, frame) -> None:
+    """SIGTERM and SIGHUP end a run as Ctrl-C does (the same clean-up: a conversion's temporary file removed,
+    timings printed), with status 128 + signal."""
+    _STATUS[0] = 128 + signum
+    raise KeyboardInterrupt
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    if argv is None:                  # the command itself, not a caller's in-process use
+        import signal
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _on_termination)
     try:
         rc = app(args=argv, prog_name="pi2", standalone_mode=False)
     except Pi2Error as e:

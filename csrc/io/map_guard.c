@@ -122,3 +122,11 @@ pi2_status io_map_guard_check(int id) {
     return pi2_set_error(PI2_ERR_IO, "%s: reading byte %lld of its mapping failed: %s (EIO)", g->path, off,
                          strerror(EIO));
 }
+
+int32_t pi2_map_guard_add(const void *base, uint64_t size, const char *path, int32_t fd) {
+    return io_map_guard_add(base, (size_t)size, path, fd);
+}
+
+void pi2_map_guard_remove(int32_t id) { io_map_guard_remove(id); }
+
+pi2_status pi2_map_guard_check(int32_t id) { return io_map_guard_check(id); }

@@ -54,6 +54,16 @@ def _shown(s: str) -> str:
     return repr(s[:40] + ("..." if len(s) > 40 else ""))
 
 
+def _guard(mm, path: str, fd: int) -> int:
+    """Have the C core guard the map (a failing page would otherwise kill the process with SIGBUS); -1 when the
+    compiled core is not there (pure-Python uses of the reader)."""
+    try:
+        from pi2.engine import guard_mapping
+    except ImportError:
+        return -1
+    return guard_mapping(mm, path, fd)
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -174,6 +184,7 @@ class GGUFFile:
             self._f.close()
             raise ModelFormatError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
         self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._guard = _guard(self._mm, self.path, self._f.fileno())
         try:
             self._parse()
         except Exception:
@@ -275,12 +286,24 @@ class GGUFFile:
             except (OSError, ValueError):
                 pass
 
+    def check_io(self) -> None:
+        """Raise if a page of the map failed since it was opened (the file truncated, a device error: the C core
+        turned the SIGBUS into a page of zeros), so nothing computed from it goes out."""
+        if self._guard >= 0:
+            from pi2.engine import check_mapping
+            check_mapping(self._guard)
+
     def close(self) -> None:
         # numpy views may still reference the map; closing it then would fault, so leave that to GC
         try:
             self._mm.close()
         except BufferError:
             pass
+        else:
+            if self._guard >= 0:
+                from pi2.engine import unguard_mapping
+                unguard_mapping(self._guard)
+                self._guard = -1
         self._f.close()
 
     def __enter__(self):

@@ -39,14 +39,15 @@ static guard guards[N_GUARDS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct sigaction previous;
 static int installed;
+static uintptr_t page_size = 4096;
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
     const uintptr_t a = (uintptr_t)si->si_addr;
     for (int i = 0; i < N_GUARDS; i++) {
         const uintptr_t b = atomic_load(&guards[i].base);
         if (!b || a < b || a >= b + guards[i].size) continue;
-        const uintptr_t page = a & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
-        void *p = mmap((void *)page, (size_t)sysconf(_SC_PAGESIZE), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+        const uintptr_t page = a & ~(page_size - 1);
+        void *p = mmap((void *)page, (size_t)page_size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
                        -1, 0);
         if (p == MAP_FAILED) break;       /* cannot patch it: die as without the guard */
         if (atomic_fetch_add(&guards[i].faults, 1) == 0) atomic_store(&guards[i].first, (long long)(a - b));
@@ -67,6 +68,7 @@ int io_map_guard_add(const void *base, size_t size, const char *path, int fd) {
     if (!base || !size) return -1;
     pthread_mutex_lock(&lock);
     if (!installed) {
+        page_size = (uintptr_t)sysconf(_SC_PAGESIZE);
         struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER};
         sigemptyset(&sa.sa_mask);
         installed = sigaction(SIGBUS, &sa, &previous) == 0;

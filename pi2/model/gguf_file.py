@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,12 @@ def _guard(mm, path: str, fd: int) -> int:
     except ImportError:
         return -1
     return guard_mapping(mm, path, fd)
+
+
+def _unguard(gid: int) -> None:
+    if gid >= 0:
+        from pi2.engine import unguard_mapping
+        unguard_mapping(gid)
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,8 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
         self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
         self._guard = _guard(self._mm, self.path, self._f.fileno())
+        # given back when this object goes, even unclosed: a stale guard could claim a later mapping's address
+        self._unguard = weakref.finalize(self, _unguard, self._guard)
         try:
             self._parse()
         except Exception:
@@ -300,10 +309,8 @@ class GGUFFile:
         except BufferError:
             pass
         else:
-            if self._guard >= 0:
-                from pi2.engine import unguard_mapping
-                unguard_mapping(self._guard)
-                self._guard = -1
+            self._unguard()
+            self._guard = -1
         self._f.close()
 
     def __enter__(self):

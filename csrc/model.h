@@ -30,6 +30,7 @@ struct pi2_model {
     pi2_model_params hp;
     const uint8_t *map;          /* the whole file, PROT_READ */
     size_t map_size;
+    int map_guard;               /* io_map_guard id of map (-1: none) */
     pi2_weight token_embd;       /* [n_vocab] rows of n_embd */
     pi2_weight output;           /* [n_vocab] rows of n_embd (token_embd's bytes when tied) */
     const float *output_norm;    /* [n_embd] */

@@ -24,6 +24,14 @@ uint32_t pi2_abi_version(void);
 /* The message of the last error on this thread ("" when none). */
 const char *pi2_last_error(void);
 
+/* Guard a read-only file mapping the caller made (Python's map of a model file): a SIGBUS inside it (the file
+ * truncated, a device error) maps a zero page there instead of killing the process, and pi2_map_guard_check then
+ * fails with PI2_ERR_IO naming `path`, the offset and the errno (also when the file `fd` (-1: unknown) has shrunk).
+ * Returns an id; -1 when nothing is guarded (every call takes -1). pi2 guards its own mappings itself. */
+int32_t pi2_map_guard_add(const void *base, uint64_t size, const char *path, int32_t fd);
+void pi2_map_guard_remove(int32_t id);
+pi2_status pi2_map_guard_check(int32_t id);
+
 /* ---- kernels: ggml block types, dequantization, activation quantization, matvec ----
  * Types are ggml type ids (formats.md §2). Known: F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7,
  * Q8_0 8, Q8_1 9, Q4_K 12, Q5_K 13, Q6_K 14, Q8_K 15, BF16 30 (Q8_1 and Q8_K are activation-only).

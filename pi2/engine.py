@@ -18,7 +18,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 try:
     from pi2._pi2 import ffi, lib
@@ -38,6 +38,21 @@ def check(status: int) -> int:
         msg = ffi.string(lib.pi2_last_error()).decode("utf-8", "replace") or f"C core error {status}"
         raise _ERRORS.get(status, EngineError)(msg)
     return status
+
+
+def guard_mapping(buf, path: str, fd: int = -1) -> int:
+    """Guard a read-only mapping (an mmap.mmap): a page of it that fails (SIGBUS) reads as zeros and check_mapping
+    raises instead of the process dying. Returns the guard's id (-1: not guarded)."""
+    return int(lib.pi2_map_guard_add(ffi.from_buffer(buf), len(buf), str(path).encode(), fd))
+
+
+def check_mapping(gid: int) -> None:
+    """Raise EngineError when the guarded mapping `gid` failed (or its file shrank)."""
+    check(lib.pi2_map_guard_check(gid))
+
+
+def unguard_mapping(gid: int) -> None:
+    lib.pi2_map_guard_remove(gid)
 
 
 # ---- kernels ----------------------------------------------------------------------------------
@@ -489,6 +504,7 @@ class CContext:
             raise KeyboardInterrupt
         if status < 0:
             raise _ERRORS.get(status, EngineError)(msg or f"C core error {status}")
+        self.cmodel.model.file.check_io()     # what Python read of the file (thresholds, tables) was whole
         return out if all_logits else out.copy()
 
     def _interruptible(self, args, long: bool) -> tuple:

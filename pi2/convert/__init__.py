@@ -184,7 +184,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     secs["layout"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    write_gguf(out, cfg.arch, kvs, tensors, progress)
+    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io)   # no output from a source that failed
     secs["write"] = time.perf_counter() - t3
     secs["total"] = time.perf_counter() - t0
     rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024

@@ -13,6 +13,17 @@ from pi2.errors import ModelFormatError, UnsupportedError
 SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo")
 
 
+def layers_in(tensors: dict) -> int:
+    """1 + the highest layer index among the tensors named `blk.N.*` (0 when there are none)."""
+    n = 0
+    for name in tensors:
+        if name.startswith("blk."):
+            idx = name[4:].split(".", 1)[0]
+            if idx.isdigit() and len(idx) < 10:
+                n = max(n, int(idx) + 1)
+    return n
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -86,6 +97,9 @@ class ModelConfig:
         if n_embd <= 0 or n_layer <= 0 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelFormatError(f"inconsistent hyper-parameters: n_embd {n_embd}, n_layer {n_layer}, "
                                    f"n_head {n_head}, n_head_kv {n_head_kv}")
+        n_blk = layers_in(tensors)
+        if n_layer > n_blk:     # checked before anything loops over the layers: 2^31 of them would never end
+            raise ModelFormatError(f"{arch}.block_count is {n_layer} but the file holds tensors for {n_blk} layers")
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))
         n_rot = int(get("rope.dimension_count", head_dim))

@@ -10,6 +10,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from pi2.errors import ModelFormatError
 from pi2.model.gguf_file import GGML_TYPES
 from pi2.model.loader import load_model
 
@@ -44,6 +45,8 @@ def _pi2_rows(m) -> list:
     keep10, hot80 = [], []
     for il in range(m.config.n_layer):
         err = f.raw(f"blk.{il}.ffn_err.weight").view(np.float32).ravel()
+        if err.size != grid.size:
+            raise ModelFormatError(f"{m.path}: blk.{il}.ffn_err needs {grid.size} values (pi2.ffn.keep_grid)")
         ok = np.nonzero(err <= 0.10)[0]
         keep10.append(float(grid[ok[0]]) if ok.size else 1.0)
         fr = np.sort(f.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel())[::-1]
@@ -97,7 +100,12 @@ def describe(path, list_tensors: bool = False, console: Console | None = None) -
                       f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, add_bos {tok.add_bos}"),
         ("chat template", "yes" if kv.get("tokenizer.chat_template") else "no"),
     ]
-    rows += _pi2_rows(m)
+    try:
+        rows += _pi2_rows(m)
+    except (TypeError, ValueError, KeyError, IndexError) as e:   # a damaged value: a key of the wrong type
+        if isinstance(e, ModelFormatError):
+            raise
+        raise ModelFormatError(f"{m.path}: damaged pi2 metadata ({type(e).__name__}: {e})") from None
     for k, v in rows:
         head.add_row(f"[bold]{k}[/]", v)
     console.print(head)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pi2.errors import ModelFormatError, UnsupportedError
+from pi2.model import pi2_keys
 from pi2.model.config import ModelConfig
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile, TensorInfo
 from pi2.model.tokenizer import Tokenizer
@@ -109,6 +110,8 @@ def load_model(path: str | os.PathLike) -> Model:
     f = GGUFFile(path)
     try:
         cfg = ModelConfig.from_gguf(f.kv, f.tensors, f.magic)
+        if cfg.pi2:
+            pi2_keys.check(f.kv, f.path, cfg.n_layer)
         want = expected_tensors(cfg)
         tied = "output.weight" not in f.tensors
         if not tied:

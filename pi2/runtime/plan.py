@@ -24,6 +24,7 @@ from pi2.runtime.config import DEFAULT_CTX, RunConfig
 from pi2.runtime.ffn_rule import FFNRule, choose_rule
 
 C_ARCHS = ("llama", "qwen2", "gemma3", "bamboo")      # what csrc/ runs (model.c's architecture table)
+MAX_CTX = 1 << 24           # the largest n_ctx csrc/context.c takes
 
 _NOTED: set = set()     # notes printed once per process: the engine fallback, a file that does not fit
 
@@ -69,9 +70,23 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     if n_ctx < 0:
         raise UsageError(f"invalid context size {n_ctx}")
     train = model.config.n_ctx_train
-    if n_ctx == 0:
-        return train
-    return min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    n = train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "")
+    return n
+
+
+def check_ctx(model: Model, n_ctx: int, whose: str = "") -> None:
+    """Refuse, before anything is allocated, a context larger than the C engine takes (csrc/context.c) or whose KV
+    cache and buffers exceed the memory this process may use."""
+    what = f"a context of {n_ctx} tokens" + (f" ({whose})" if whose else "")
+    if n_ctx > MAX_CTX:
+        raise UsageError(f"{what} is more than pi2's maximum of {MAX_CTX}", hint="give a smaller -c")
+    limit = devices.memory_limit()
+    need = sum(context_bytes(model.config, n_ctx, 1))
+    if limit is not None and need > limit:
+        fits = max(1, int(n_ctx * limit / need) // 256 * 256)
+        raise UsageError(f"{what} needs {fmt(need)} for its KV cache and buffers, more than the {fmt(limit)} "
+                         "this process may use", hint=f"give -c {fits} or less")
 
 
 def plan_run(model: Model, cfg: RunConfig) -> RunPlan:

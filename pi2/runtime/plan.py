@@ -60,8 +60,11 @@ def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
 def c_engine_gap(model: Model) -> str:
     """Why the C engine cannot run this model ("" when it can). It runs every architecture ModelConfig accepts,
     PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
-    if model.config.arch not in C_ARCHS:
-        return f"the C engine does not run {model.config.arch} models"
+    c = model.config
+    if c.moe_family:
+        return f"the C engine does not run {c.arch} models yet" + (" (Mixture-of-Experts)" if c.n_expert else "")
+    if c.arch not in C_ARCHS:
+        return f"the C engine does not run {c.arch} models"
     return ""
 
 
@@ -94,7 +97,9 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     model is loaded to size the cache, the device probed for the I/O backend, NNAPI opened to decide the hot
     prefix; `pi2 plan` prints what this returns."""
     n_ctx = resolve_ctx(model, cfg.n_ctx)
-    gap = c_engine_gap(model) if is_sparse_run(model, cfg) else ""
+    gap = c_engine_gap(model) if is_sparse_run(model, cfg) or model.config.moe_family else ""
+    if model.config.moe_family and (cfg.keep is not None or cfg.dense):
+        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
     engine = "reference" if cfg.engine == "reference" or gap else "c"

@@ -19,6 +19,7 @@ import numpy as np
 
 from pi2.reference import ggml_order as go
 from pi2.errors import UsageError
+from pi2.model.info_moe import active_params, ffn_bytes_per_token
 from pi2.model.loader import Model
 from pi2.reference.moe_matmul import ExpertLinear, Linear, group_by_expert
 from pi2.reference.moe_routing import expf, route
@@ -109,7 +110,6 @@ class MoEContext:
     def bench_stats(self) -> dict:
         """pi2 bench's extra fields: experts per token, the share of expert neurons a token computes, the FFN
         bytes a token reads (its k experts' slices, the router, the shared expert) and all weight bytes it reads."""
-        from pi2.model.info_moe import active_params, ffn_bytes_per_token
         c = self.cfg
         if not c.n_expert:
             return {}

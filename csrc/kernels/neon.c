@@ -9,7 +9,10 @@
  * AVX2 kernels as two float32x4_t, the same int32 lane contents, fused FMAs and hsum_float_8's
  * order; Q4_K and Q6_K also in their batch orders (vec_dot_batch). F32/F16 too. Q5_K and BF16 run
  * the reference on both. No four-token kernels yet (matmul.c then calls these per token). */
+#include "pack.h"
 #include "traits.h"
+
+#include <stdio.h>
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -41,6 +44,27 @@ static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char 
     t[type].vec_dot_impl = impl;
 }
 
+#ifndef HWCAP_CPUID
+#define HWCAP_CPUID (1UL << 11)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
+
+/* The variant: SDOT or not (HWCAP), and the core's implementer and part from MIDR_EL1 where the kernel
+ * lets user space read it (HWCAP_CPUID), so a report names the core (0x41/0xd0b: Cortex-A76). */
+int pi2_kernels_variant_neon(pi2_cpu_variant *v) {
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    unsigned long midr = 0;
+    if (hw & HWCAP_CPUID) __asm__("mrs %0, MIDR_EL1" : "=r"(midr));
+    const int dp = (hw & HWCAP_ASIMDDP) != 0;
+    snprintf(v->name, sizeof v->name, "%s", dp ? "neon-dotprod" : "neon");
+    snprintf(v->why, sizeof v->why, "implementer %#lx part %#lx%s: %s", (midr >> 24) & 0xFF, (midr >> 4) & 0xFFF,
+             hw2 & HWCAP2_I8MM ? " (i8mm)" : "", dp ? "SDOT kernels, plain rows" : "NEON kernels, plain rows");
+    v->prefetch = 0;
+    return 1;
+}
+
 #define SET(T, fn) set_dot(t, T, dp ? fn##_dotprod : fn##_neon, dp ? "dotprod" : "neon")
 
 uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
@@ -60,6 +84,11 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
 }
 
 #else
+
+int pi2_kernels_variant_neon(pi2_cpu_variant *v) {
+    (void)v;
+    return 0;
+}
 
 uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
     (void)t; (void)allow_ext;

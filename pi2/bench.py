@@ -44,6 +44,7 @@ class BenchParams:
     npu_gbps: float | None = None    # --npu-gbps (None = measured)
     memory_budget: int | None = None # --memory-budget, bytes: stream the FFN bundles
     io: str = "auto"                 # --io
+    repack: bool = True              # False: --no-repack
 
 
 @dataclass
@@ -113,7 +114,8 @@ def _pair(s: str) -> tuple:
 
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
                 engine="auto", warmup=True, progress=False, keep=None, dense=False, npu="auto",
-                nnapi_lib=None, memory_budget=None, io="auto", npu_gbps=None, predictor=True) -> BenchParams:
+                nnapi_lib=None, memory_budget=None, io="auto", npu_gbps=None, predictor=True,
+                repack=True) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams."""
     from pi2.npu import check_gbps, check_mode
     from pi2.runtime import ENGINES
@@ -133,7 +135,7 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
                     n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
                     warmup=warmup, progress=progress, keep=keep, dense=dense, predictor=predictor,
                     npu=check_mode(npu), nnapi_lib=nnapi_lib, memory_budget=memory_budget, io=io,
-                    npu_gbps=check_gbps(npu_gbps))
+                    npu_gbps=check_gbps(npu_gbps), repack=repack)
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
     return p
@@ -242,7 +244,8 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         for (engine, nt), group in groups.items():
             ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=nt, engine=engine, keep=p.keep, dense=p.dense,
                                                 predictor=p.predictor, npu=p.npu, nnapi_lib=p.nnapi_lib,
-                                                memory_budget=p.memory_budget, io=p.io, npu_gbps=p.npu_gbps))
+                                                memory_budget=p.memory_budget, io=p.io, npu_gbps=p.npu_gbps,
+                                                repack=p.repack))
             resolved = engine_name(ctx)
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))

@@ -190,13 +190,15 @@ def bench(
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt,
+    repack: bool = typer.Option(True, "--repack/--no-repack", help="repack weights at load for the packed kernels "
+                                "(as llama-bench --repack 1; results are the same bits either way)"),
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     from pi2 import bench as b
     params = b.make_params([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps,
                            output, engine, warmup=not no_warmup, progress=progress, keep=keep, dense=dense,
                            npu=npu, nnapi_lib=nnapi_lib, memory_budget=_budget(memory_budget), io=parse_io(io),
-                           npu_gbps=npu_gbps, predictor=use_predictor)
+                           npu_gbps=npu_gbps, predictor=use_predictor, repack=repack)
     b.run(params)
 
 

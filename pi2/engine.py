@@ -81,7 +81,17 @@ def kernel_info() -> dict:
     for tid in (0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14):
         info = {impl: type_info(tid, impl) for impl in IMPLS}
         types[info["ref"].name] = {impl: ti.vec_dot_impl for impl, ti in info.items()}
-    return {"isa": [n for bit, n in _ISA_NAMES.items() if isa & bit], "vec_dot": types}
+    why = ffi.new("const char **")
+    variant = ffi.string(lib.pi2_kernel_variant(why)).decode()
+    packed = [n for n, tid in (("Q4_1", 3), ("Q5_0", 6), ("Q8_0", 8)) if _has_packed(tid)]
+    return {"isa": [n for bit, n in _ISA_NAMES.items() if isa & bit], "vec_dot": types,
+            "variant": variant, "variant_why": ffi.string(why[0]).decode(), "packed": packed}
+
+
+def _has_packed(tid: int) -> bool:
+    """Whether the auto table has a packed kernel for ggml type tid (8 zero rows of one block each)."""
+    w, x, out = ffi.new("uint8_t[]", 8 * 64), ffi.new("uint8_t[]", 64), ffi.new("float[]", 8)
+    return lib.pi2_matvec_packed(tid, w, 8, 32, x, out, 0) == 0
 
 
 def _rows(raw: np.ndarray, qtype: int, ti: TypeInfo, n_cols: int, impl: str) -> np.ndarray:
@@ -272,6 +282,14 @@ class CModel:
                  sum(t.nbytes for _, _, t in descs))
         cm.model = model     # the file's tables: FFN rules and byte counts
         return cm
+
+    def repack(self, ffn: bool = False, impl: str = "auto") -> int:
+        """pi2_model_repack: the dense matrices (attention and output; the FFN too with ffn) copied into the
+        packed kernels' layout, where table `impl` has packed kernels; the bytes all copies hold."""
+        out = ffi.new("int64_t *")
+        check(lib.pi2_model_repack(self._h, _impl(impl), int(ffn), out))
+        self.repacked = int(out[0])
+        return self.repacked
 
 
 def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:

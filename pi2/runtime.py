@@ -32,6 +32,7 @@ class RunConfig:
     io: str = "auto"              # --io: the backend of streamed reads
     predictor: bool = True        # --no-predictor: a pi2 file's pi2-made predictor is not used
     npu_gbps: float | None = None  # --npu-gbps: the NPU's throughput to plan with (None = measured)
+    repack: bool = True           # copy dense matrices into the packed kernels' layout at load (pi2_model_repack)
 
 
 _NOTED: list = []
@@ -92,6 +93,8 @@ def open_context(model: Model, cfg: RunConfig):
         rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
         ctx = CContext(CModel.from_model(model), n_ctx, cfg.n_threads)
         ctx.set_ffn(rule)
+        if cfg.repack:   # in memory: attention and output, and the FFN when every neuron is computed
+            ctx.cmodel.repack(ffn=rule.rule == "dense")
         npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps)
         return ctx
     if cfg.engine == "auto" and not _NOTED:
@@ -151,6 +154,8 @@ def _streamed_context(model: Model, cfg: RunConfig, n_ctx: int):
     plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, rule=rule)
     ctx = CContext(cm, n_ctx, threads)
     ctx.set_ffn(rule)
+    if cfg.repack:   # the fixed region's attention and output: copies replace their mapped pages (same bytes)
+        plan.repacked = cm.repack(ffn=False)
     npu.attach(ctx, cfg.npu, cfg.nnapi_lib, model, cfg.npu_gbps, room=cfg.memory_budget - plan.floor)
     if ctx.npu_state == "nnapi":
         plan = make_plan(model, cm, cfg.memory_budget, n_ctx, threads, io=backend, runtime=plan.runtime,

@@ -141,3 +141,85 @@ static X86_TARGET void X86_FN(q6_K_vec_dot512)(int64_t n, float *s, const void *
     *s = _mm_cvtss_f32(r);
 }
 
+
+/* twin: q4_K_gemm_dot in ref_k.h, NT (4 or 8) tokens: q4_K_gemm_rows (x86_tile_body.h) with two tokens per
+ * 512-bit register. Per token pair, sub-block j's codes (the same in both halves) meet the two tokens'
+ * activations; vpdpwssd scales the u4·s8 pair sums; the 64-value sums isb[k] come out of a transposing add
+ * (exact integers, so the same values), then each token's FMA chain as q4_K_gemm_rows, lane t of group t / 4. */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_gemm_rows_z)(
+        int64_t n, float *s, size_t s_stride, const void *w, const void *xq, size_t xq_stride, const int NT) {
+    const blk_q4_K *x = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, accm[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) pi2_k4_scale_min(j, x[i].scales, &sc[j], &mn[j]);
+        const __m256i mins = _mm256_set_epi16(mn[7], mn[7], mn[6], mn[6], mn[5], mn[5], mn[4], mn[4],
+                                              mn[3], mn[3], mn[2], mn[2], mn[1], mn[1], mn[0], mn[0]);
+        __m512i q[8], scv[8];
+        for (int c = 0; c < 4; c++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+            q[2 * c] = _mm512_broadcast_i64x4(_mm256_and_si256(bits, m4));
+            q[2 * c + 1] = _mm512_broadcast_i64x4(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4));
+        }
+        for (int j = 0; j < 8; j++) scv[j] = _mm512_set1_epi16(sc[j]);
+        const float xd = X86_FN(h2f)(x[i].d), xdmin = X86_FN(h2f)(x[i].dmin);
+        for (int g = 0; g < NT / 4; g++) {
+            __m128 fi[4], fm[4];
+            float dy[4];
+            for (int t = 0; t < 4; t += 2) {
+                const blk_q8_K *y0 = (const blk_q8_K *)((const uint8_t *)xq + (4 * g + t) * xq_stride) + i;
+                const blk_q8_K *y1 = (const blk_q8_K *)((const uint8_t *)xq + (4 * g + t + 1) * xq_stride) + i;
+                __m512i sv[4];
+                for (int c = 0; c < 4; c++) {
+                    __m512i a = _mm512_setzero_si512();
+                    for (int h = 0; h < 2; h++) {
+                        const int j = 2 * c + h;
+                        const __m512i yv = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(y0->qs + 32 * j))),
+                            _mm256_loadu_si256((const __m256i *)(y1->qs + 32 * j)), 1);
+                        a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(q[j], yv), scv[j]);
+                    }
+                    sv[c] = a;
+                }
+                const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(sv[0], sv[1]), _mm512_unpackhi_epi32(sv[0], sv[1]));
+                const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(sv[2], sv[3]), _mm512_unpackhi_epi32(sv[2], sv[3]));
+                const __m512i r = _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+                const __m256i r0 = _mm512_castsi512_si256(r), r1 = _mm512_extracti64x4_epi64(r, 1);
+                fi[t] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(r0), _mm256_extracti128_si256(r0, 1)));
+                fi[t + 1] = _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(r1), _mm256_extracti128_si256(r1, 1)));
+                for (int u = 0; u < 2; u++) {
+                    const blk_q8_K *y = u ? y1 : y0;
+                    const __m256i mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins);
+                    const __m256i mh = _mm256_hadd_epi32(mp, mp);
+                    fm[t + u] = _mm_cvtepi32_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mh), _mm256_extracti128_si256(mh, 1)));
+                    dy[t + u] = y->d;
+                }
+            }
+            _MM_TRANSPOSE4_PS(fi[0], fi[1], fi[2], fi[3]);          /* fi[k] lane t: token t's 64-value sum k */
+            _MM_TRANSPOSE4_PS(fm[0], fm[1], fm[2], fm[3]);
+            const __m128 vy = _mm_loadu_ps(dy);
+            const __m128 dd = _mm_mul_ps(vy, _mm_set1_ps(xd));
+            const __m128 dm = _mm_mul_ps(vy, _mm_set1_ps(xdmin));
+            for (int k = 0; k < 4; k++) {
+                acc[g] = _mm_fmadd_ps(fi[k], dd, acc[g]);
+                accm[g] = _mm_fmadd_ps(fm[k], dm, accm[g]);
+            }
+        }
+    }
+    for (int g = 0; g < NT / 4; g++) {
+        float r[4];
+        _mm_storeu_ps(r, _mm_sub_ps(acc[g], accm[g]));
+        for (int t = 0; t < 4; t++) s[(4 * g + t) * s_stride] = r[t];
+    }
+}
+
+static X86_TARGET void X86_FN(q4_K_gemm_dot4_z)(int64_t n, float *s, size_t s_stride, const void *w,
+                                                const void *xq, size_t xq_stride) {
+    X86_FN(q4_K_gemm_rows_z)(n, s, s_stride, w, xq, xq_stride, 4);
+}
+
+static X86_TARGET void X86_FN(q4_K_gemm_dot8_z)(int64_t n, float *s, size_t s_stride, const void *w,
+                                                const void *xq, size_t xq_stride) {
+    X86_FN(q4_K_gemm_rows_z)(n, s, s_stride, w, xq, xq_stride, 8);
+}

@@ -143,6 +143,25 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
     return out
 
 
+def repack_rows(raw: np.ndarray, qtype: int, n_cols: int, unpack: bool = False) -> np.ndarray:
+    """pi2_repack_rows: raw's rows (a multiple of 8) in the x8 packed layout, or back with unpack."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    out = np.empty_like(raw)
+    check(lib.pi2_repack_rows(int(qtype), ffi.from_buffer(raw), raw.shape[0], n_cols,
+                              ffi.from_buffer(out, require_writable=True), int(unpack)))
+    return out
+
+
+def matvec_packed(packed: np.ndarray, qtype: int, n_cols: int, xq: np.ndarray, impl: str = "auto") -> np.ndarray:
+    """pi2_matvec_packed: float32 (rows,) of packed rows (repack_rows) · xq (bytes from quantize_act)."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    out = np.empty(packed.shape[0], dtype=np.float32)
+    check(lib.pi2_matvec_packed(int(qtype), ffi.from_buffer(packed), packed.shape[0], n_cols,
+                                ffi.from_buffer(np.ascontiguousarray(xq)),
+                                ffi.from_buffer("float[]", out, require_writable=True), _impl(impl)))
+    return out
+
+
 # ---- the forward pass: models and contexts ------------------------------------------------------
 
 _ARCHS = {"llama": 0, "qwen2": 1, "gemma3": 2, "bamboo": 3}

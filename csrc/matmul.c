@@ -15,7 +15,7 @@
 #define TASKS_PER_THREAD 8   /* enough tasks to balance a busy core, few enough to keep the counter cold */
 #define MIN_ROWS 8
 #define TILE_TOK 16
-#define PACK_TOK 128         /* tokens per unpacking of a packed group (its 8 rows stay in L1 for them) */
+#define PACK_TOK 256         /* tokens per unpacking of a packed group (its 8 rows stay in L1 for them) */
 
 typedef struct {
     const pi2_mm *mm;

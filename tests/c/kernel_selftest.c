@@ -713,7 +713,7 @@ static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out) {
     const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
     const int64_t n = (int64_t)n_blocks * 32;
     const size_t rb = (size_t)n_blocks * ref->type_size, xrow = act_bytes(ref, n);
-    enum { MAX_TOK = 131 };   /* past PACK_TOK (128): a group unpacked twice */
+    enum { MAX_TOK = 259 };   /* past PACK_TOK (256): a group unpacked twice */
     uint8_t *w = malloc(rb * n_out), *pk = malloc(rb * n_out), *back = malloc(rb * n_out), *xq = malloc(xrow * MAX_TOK);
     float *x = malloc(sizeof(float) * n * MAX_TOK), *a = malloc(sizeof(float) * n_out * MAX_TOK);
     float *b = malloc(sizeof(float) * n_out * MAX_TOK);

@@ -187,9 +187,9 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
     /* The batch kernels' int sums fuse madd and add into vpdpwssd with VNNI (same exact ints). */
-    t[PI2_T_Q4_K].vec_dot_batch4 = zmm ? q4_K_gemm_dot4_z_vnni : vnni ? q4_K_gemm_dot4_vnni : q4_K_gemm_dot4_avx2;
+    t[PI2_T_Q4_K].vec_dot_batch4 = vnni ? q4_K_gemm_dot4_vnni : q4_K_gemm_dot4_avx2;
     t[PI2_T_Q6_K].vec_dot_batch4 = vnni ? q6_K_tiled_dot4_vnni : q6_K_tiled_dot4_avx2;
-    batch8[allow_ext != 0][PI2_T_Q4_K] = zmm ? q4_K_gemm_dot8_z_vnni : vnni ? q4_K_gemm_dot8_vnni : q4_K_gemm_dot8_avx2;
+    batch8[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_gemm_dot8_vnni : q4_K_gemm_dot8_avx2;
     batch8[allow_ext != 0][PI2_T_Q6_K] = vnni ? q6_K_tiled_dot8_vnni : q6_K_tiled_dot8_avx2;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");

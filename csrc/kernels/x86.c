@@ -99,8 +99,8 @@ static void cpu_id(char vendor[13], unsigned *family, unsigned *model) {
 
 /* Which packed kernels and prefetch this CPU gets (the reasons are the `why` strings below):
  * - AMD Zen 4/5 (family 19h/1Ah with AVX-512): zmm kernels. Zen 4 runs 512-bit ops as two 256-bit halves at
- *   the full clock, so a zmm kernel issues half the instructions of a ymm one for the same work; the
- *   hardware prefetchers follow the packed groups' single stream, software prefetch measured no gain.
+ *   the full clock, so a zmm kernel issues half the instructions of a ymm one for the same work; its
+ *   stream prefetchers follow the packed groups' single stream across pages: no software prefetch.
  * - Intel Skylake-SP / Cascade Lake / Cooper Lake (family 6 model 55h): ymm kernels with VNNI. 512-bit
  *   instructions move these cores to a lower clock licence for every thread of the core.
  * - Other Intel with AVX-512 VNNI (Ice Lake, Sapphire/Emerald/Granite Rapids): zmm kernels, and software

@@ -9,7 +9,7 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 
 SOURCES = ["pi2.c", "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
-           "kernels/api.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "context.c", "forward.c", "ffn_sparse.c", "ffn_predict.c",
+           "kernels/api.c", "kernels/pack.c", "threadpool.c", "matmul.c", "ops.c", "model.c", "model_pack.c", "context.c", "forward.c", "ffn_sparse.c", "ffn_predict.c",
            "ffn_pwri.c", "ffn_select.c", "ffn_groups.c", "kernels/lowbit.c", "cache.c", "cache_read.c", "cache_layer.c", "cache_pool.c",
            "nnapi.c", "nnapi_graph.c", "npu.c", "npu_ffn.c",
            "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c", "io/mmap.c", "io/bench.c", "io/probe.c", "io/map_guard.c"]

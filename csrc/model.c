@@ -145,7 +145,7 @@ static pi2_weight weight_view(const pi2_model *m, const pi2_tensor_desc *d) {
     const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
     const int32_t bits = pi2_lowbit_bits(d->type);
     const size_t row = bits ? pi2_lowbit_row_bytes(bits, d->ne[0]) : (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size;
-    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1], d->row_stride ? (size_t)d->row_stride : row};
+    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1], d->row_stride ? (size_t)d->row_stride : row, NULL};
 }
 
 static void place(pi2_model *m, const pi2_tensor_desc *d) {
@@ -274,6 +274,8 @@ void pi2_model_free(pi2_model *m) {
     io_map_guard_remove(m->map_guard);
     if (m->map) munmap((void *)m->map, m->map_size);
     free(m->gelu_table);
+    free(m->packs[0]);
+    free(m->packs[1]);
     free(m->layers);
     free(m);
 }

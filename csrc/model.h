@@ -37,6 +37,8 @@ struct pi2_model {
     const float *rope_freqs;     /* [n_rot/2] or NULL */
     pi2_layer *layers;           /* [n_layer] */
     pi2_fp16 *gelu_table;        /* [65536] when ffn_act is GELU, else NULL */
+    void *packs[2];              /* pi2_model_repack's copies (attention and output; FFN), or NULL */
+    int64_t packed_bytes;        /* their size */
 };
 
 #endif

@@ -326,3 +326,23 @@ def quantize_weight(x: np.ndarray, qtype: int) -> np.ndarray:
     x = np.atleast_2d(np.asarray(x, dtype=np.float32))
     out = np.ascontiguousarray(quantize(x, GGMLQuantizationType(qtype)))
     return out.view(np.uint8).reshape(x.shape[0], -1)
+
+
+# ---------------------------------------------------------------- the x8 repacked layout (csrc/kernels/pack.h)
+
+PACK_ROWS = 8
+# bytes of each field of a block, in order (d, [m], [qh], qs)
+PACK_FIELDS = {Q4_0: (2, 16), Q4_1: (2, 2, 16), Q5_0: (2, 4, 16), Q5_1: (2, 2, 4, 16), Q8_0: (2, 32)}
+
+
+def pack_rows(raw: np.ndarray, qtype: int) -> np.ndarray:
+    """The x8 layout of raw (n_rows, row_bytes) blocks: per group of 8 rows and block column, each field of
+    the 8 rows side by side (the C twin: pi2_repack_rows / pi2_pack_rows). Same shape and bytes, reordered."""
+    fields = PACK_FIELDS[qtype]
+    n, rb = raw.shape
+    ts = sum(fields)
+    blocks = raw.reshape(n // PACK_ROWS, PACK_ROWS, rb // ts, ts)             # group, row, column, byte
+    offs = np.cumsum((0,) + fields)
+    parts = [blocks[..., a:b].transpose(0, 2, 1, 3).reshape(n // PACK_ROWS, rb // ts, -1)
+             for a, b in zip(offs[:-1], offs[1:])]                               # group, column, 8 rows' field
+    return np.concatenate(parts, axis=2).reshape(n, rb)

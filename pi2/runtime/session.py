@@ -89,8 +89,12 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
         return Session(model, p, ref, p.npu)
     ctx = CContext(p.cmodel, p.n_ctx, p.n_threads)
     ctx.set_ffn(p.rule)
-    npu.attach(ctx, p.npu)
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu
+    if p.cfg.repack:    # attention and output (the FFN too when every neuron is computed in memory) in the packed
+        repacked = p.cmodel.repack(ffn=p.rule.rule == "dense" and cache is None)   # kernels' layout; same bits
+        if cache is not None:
+            cache.repacked = repacked      # the copies replace their mapped pages: the fixed region is unchanged
+    npu.attach(ctx, p.npu)
     if cache is not None:
         ctx.set_stream(**cache.stream_args())
     return Session(model, p, ctx, p.npu, cache)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, ffi, lib
 from pi2.errors import UnsupportedError
 from pi2.model.ffn_layout import bundle_layout, row_bytes
@@ -156,6 +157,14 @@ class CModel:
                  sum(t.nbytes for _, _, t in descs))
         cm.model = model     # the file's tables: FFN rules and byte counts
         return cm
+
+    def repack(self, ffn: bool = False, impl: str = "auto") -> int:
+        """pi2_model_repack: the dense matrices (attention and output; the FFN too with ffn) copied into the
+        packed kernels' layout, where table `impl` has packed kernels; the bytes all copies hold."""
+        out = ffi.new("int64_t *")
+        check(lib.pi2_model_repack(self._h, impl_id(impl), int(ffn), out))
+        self.repacked = int(out[0])
+        return self.repacked
 
 
 def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:

@@ -190,8 +190,6 @@ void pi2_ctx_reset(pi2_ctx *c) {
     atomic_store(&c->abort, 0);
 }
 
-int32_t pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
-
 void pi2_abort(pi2_ctx *c) { atomic_store(&c->abort, 1); }
 
 void pi2_set_trace(pi2_ctx *c, pi2_trace_fn fn, void *user) {
@@ -244,7 +242,7 @@ pi2_status pi2_ctx_get_stats(const pi2_ctx *c, pi2_ctx_stats *out, pi2_cache_sta
     if (out) {
         pi2_ctx_stats st = {.ffn_active = out->ffn_active, .ffn_predicted = out->ffn_predicted,
                             .ffn_tokens = c->ffn_tokens, .nnapi_bytes = (int64_t)pi2_nnapi_batches_bytes(c),
-                            .hot_bytes = (int64_t)pi2_nnapi_hot_bytes(c)};
+                            .hot_bytes = (int64_t)pi2_nnapi_hot_bytes(c), .n_past = c->n_past};
         st.nnapi_runs = pi2_nnapi_batches_runs(c, &st.nnapi_fallbacks);
         st.hot_runs = pi2_nnapi_hot_runs(c, &st.hot_fallbacks);
         for (int32_t il = 0; il < c->m->hp.n_layer; il++) {

@@ -11,13 +11,13 @@ HERE = Path(__file__).resolve().parent
 
 SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "ops.c", "threadpool.c", "matmul.c",
            "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
-           "kernels/lowbit.c", "kernels/api.c",
+           "kernels/lowbit.c", "kernels/api.c", "kernels/pack.c", "model_pack.c", "kernels/ggml_order.c",
            "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c",
-           "ffn/moe_mm.c", "kernels/ggml_order.c",
+           "ffn/moe_mm.c",
            "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c",
            "cache/cache.c", "cache/read.c", "cache/slots.c",
            "nnapi/nnapi.c", "nnapi/graph.c", "nnapi/bench.c", "nnapi/batches.c", "nnapi/hot_ffn.c",
-           "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c", "io/mmap.c", "io/bench.c", "io/probe.c"]
+           "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c", "io/mmap.c", "io/bench.c", "io/probe.c", "io/map_guard.c"]
 
 
 HEADERS = ["pi2.h", "pi2_test.h"]
@@ -28,6 +28,11 @@ def _cdef(header: str) -> str:
     return "\n".join(line.replace("PI2_API ", "") for line in lines)
 
 
+# PI2_SANITIZE=address,undefined (any -fsanitize= list): an instrumented build for scripts/sanitize.sh, which loads
+# the sanitizer runtime with LD_PRELOAD (python itself is not instrumented). Every report aborts the process.
+SANITIZE = os.environ.get("PI2_SANITIZE", "")
+SAN_FLAGS = [f"-fsanitize={SANITIZE}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g"] if SANITIZE else []
+
 ffi = FFI()
 ffi.cdef("\n".join(_cdef((HERE / h).read_text()) for h in HEADERS))
 ffi.set_source(
@@ -36,10 +41,11 @@ ffi.set_source(
     sources=[os.path.relpath(HERE / s) for s in SOURCES],
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-pthread",
-                        "-fvisibility=hidden"],
-    extra_link_args=["-pthread"],
+                        "-fvisibility=hidden"] + SAN_FLAGS,
+    extra_link_args=["-pthread"] + SAN_FLAGS,
     libraries=["m", "dl"],   # dl: nnapi.c opens libneuralnetworks.so at run time
 )
 
-if __name__ == "__main__":
-    ffi.compile(tmpdir=str(HERE.parent), verbose=True)
+if __name__ == "__main__":   # [DIR]: build pi2/_pi2*.so under DIR (default: the source tree)
+    import sys
+    ffi.compile(tmpdir=sys.argv[1] if len(sys.argv) > 1 else str(HERE.parent), verbose=True)

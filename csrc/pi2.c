@@ -1,12 +1,13 @@
 /* pi2.c — library-wide entry points: ABI version, the per-thread last error, kernel facts.
  * Does not: compute anything (kernels/, forward.c) or read files (io/). */
 #include "internal.h"
+#include "kernels/traits.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#define PI2_ABI_VERSION 11u
+#define PI2_ABI_VERSION 12u
 
 static _Thread_local char last_message[512];
 static _Thread_local char last_path[256];
@@ -55,6 +56,9 @@ void pi2_clear_error(void) {
 
 pi2_status pi2_kernel_info(int32_t type, int32_t impl, pi2_type_info *out) {
     const pi2_status s = pi2_kernel_type_info(type, impl, out);
-    if (!s) out->isa = pi2_kernel_isa();
+    if (s) return s;
+    out->isa = pi2_kernel_isa();
+    out->packed = out->has_vec_dot && pi2_traits(type, impl)->vec_dot_pack != NULL;
+    out->variant = pi2_kernel_variant(&out->variant_why);
     return s;
 }

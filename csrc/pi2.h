@@ -3,7 +3,7 @@
  *       FFN rule, the streamed FFN (the neuron cache), the statistics, the NNAPI delegate and flash I/O.
  * Shape: opaque handles, init/free pairs, params structs with a *_default_params() or documented zero defaults,
  *       statistics structs whose first field is their size (the caller sets it; C fills only the fields that fit,
- *       so a field added at the end is no ABI break). 29 functions; test entry points are in pi2_test.h.
+ *       so a field added at the end is no ABI break). 30 functions; test entry points are in pi2_test.h.
  * Only declarations marked PI2_API are exported from the built module (the rest is built with hidden visibility).
  * Over 400 lines on purpose: the API is one header (what a program includes, what Python binds), and each
  * declaration keeps its contract beside it.
@@ -43,6 +43,13 @@ typedef struct {
 } pi2_error;
 PI2_API void pi2_last_error(pi2_error *out);
 
+/* Guard a read-only file mapping the caller made (Python's map of a model file): a SIGBUS inside it (the file
+ * truncated, a device error) maps a zero page there instead of killing the process, and pi2_map_guard_check then
+ * fails with PI2_ERR_IO naming `path`, the offset and the errno (also when the file `fd` (-1: unknown) has shrunk).
+ * Returns an id; -1 when nothing is guarded (every call takes -1). pi2 guards its own mappings itself. */
+PI2_API int32_t pi2_map_guard_add(const void *base, uint64_t size, const char *path, int32_t fd);
+PI2_API pi2_status pi2_map_guard_check(int32_t id, int32_t release);   /* release 1: stop guarding (id is free) */
+
 /* ---- kernels: ggml block types ----
  * Types are ggml type ids (formats.md §2). Known: F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q8_1 9,
  * Q4_K 12, Q5_K 13, Q6_K 14, Q8_K 15, BF16 30 (Q8_1 and Q8_K are activation-only). A row of n_cols values of a
@@ -69,6 +76,11 @@ typedef struct {
     const char *vec_dot_impl;  /* kernel pi2_matvec uses for `impl`: "ref", "avx2", "avx512vnni", "neon", "dotprod"
                                   (NULL when has_vec_dot is 0) */
     uint32_t isa;              /* bit set of PI2_ISA_* the PI2_IMPL_AUTO kernels use on this CPU (0: reference only) */
+    int32_t packed;            /* 1: table `impl` has a kernel for rows in the x8 packed layout (pi2_model_repack) */
+    const char *variant;       /* the CPU variant the PI2_IMPL_AUTO kernels were chosen for (CPUID vendor/family/model
+                                  on x86-64, HWCAP and MIDR on aarch64): "zen4-zmm", "intel-zmm", "intel-skx-ymm",
+                                  "avx2", "neon-dotprod", ... */
+    const char *variant_why;   /* the CPU it saw and the reason */
 } pi2_type_info;
 
 /* Facts about ggml type `type` under implementation `impl` (a pi2_impl), and the CPU's kernels.
@@ -212,6 +224,12 @@ PI2_API pi2_status pi2_model_load(const char *path, const pi2_model_params *para
                                   const pi2_tensor_desc *tensors, int32_t n_tensors, pi2_model **out);
 /* Unmap and free (NULL is fine). Free every context of the model first. */
 PI2_API void pi2_model_free(pi2_model *model);
+/* Repack at load (csrc/model_pack.c): copy the matrices the dense products read into the x8 layout for the
+ * packed kernels of table `impl` — attention and output, and with ffn != 0 the FFN's gate, up and down too —
+ * where that table has a packed kernel for their type; the mapped pages they replace are released. Results
+ * stay bit-identical. Call before any decode; again with ffn = 1 to add the FFN. *bytes (may be NULL) = the
+ * bytes the copies hold. PI2_ERR_NOMEM; PI2_ERR_INVALID: NULL model, bad impl. */
+PI2_API pi2_status pi2_model_repack(pi2_model *model, int32_t impl, int32_t ffn, int64_t *bytes);
 
 /* ---- contexts and the forward pass ---- */
 typedef struct {
@@ -249,9 +267,8 @@ PI2_API void pi2_ctx_free(pi2_ctx *ctx);
  * PI2_ERR_IO: a streamed context's read failed (n_past unchanged). */
 PI2_API pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, float *logits,
                               int32_t all_logits);
-/* Forget the cache (n_past = 0). */
+/* Forget the cache (n_past = 0; pi2_ctx_stats has n_past). */
 PI2_API void pi2_ctx_reset(pi2_ctx *ctx);
-PI2_API int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
 /* Ask the running decode to stop at its next layer boundary (each decode clears the flag when it
  * starts). Safe from any thread or a signal handler. */
 PI2_API void pi2_abort(pi2_ctx *ctx);
@@ -265,7 +282,7 @@ PI2_API void pi2_abort(pi2_ctx *ctx);
  * partial sum starts at +0 and adds h_i·v_ij (v = the row's values as pi2_dequantize_rows gives
  * them; one float product, one float sum) for its active neurons in ascending order; y starts at +0
  * and adds the partial sums of groups with an active neuron in ascending order. Bit-identical for any
- * thread count; pi2/sparse.py is the specification. I8 rows (with FFN_DOWN_SCALE and _COLSCALE): a
+ * thread count; pi2/reference/sparse_ffn.py is the specification. I8 rows (with FFN_DOWN_SCALE and _COLSCALE): a
  * group's partial sum is the integer scheme of pi2/down_i8.py (kernels/axpy_i8.c), and y is multiplied
  * by the column scales once the groups are added. */
 enum { PI2_FFN_GROUP = 64 };  /* neurons per partial sum of FFN_DOWN_ROWS (a group) */
@@ -370,13 +387,14 @@ typedef struct {
     int64_t *ffn_predicted;/* in: [n_layer] or NULL; out: PI2_FFN_PREDICTED_GATE's |P| per layer, summed alike
                               (zeros under other rules) */
     int64_t ffn_tokens;    /* tokens that went through the FFN since pi2_ctx_set_ffn */
-    int64_t nnapi_runs;    /* prompt-batch products the delegate computed since pi2_ctx_set_nnapi_batches */
+    int64_t nnapi_runs;    /* prompt-batch products the delegate computed since pi2_ctx_set_nnapi(PI2_NNAPI_BATCHES) */
     int64_t nnapi_fallbacks;   /* ... handed back to the CPU after a failure */
     int64_t nnapi_bytes;   /* bytes of the attached weight copies (0 when none) */
-    int64_t hot_runs;      /* layer-tokens whose hot prefix the delegate computed since pi2_ctx_set_nnapi_hot */
+    int64_t hot_runs;      /* layer-tokens whose hot prefix the delegate computed since pi2_ctx_set_nnapi(PI2_NNAPI_HOT) */
     int64_t hot_fallbacks; /* ... the CPU computed after a failure */
     int64_t hot_bytes;     /* bytes the attached hot prefix holds now: copies, staging (made at a graph's first run),
                               output and index scratch; pi2/plan/npu_plan.py's copy_bytes once every graph has run */
+    int64_t n_past;        /* positions in the KV cache now */
     int64_t *expert_rows;  /* in: the caller's [n_layer][n_expert] or NULL; out: the (token, slot) rows routed to each
                               expert of each layer since the context was made (PI2_ARCH_MOE; zeros for the others) */
 } pi2_ctx_stats;
@@ -462,20 +480,21 @@ PI2_API pi2_status pi2_nnapi_get_info(const pi2_nnapi *d, pi2_nnapi_info *out);
 PI2_API pi2_status pi2_nnapi_bench_ffn(pi2_nnapi *d, int32_t act, int32_t n_embd, int32_t n_hot, int32_t runs,
                                        double *best_seconds);
 
-/* Hand the dense matrix products of prompt batches of >= min_batch tokens in ctx (every layer's
+/* PI2_NNAPI_BATCHES: hand the dense matrix products of prompt batches of >= min_batch tokens in ctx (every layer's
  * q/k/v, output, gate/up and down) to d, with weight copies made now; NULL d detaches. d must outlive
  * the context or a later detach. A product whose graph fails runs on the CPU. PI2_ERR_UNSUPPORTED or
- * PI2_ERR_NOMEM: nothing attached. */
-PI2_API pi2_status pi2_ctx_set_nnapi_batches(pi2_ctx *ctx, pi2_nnapi *d, int32_t min_batch);
-/* Hand the hot prefix of single-token decode to d (nnapi/hot_ffn.c): for each layer with n_hot[il] > 0
+ * PI2_ERR_NOMEM: nothing attached (n_hot unused).
+ * PI2_NNAPI_HOT: hand the hot prefix of single-token decode to d (nnapi/hot_ffn.c): for each layer with n_hot[il] > 0
  * ([n_layer] counts), a hot-FFN graph over neurons 0..n_hot[il]-1 of ffn_gate, ffn_up and the down rows
  * (F16 copies made now). A token's sparse FFN then starts the graph before its gate rows, computes the
  * rule's active neurons from n_hot[il] on with the CPU meanwhile, and adds the graph's output: the hot
  * neurons are all computed, densely, in the graph's F16 arithmetic. NULL d detaches; d must outlive the
  * context or a later detach. A layer whose graph fails to compile or run is computed by the CPU alone
  * (for a failed run, that token again from its active list). PI2_ERR_INVALID: a count outside 0..n_ff, or
- * a layer without down rows; PI2_ERR_UNSUPPORTED (GELU, no device selected) or PI2_ERR_NOMEM: nothing attached. */
-PI2_API pi2_status pi2_ctx_set_nnapi_hot(pi2_ctx *ctx, pi2_nnapi *d, const int32_t *n_hot);
+ * a layer without down rows; PI2_ERR_UNSUPPORTED (GELU, no device selected) or PI2_ERR_NOMEM: nothing attached
+ * (min_batch unused). Each use is attached or detached on its own; PI2_ERR_INVALID: another `use`. */
+typedef enum { PI2_NNAPI_BATCHES = 1, PI2_NNAPI_HOT = 2 } pi2_nnapi_use;
+PI2_API pi2_status pi2_ctx_set_nnapi(pi2_ctx *ctx, int32_t use, pi2_nnapi *d, int32_t min_batch, const int32_t *n_hot);
 
 /* ---- flash I/O (csrc/io/): aligned reads of one file, and the probe that picks a backend ----
  * Backends: io_uring (raw system calls), Linux native AIO, a pread thread pool, mmap (MADV_RANDOM,
@@ -504,8 +523,6 @@ typedef struct {
     const char *note;     /* how the file was opened, e.g. why O_DIRECT was not used; lives as long as io */
 } pi2_io_info;
 
-/* backend PI2_IO_PREAD, queue_depth 32, direct 1, drop_cache 1. */
-PI2_API pi2_io_params pi2_io_default_params(void);
 /* Open `path` for reading and describe the handle in *info (NULL: skipped). O_DIRECT falls back to buffered reads
  * when the open or the first aligned read fails with EINVAL, or statx says the file has no direct I/O (the note
  * says which). PI2_ERR_IO: cannot open/stat/map; PI2_ERR_UNSUPPORTED: the kernel refuses the backend (io_setup,

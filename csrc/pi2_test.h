@@ -17,6 +17,16 @@
 pi2_status pi2_dequantize_rows(int32_t type, const void *src, size_t row_bytes, float *dst,
                                int64_t n_rows, int64_t n_cols, int32_t impl);
 
+/* The x8 repacked layout (kernels/pack.h: groups of 8 rows, each block column's fields of the 8 rows side by
+ * side): dst = src's n_rows plain rows packed (unpack 0) or src's packed rows unpacked (1). n_rows a multiple
+ * of 8; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0. PI2_ERR_UNSUPPORTED: other types; PI2_ERR_INVALID: shapes, NULL. */
+pi2_status pi2_repack_rows(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, void *dst, int32_t unpack);
+
+/* pi2_matvec on packed rows (pi2_repack_rows) with the packed kernels of `impl`, which return the plain
+ * kernels' bits. PI2_ERR_UNSUPPORTED: the table has no packed kernel for the type; else as pi2_matvec. */
+pi2_status pi2_matvec_packed(int32_t type, const void *packed, int64_t n_rows, int64_t n_cols, const void *x_q,
+                             float *out, int32_t impl);
+
 /* ---- the trace hook ----
  * Called during decode with (name, layer or -1, data, n floats), rows of the current tokens, at the checkpoints of
  * pi2/reference.py (llama.cpp's graph names): per layer "attn_norm", "Qcur", "Kcur", "Vcur" (projections),

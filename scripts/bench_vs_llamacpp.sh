@@ -118,7 +118,7 @@ import json
 import statistics
 import sys
 
-from pi2 import bench_report as report
+from pi2.runtime import bench_report as report
 
 
 def merged(path):

@@ -30,8 +30,8 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=0)
     a = ap.parse_args()
     from pi2.errors import Pi2Error
-    from pi2.reference_moe import MoEContext
-    from pi2.runtime import open_model
+    from pi2.reference.moe import MoEContext
+    from pi2.runtime.session import open_model
     try:
         m = open_model(a.model)
     except Pi2Error as e:

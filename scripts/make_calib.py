@@ -15,8 +15,8 @@ BOOKS = [("Genesis", range(1, 5)), ("Exodus", range(14, 16)), ("Ruth", range(1, 
          ("Psalms", range(19, 25)), ("Proverbs", range(3, 6)), ("Ecclesiastes", range(1, 4)),
          ("Isaiah", range(40, 41)), ("Matthew", range(5, 8)), ("Luke", range(15, 16)), ("Acts", range(27, 28)),
          ("1 Corinthians", range(13, 14))]
-CODE = ["pi2/model/gguf_file.py", "pi2/model/bpe.py", "pi2/sampling.py", "pi2/generate.py", "pi2/quants.py",
-        "pi2/perplexity.py", "pi2/model/tokenizer.py", "pi2/model/config.py", "csrc/forward.c", "csrc/context.c", "csrc/pi2.h"]
+CODE = ["pi2/model/gguf_file.py", "pi2/model/bpe.py", "pi2/runtime/sampling.py", "pi2/runtime/generate.py",
+        "pi2/reference/quants.py", "pi2/runtime/perplexity.py", "pi2/model/tokenizer.py", "pi2/model/config.py", "csrc/forward.c", "csrc/context.c", "csrc/pi2.h"]
 SLICE = 2048
 
 

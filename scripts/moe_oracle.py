@@ -94,7 +94,7 @@ def greedy(path: Path, tok, work: Path, n_vocab: int) -> tuple[list, str]:
 def working_set(path: Path) -> list:
     """Per layer over the text's first CHUNKS chunks (one chunk per pass): experts used, the share of routed rows
     that the top quarter of experts takes, and the largest single share."""
-    from pi2.reference_moe import MoEContext
+    from pi2.reference.moe import MoEContext
     from pi2.runtime import open_model
     m = open_model(path)
     if not m.config.n_expert:

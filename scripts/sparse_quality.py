@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pi2.convert import convert, default_output, predictor, summary  # noqa: E402
 from pi2.errors import Pi2Error  # noqa: E402
-from pi2.perplexity import perplexity  # noqa: E402
-from pi2.runtime import RunConfig, open_context, open_model  # noqa: E402
+from pi2.runtime.perplexity import perplexity  # noqa: E402
+from pi2.runtime.config import RunConfig  # noqa: E402
+from pi2.runtime.session import open_model, open_session  # noqa: E402
 
 KEEPS = "1,0.8,0.7,0.5,0.35"
 
@@ -45,27 +46,19 @@ def hamlet_text() -> tuple[str, str]:
 
 def measure(path: Path, text: str, n_ctx: int, chunks: int, threads: int, **run) -> dict:
     model = open_model(path)
-    ctx = open_context(model, RunConfig(n_ctx=n_ctx, n_threads=threads, **run))
+    session = open_session(model, RunConfig(n_ctx=n_ctx, n_threads=threads, **run))
     tok = model.tokenizer
     tokens = tok.encode(text, add_special=None, parse_special=False)
 
     def eval_chunk(chunk):
-        ctx.reset()
-        return ctx.decode(chunk, all_logits=True)
+        session.reset()
+        return session.ctx.decode(chunk, all_logits=True)
 
     t0 = time.perf_counter()
     res = perplexity(eval_chunk, tokens, n_ctx, n_chunks=chunks, bos_id=tok.bos_id, add_bos=tok.add_bos)
-    stats = ctx.bench_stats() if hasattr(ctx, "bench_stats") else {}
-    if not stats:                                   # the C engine's dense FFN: every neuron, every byte
-        stats = {"ffn_keep": 1.0, "ffn_bytes_per_token": dense_ffn_bytes(model)}
+    stats = session.stats()         # the C engine's dense FFN: every neuron, every byte
     model.close()
     return {"ppl": res.ppl, "stderr": res.stderr, "seconds": time.perf_counter() - t0, **stats}
-
-
-def dense_ffn_bytes(model) -> int:
-    f = model.file
-    names = [n for n in f.tensors if any(k in n for k in (".ffn_gate.", ".ffn_up.", ".ffn_down.", ".ffn_down_t."))]
-    return int(sum(f.tensors[n].nbytes for n in names))
 
 
 def main() -> int:

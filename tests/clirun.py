@@ -1,4 +1,4 @@
-"""clirun.py — helpers for the CLI tests: run `pi2` in process (pi2.cli.main with captured stdio) or as a
+"""clirun.py — helpers for the CLI tests: run `pi2` in process (pi2.cli.main.main with captured stdio) or as a
 subprocess, check the one-line error contract, patch GGUF headers, hash files.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pi2.cli import main
+from pi2.cli.main import main
 
 ERROR_RE = re.compile(r"^pi2: error: \S.*$")
 HINT_RE = re.compile(r"^  hint: \S.*$")

@@ -4,7 +4,7 @@ files llama.cpp was run on for tests/data/moe-oracle.json.
 Owns: `write_moe(path, arch, wtype)` for qwen3, qwen3moe, llama (with experts), qwen2moe, olmoe, granitemoe and
 smallthinker in F32, F16, Q8_0 and Q4_K_M; `quantized_type`, llama-quantize's choice of type per tensor; the shapes
 (SPECS) and the scales that keep routing varied. The quantized files equal what `llama-quantize BASE.F32.gguf OUT
-TYPE` writes from the F32 file (same metadata order, tensors in llama.cpp's order, pi2.kquant / gguf.quants for the
+TYPE` writes from the F32 file (same metadata order, tensors in llama.cpp's order, pi2.reference.kquant / gguf.quants for the
 blocks); tests/data/moe-oracle.json records each file's sha256, and the tests check it before comparing.
 Weights: every tensor from its own generator (seed, crc32 of its name). Token embeddings σ `embd` plus an offset
 `bias_mu` along one direction u that every router also reads with a per-expert weight (σ `bias_sigma`): some
@@ -21,7 +21,7 @@ from gguf import GGUFWriter
 from gguf.quants import quantize
 
 from fixtures import _add_vocab
-from pi2.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
+from pi2.reference.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
 
 ARCHS = ("qwen3", "qwen3moe", "llama", "qwen2moe", "olmoe", "granitemoe", "smallthinker")
 WTYPES = ("F32", "F16", "Q8_0", "Q4_K_M")

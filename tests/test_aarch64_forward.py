@@ -8,7 +8,7 @@ tokens (each skipped when absent or slower than REAL_TIMEOUT under qemu). Qwen2.
 bit but takes ~25 s, so it is left out.
 Checks: the aarch64 logits equal the native C engine's (pi2.engine.CContext, same tokens, same batch and
 single-token steps) bit for bit, since the NEON kernels follow x86's float order and the rest of the core
-is plain C; and they agree with pi2/reference.py within NMSE_LOGITS with the same argmax per token, the
+is plain C; and they agree with pi2/reference/forward.py within NMSE_LOGITS with the same argmax per token, the
 tolerance of tests/test_forward_c.py (random fixtures amplify 8-bit activation roundings).
 Skipped, with the reason, when aarch64-linux-gnu-gcc or qemu-aarch64-static is missing.
 """
@@ -26,7 +26,7 @@ from fixtures import write_model
 from pi2 import engine
 from pi2.engine import CContext, CModel
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 ROOT = Path(__file__).resolve().parent.parent
 CC, QEMU = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64-static")

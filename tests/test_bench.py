@@ -11,7 +11,8 @@ import pytest
 from clirun import assert_error, cli
 from fixtures import write_model
 
-from pi2 import bench, bench_report
+from pi2.runtime import bench
+from pi2.runtime import bench_report
 from pi2.errors import UsageError
 
 LLAMA_FIELDS = ("build_commit", "cpu_info", "model_filename", "model_type", "model_size", "model_n_params",
@@ -137,10 +138,10 @@ def test_parse_int_range_like_llama_bench():
 
 
 def test_stats_are_sample_stddev():
-    s = bench.summarize([1_000_000_000, 2_000_000_000], 10)
+    s = bench_report.summarize([1_000_000_000, 2_000_000_000], 10)
     assert s["samples_ts"] == [10.0, 5.0] and s["avg_ts"] == 7.5
     assert s["stddev_ts"] == pytest.approx(3.535534, abs=1e-6)
-    assert bench.summarize([5], 1)["stddev_ns"] == 0
+    assert bench_report.summarize([5], 1)["stddev_ns"] == 0
 
 
 def test_ftype_guess_like_llama_cpp():

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from fixtures import write_model
-from pi2file import write_pi2
+from pi2file import convert_pi2
 from stream_files import ctx_for, files, run  # noqa: F401 (files: the fixture)
 
 from pi2.engine import CModel, stream_sizes
@@ -17,7 +17,7 @@ from pi2.model.loader import load_model
 
 def test_parse_size():
     from pi2.errors import UsageError
-    from pi2.plan.budget import parse_size
+    from pi2.runtime.config import parse_size
     assert parse_size("500M") == 500 << 20 and parse_size("1.5G") == 3 << 29 and parse_size("64k") == 65536
     assert parse_size("800MiB") == 800 << 20 and parse_size("4096") == 4096
     for bad in ("", "abc", "5X", "-1M", "0"):
@@ -36,7 +36,9 @@ def test_plan_split(files):
         make_plan(m, cm, small.floor - 4096, 64, 1, **kw)
     bb = stream_sizes(cm, 64)["bundle_bytes"]
     tight = make_plan(m, cm, small.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)   # three clusters hot
-    assert tight.n_hot == [128, 64]
+    freq = [m.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).reshape(-1) for il in range(m.config.n_layer)]
+    hottest = sorted((-float(f[c:c + 64].mean()), il) for il, f in enumerate(freq) for c in range(0, f.size, 64))[:3]
+    assert tight.n_hot == [64 * sum(1 for _, i in hottest if i == il) for il in range(m.config.n_layer)]
     assert tight.n_slots == tight.min_slots and 0 < sum(tight.n_hot) < m.config.n_ff * m.config.n_layer
     assert all(h % 64 == 0 for h in tight.n_hot)
     assert tight.floor + tight.hot_bytes + (tight.n_slots - tight.min_slots) * tight.slot_bytes <= tight.budget
@@ -136,10 +138,10 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
     (same tokens as the mapped run); a plain GGUF that does not fit runs from its mapping and suggests pi2 convert;
     files that fit run mapped with nothing said; a limit below the floor is refused with the minimum."""
     from clirun import cli
-    from pi2 import devices
+    from pi2.plan import devices
     from pi2.plan.budget import make_plan
     src = write_model(tmp_path / "big.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
-    path = str(write_pi2(src, tmp_path / "big.pi2.gguf", down_type="Q8_0", default_keep=0.5))
+    path = str(convert_pi2(src, tmp_path / "big.pi2.gguf", down_type="Q8_0", default_keep=0.5))
     args = ("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread", "--verbose")
     base = cli(*args)
     assert base.code == 0 and "may use" not in base.err and "pi2: cache:" not in base.err, base.err
@@ -158,7 +160,7 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
 
 
 def test_memory_limit_reads_meminfo_and_cgroup(monkeypatch):
-    from pi2 import devices
+    from pi2.plan import devices
     monkeypatch.setattr(devices, "cgroup_limit", lambda: None)
     meminfo = "MemTotal:       1000000 kB\nMemAvailable:    500000 kB\n"
     free = devices.memory_limit(meminfo)
@@ -193,7 +195,7 @@ def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
     from clirun import cli
     from pi2.plan.budget import make_plan
     src = write_model(tmp_path / "g.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
-    path = write_pi2(src, tmp_path / "g.pi2.gguf", down_type="Q8_0", default_keep=0.5)
+    path = convert_pi2(src, tmp_path / "g.pi2.gguf", down_type="Q8_0", default_keep=0.5)
     m = load_model(path)
     cm = CModel.from_model(m)
     kw = dict(io="pread", cluster=64, runtime=50 << 20)

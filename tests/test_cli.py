@@ -19,7 +19,7 @@ from clirun import cli, cli_process, kv_value_pos, patched, sha256, timing_count
 from conftest import model_file
 from fixtures import TEXT, write_model
 from pi2.model.loader import load_model
-from pi2.runtime import process_escapes
+from pi2.cli.prompt import process_escapes
 
 PROMPT = "Hello world"
 
@@ -266,9 +266,9 @@ def test_perplexity(d, bpe):
 
 # --- help, Ctrl-C, the user's files ---
 
-HELP_PROBE = ("import json, sys\nfrom pi2.cli import main\nsys.argv[0] = 'pi2'\nmain(sys.argv[1:])\n"
+HELP_PROBE = ("import json, sys\nfrom pi2.cli.main import main\nsys.argv[0] = 'pi2'\nmain(sys.argv[1:])\n"
               "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('numpy', 'cffi', 'jinja2', 'gguf') or m in ('pi2.commands', 'pi2._pi2'))), file=sys.stderr)\n")
+              "('numpy', 'cffi', 'jinja2', 'gguf') or m in ('pi2.cli.commands', 'pi2._pi2'))), file=sys.stderr)\n")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["tokenize", "--help"]])

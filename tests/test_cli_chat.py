@@ -7,10 +7,11 @@ import pytest
 from clirun import assert_error, cli, sha256, timing_counts
 from conftest import model_file
 from fixtures import write_model
-from pi2.generate import Timings, generate
+from pi2.runtime.generate import Timings, generate
 from pi2.model.chat import render_chat, select_template
-from pi2.runtime import RunConfig, open_context, open_model
-from pi2.sampling import Sampler, SamplerParams
+from pi2.runtime.config import RunConfig
+from pi2.runtime.session import open_model, open_session
+from pi2.runtime.sampling import Sampler, SamplerParams
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def replay(path, lines, n, system=None):
         full = render_chat(template, messages, True, piece(tok.bos_id), piece(tok.eos_id))
         assert full.startswith(cached)
         stream += tok.encode(full[len(cached):], add_special=(cached == ""), parse_special=True)
-        ctx = open_context(model, RunConfig(0))
+        ctx = open_session(model, RunConfig(n_ctx=0))
         sampler = Sampler(SamplerParams(temp=0.0), model.config.n_vocab, ctx.n_ctx)
         gen = generate(ctx, tok, stream, n, sampler, Timings(), special=False)
         assert gen.stop_reason == "length", "pick inputs whose replies run to -n"

@@ -268,8 +268,8 @@ def test_perplexity_zero_chunks(d, good):
 
 def test_unexpected_failures_are_one_line(monkeypatch, good):
     """A bug pi2 did not anticipate still ends as one line and exit 1 (the traceback needs --verbose)."""
-    import pi2.commands
-    monkeypatch.setattr(pi2.commands, "run", lambda opts: {}["boom"])
+    import pi2.cli.commands
+    monkeypatch.setattr(pi2.cli.commands, "run", lambda opts: {}["boom"])
     res = cli("run", good, "-p", "hi")
     assert res.code == 1 and res.err == "pi2: error: KeyError: 'boom'\n"
     with pytest.raises(KeyError):

@@ -18,7 +18,7 @@ from fixtures import write_model
 from pi2.convert import ConvertError, convert, default_output, layout, profile
 from pi2.errors import UsageError
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile
-from pi2.quants import dequantize
+from pi2.reference.quants import dequantize
 
 FFN = ("ffn_gate", "ffn_up", "ffn_down", "ffn_down_t", "fc2")
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from clirun import assert_error, cli
-from pi2 import devices as dv
+from pi2.plan import devices as dv
 from standin import build_standin
 
 X86 = "processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse2 avx avx2 fma f16c avx512f avx512_vnni\n"

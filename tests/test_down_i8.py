@@ -1,4 +1,4 @@
-"""test_down_i8.py — int8 down rows (`--ffn-type i8`): the reference's integer group sum (pi2/down_i8.py)
+"""test_down_i8.py — int8 down rows (`--ffn-type i8`): the reference's integer group sum (pi2/reference/down_i8.py)
 against a scalar model of its definition and against the exact float sum; the converter's I8 rows and scales;
 the C engine equal to the reference bit for bit (batches and single tokens, 1 and 3 threads; streamed bundles
 in tests/test_stream_cache.py); the checks on the scales in the C descriptors; the CLI."""
@@ -11,15 +11,17 @@ import pytest
 from clirun import cli
 from decode_seq import run
 from fixtures import write_model
-from pi2file import write_pi2
+from pi2file import convert_pi2
 
-from pi2 import engine, sparse
+from pi2 import engine
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import layout
-from pi2.down_i8 import I8Rows, axpy_rows_i8, group_part
+from pi2.reference.down_i8 import I8Rows, axpy_rows_i8, group_part
 from pi2.engine import CContext, CModel
 from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime import ffn_rule
 
 def scalar_part(p, q):
     """The definition, one value at a time in float32 (numpy scalars) and Python integers."""
@@ -65,9 +67,9 @@ def test_i8_sum_close_to_float_sum():
 
 def both(path, keep=None, threads=(1, 3)):
     m = load_model(path)
-    ref = ReferenceContext(m, 32, keep=keep)
+    ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, keep))
     want = run(ref)
-    spec = sparse.choose_rule(m, keep, False)
+    spec = ffn_rule.choose_rule(m, keep, False)
     got = []
     for nt in threads:
         c = CContext(CModel.from_model(m), 32, nt)
@@ -81,9 +83,9 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("i8")
     plain = write_model(d / "plain.gguf", wtype="Q8_0", n_ff=320, n_embd=64)
     odd = write_model(d / "odd.gguf", wtype="Q4_1", n_ff=256, n_embd=96, seed=4)   # 96: a column tail
-    return {"i8": write_pi2(plain, d / "i8.pi2.gguf", down_type="I8", default_keep=0.5),
-            "odd": write_pi2(odd, d / "odd.pi2.gguf", down_type="I8", default_keep=0.75),
-            "gud": write_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="I8", default_keep=0.5)}
+    return {"i8": convert_pi2(plain, d / "i8.pi2.gguf", down_type="I8", default_keep=0.5),
+            "odd": convert_pi2(odd, d / "odd.pi2.gguf", down_type="I8", default_keep=0.75),
+            "gud": convert_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="I8", default_keep=0.5)}
 
 
 @pytest.mark.parametrize("name,keep", [("i8", None), ("i8", 1.0), ("odd", None), ("odd", 0.3), ("gud", None)])
@@ -111,7 +113,7 @@ def test_scale_descriptor_checked(files, tmp_path):
         CModel.from_model(m, [d for d in descs if d is not cols[0]])
     with pytest.raises(ModelFormatError, match="need ffn_down_scale and ffn_down_colscale"):
         CModel.from_model(m, [d for d in descs if d is not scales[1]])
-    q8 = load_model(write_pi2(write_model(tmp_path / "p.gguf", wtype="Q8_0", n_ff=320, n_embd=64),
+    q8 = load_model(convert_pi2(write_model(tmp_path / "p.gguf", wtype="Q8_0", n_ff=320, n_embd=64),
                               tmp_path / "q8.pi2.gguf", down_type="Q8_0"))
     with pytest.raises(ModelFormatError, match="without int8"):     # a scale beside Q8_0 rows
         CModel.from_model(q8, engine.tensor_descs(q8) + [scales[0]])

@@ -1,5 +1,5 @@
 """test_ffn_predicted_c.py — the C engine's `predicted` FFN rule (csrc/ffn/predicted.c) against the numpy reference
-(pi2/sparse.py SparseFFN): bit-identical logits and the same statistics (keep, predicted share, bytes per token) for
+(pi2/reference/sparse_ffn.py SparseFFN): bit-identical logits and the same statistics (keep, predicted share, bytes per token) for
 low-bit (1 and 2 bits) and low-rank predictors reading ffn_norm(h) or the layer's attn_norm input, for prompt
 batches and single tokens, for 1-3 threads; the rule with every neuron predicted is the threshold rule; the C
 checks of predictor descriptors and parameters; `pi2 run` / `pi2 bench` on such files run in C by default; and on
@@ -17,12 +17,15 @@ from decode_seq import run
 from conftest import model_file
 from fixtures import write_model
 
-from pi2 import engine, sparse
+from pi2 import engine
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import convert, predictor
 from pi2.engine import CContext, CModel
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime import ffn_rule
+from pi2.model import ffn_layout
 
 
 
@@ -42,7 +45,7 @@ def files(tmp_path_factory):
 @pytest.mark.parametrize("name", ["lowbit2", "lowbit1", "lowrank"])
 def test_c_predicted_rule_equals_reference(files, name):
     m = load_model(files[name])
-    spec = sparse.choose_rule(m)
+    spec = ffn_rule.choose_rule(m)
     assert spec.rule == "predicted"
     ref = ReferenceContext(m, 32)
     want, ref_stats = run(ref), ref.bench_stats()
@@ -58,8 +61,8 @@ def test_everything_predicted_is_the_threshold_rule(files):
     """With every cut below 0 (all neurons predicted), logits equal the threshold rule's; the bytes differ by the
     predictor's own bytes per token."""
     m = load_model(files["lowrank"])
-    pred = sparse.choose_rule(m)
-    thr = sparse.choose_rule(m, use_predictor=False)
+    pred = ffn_rule.choose_rule(m)
+    thr = ffn_rule.choose_rule(m, use_predictor=False)
     assert thr.rule == "threshold"
     ca, cb = CContext(CModel.from_model(m), 32, 2), CContext(CModel.from_model(m), 32, 2)
     ca.set_ffn(dataclasses.replace(pred, cuts=np.full(m.config.n_layer, -1.0, np.float32)))
@@ -67,14 +70,14 @@ def test_everything_predicted_is_the_threshold_rule(files):
     assert np.array_equal(run(ca), run(cb))
     sa, sb = ca.bench_stats(), cb.bench_stats()
     assert sa["ffn_keep"] == sb["ffn_keep"] and sa["ffn_predicted"] == 1.0
-    pred_bytes = sum(sparse.predictor_bytes(m, il, "lowrank") for il in range(m.config.n_layer))
-    lr_bytes = sum(sparse.layer_bytes(m, il)[0] for il in range(m.config.n_layer))   # fc1/fc2 counted there too
+    pred_bytes = sum(ffn_layout.predictor_bytes(m, il, "lowrank") for il in range(m.config.n_layer))
+    lr_bytes = sum(ffn_layout.layer_bytes(m, il)[0] for il in range(m.config.n_layer))   # fc1/fc2 counted there too
     assert sa["ffn_bytes_per_token"] - sb["ffn_bytes_per_token"] == pred_bytes - lr_bytes
 
 
 def test_c_rejects_bad_predicted_parameters(files):
     m = load_model(files["lowbit2"])
-    spec = sparse.choose_rule(m)
+    spec = ffn_rule.choose_rule(m)
     c = CContext(CModel.from_model(m), 32, 1)
     with pytest.raises(EngineError, match="no low-rank predictor"):
         c.set_ffn(dataclasses.replace(spec, pred_kind="lowrank"))
@@ -156,7 +159,7 @@ def test_smollm2_lowbit_predicted_c_equals_reference(tmp_path):
     m = load_model(path)
     want = run(ReferenceContext(m, 32))
     c = CContext(CModel.from_model(m), 32, 2)
-    c.set_ffn(sparse.choose_rule(m))
+    c.set_ffn(ffn_rule.choose_rule(m))
     assert c.ffn_spec.rule == "predicted" and c.ffn_spec.pred_kind == "lowbit"
     assert np.array_equal(run(c), want)
     assert 0 < c.bench_stats()["ffn_predicted"] < 1.0

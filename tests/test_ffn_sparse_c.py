@@ -1,4 +1,4 @@
-"""test_ffn_sparse_c.py — the C sparse FFN (csrc/ffn/sparse.c) against the numpy reference (pi2/sparse.py):
+"""test_ffn_sparse_c.py — the C sparse FFN (csrc/ffn/sparse.c) against the numpy reference (pi2/reference/sparse_ffn.py):
 bit-identical logits for every rule (per-token top-F on plain files, calibrated thresholds and the dense rule on
 pi2 files in both bundle layouts), for prompt batches and single-token decode, for any thread count;
 the same active-neuron statistics; the C descriptors of bundle rows checked; `--engine c` with `--keep` on the CLI;
@@ -12,13 +12,15 @@ import pytest
 from clirun import cli
 from decode_seq import run
 from fixtures import write_model
-from pi2file import write_pi2
+from pi2file import convert_pi2
 
-from pi2 import engine, sparse
+from pi2 import engine
+from pi2.reference import sparse_ffn as sparse
 from pi2.engine import CContext, CModel
 from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime import ffn_rule
 
 
 
@@ -26,9 +28,9 @@ def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto"))):
     """Reference logits and stats, and the C engine's for each (thread count, kernel table). (The other tables
     reproduce the auto kernels' sums only for axpy_group, which tests/c/kernel_selftest.c checks.)"""
     m = load_model(path)
-    ref = ReferenceContext(m, 32, keep=keep, dense=dense)
+    ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, keep, dense))
     want = run(ref)
-    spec = sparse.choose_rule(m, keep, dense)
+    spec = ffn_rule.choose_rule(m, keep, dense)
     got = []
     for nt, impl in threads:
         c = CContext(CModel.from_model(m), 32, nt, impl=impl)
@@ -43,12 +45,12 @@ def files(tmp_path_factory):
     plain = write_model(d / "plain.gguf", wtype="Q8_0", n_ff=320, n_embd=64)
     q4 = write_model(d / "q4.gguf", wtype="Q4_1", n_ff=320, n_embd=64, seed=2)
     odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)   # 96 = 64 + a tail of 32
-    return {"plain": plain, "q4": q4, "f16": write_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
-            "odd_q8": write_pi2(odd, d / "oq8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
-            "ud": write_pi2(q4, d / "ud.pi2.gguf", down_type="Q5_1", default_keep=0.5),
-            "ud4": write_pi2(q4, d / "ud4.pi2.gguf", down_type="Q4_1", default_keep=0.5),
-            "f32": write_pi2(plain, d / "f32.pi2.gguf", down_type="F32", default_keep=0.75),
-            "gud": write_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
+    return {"plain": plain, "q4": q4, "f16": convert_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
+            "odd_q8": convert_pi2(odd, d / "oq8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
+            "ud": convert_pi2(q4, d / "ud.pi2.gguf", down_type="Q5_1", default_keep=0.5),
+            "ud4": convert_pi2(q4, d / "ud4.pi2.gguf", down_type="Q4_1", default_keep=0.5),
+            "f32": convert_pi2(plain, d / "f32.pi2.gguf", down_type="F32", default_keep=0.75),
+            "gud": convert_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
 
 
 @pytest.mark.parametrize("name,keep,rule", [("plain", 0.5, "topk"), ("plain", 0.23, "topk"), ("q4", 0.35, "topk"),
@@ -76,9 +78,9 @@ def test_dense_rule_on_bundles_and_plain(files):
 
 def test_score_up_rule(files):
     m = load_model(files["ud"])
-    spec = sparse.choose_rule(m, 0.5)
+    spec = ffn_rule.choose_rule(m, 0.5)
     spec.score = "act_up"
-    ref = ReferenceContext(m, 32, keep=0.5)
+    ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, 0.5))
     ref.ffn.score = "act_up"
     c = CContext(CModel.from_model(m), 32, 2)
     c.set_ffn(spec)
@@ -90,7 +92,7 @@ def test_grouped_down_rows_order():
     rng = np.random.default_rng(0)
     n_ff, e = 200, 32
     rows = rng.normal(size=(n_ff, e)).astype(np.float32)
-    from pi2.quants import QuantLinear
+    from pi2.reference.quants import QuantLinear
     q = QuantLinear.from_raw(rows.view(np.uint8).reshape(n_ff, -1), 0, e)
     h = rng.normal(size=(1, n_ff)).astype(np.float32)
     h[0, rng.random(n_ff) < 0.6] = 0

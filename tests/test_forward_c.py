@@ -1,4 +1,4 @@
-"""test_forward_c.py — the C forward pass (csrc/forward.c through pi2.engine.CContext) against pi2/reference.py.
+"""test_forward_c.py — the C forward pass (csrc/forward.c through pi2.engine.CContext) against pi2/reference/forward.py.
 
 Checks: logits of every architecture and writable weight type against the reference (prompt batch, then
 single tokens continuing the KV cache); every traced checkpoint, naming the first that diverges; bit-identical
@@ -23,7 +23,7 @@ from pi2 import engine
 from pi2.engine import CContext, CModel, tensor_descs
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 WTYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "F32", "BF16"]

@@ -1,12 +1,12 @@
-"""test_ggml_order.py — pi2.ggml_order and pi2.qdot: ggml's x86 float order on hand-made cases (FMA rounding,
+"""test_ggml_order.py — pi2.reference.ggml_order and pi2.reference.qdot: ggml's x86 float order on hand-made cases (FMA rounding,
 horizontal-sum order, ggml_v_expf, softmax) and the quantized kernels against scalar loops written here
 from the kernels' structure (per-lane integer sums, one FMA per block, hsum_float_8)."""
 import numpy as np
 import pytest
 
-from pi2 import ggml_order as go
-from pi2 import qdot
-from pi2.quants import QuantLinear, quantize_act, quantize_weight
+from pi2.reference import ggml_order as go
+from pi2.reference import qdot
+from pi2.reference.quants import QuantLinear, quantize_act, quantize_weight
 
 f32 = np.float32
 EPS = 2.0 ** -23

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import DATA, model_file
+from pi2.runtime.config import ENGINES, RunConfig
+from pi2.runtime.session import open_model, open_session
 
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b"]
 LOGIT_MODELS = MODELS + ["gemma3-270m"]   # gemma3: teacher-forced logits only
@@ -23,7 +25,6 @@ def golden(key: str, kind: str) -> dict:
 
 
 def engines():
-    from pi2.runtime import ENGINES
     return [e for e in ENGINES if e != "auto"]
 
 
@@ -33,9 +34,8 @@ _contexts = {}
 def context(key: str, engine: str):
     """One context per (model, engine) for the whole module: loading Qwen's weights takes seconds."""
     if (key, engine) not in _contexts:
-        from pi2.runtime import RunConfig, open_context, open_model
         model = open_model(model_file(key))
-        _contexts[(key, engine)] = (model, open_context(model, RunConfig(n_ctx=512, n_threads=1, engine=engine)))
+        _contexts[(key, engine)] = (model, open_session(model, RunConfig(n_ctx=512, n_threads=1, engine=engine)))
     return _contexts[(key, engine)]
 
 

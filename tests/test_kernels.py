@@ -1,5 +1,5 @@
 """test_kernels.py — the C kernels (csrc/kernels, csrc/matmul.c, csrc/ops.c) against the numpy lane
-(pi2.quants, pi2.qdot, pi2.reference, pi2.ggml_order).
+(pi2.reference.quants, pi2.reference.qdot, pi2.reference, pi2.reference.ggml_order).
 
 Checks, at the issue's odd sizes SIZES (values of F32/F16/BF16 rows, activations and ops; blocks per row
 for block types, at most K_MAX_BLOCKS of the 256-value types; output rows and batch tokens):
@@ -8,7 +8,7 @@ for block types, at most K_MAX_BLOCKS of the 256-value types; output rows and ba
   computes in ggml's x86 float order (quants.QuantLinear.exact: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) every
   fast table equals numpy bit for bit, one token and batches; the others within NMSE_NUMPY of numpy's
   float32 BLAS product, and every fast table within NMSE_FAST[type] of the reference table;
-- RMSNorm, both RoPEs, SiLU/GELU/ReLU and attention (with its softmax): bit for bit with reference.py;
+- RMSNorm, both RoPEs, SiLU/GELU/ReLU and attention (with its softmax): bit for bit with reference/forward.py;
 - argument errors; real tensors from fetched models.
 Does not: time anything (scripts/bench_kernels.py) or run on aarch64 (tests/c/kernel_selftest.c does the
 same checks there, against x86's order; scripts/test_aarch64.sh).
@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 import cinternal
-from pi2 import engine, quants, reference
-from pi2 import ggml_order as go
+from pi2 import engine
+from pi2.reference import quants
+from pi2.reference import forward as reference
+from pi2.reference import ggml_order as go
 from pi2.errors import EngineError, UnsupportedError
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = 0, 1, 2, 3, 6, 7, 8, 9
@@ -195,14 +197,14 @@ def bits_equal(a, b) -> bool:
 def test_ops_match_reference(pool, n):
     """RMSNorm, RoPE (NORM and NEOX on n_rot = n rounded up to even), the FFN activations, and attention
     over n cached positions (one query: ggml_vec_dot_f16's order; three: tinyBLAS's), softmax included:
-    bit for bit with pi2/reference.py."""
+    bit for bit with pi2/reference/forward.py."""
     rng = np.random.default_rng(500 + n)
     x, w = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     assert bits_equal(cinternal.rms_norm(x, w, 1e-6), reference.rms_norm(x[None], w, 1e-6)[0])
     assert bits_equal(cinternal.rms_norm(x, None, 1e-5), reference.rms_norm(x[None], None, 1e-5)[0])
     g = (rng.standard_normal(n) * 4).astype(np.float32)
     assert bits_equal(cinternal.ffn_activate(g, w, "silu"), go.swiglu(g, w))
-    assert bits_equal(cinternal.ffn_activate(g, w, "gelu"), reference.gelu_f16(g) * w)
+    assert bits_equal(cinternal.ffn_activate(g, w, "gelu"), go.gelu_f16(g) * w)
     assert bits_equal(cinternal.ffn_activate(g, w, "relu"), np.maximum(g, 0) * w)
     n_rot = n + (n & 1)
     xh = rng.standard_normal((3, n_rot + 2), dtype=np.float32)

@@ -1,5 +1,5 @@
 """test_moe_c.py — the C engine on the Mixture-of-Experts family (csrc/ffn/moe.c, moe_mm.c, kernels/ggml_order.c)
-against the numpy reference (pi2/reference_moe.py) and llama.cpp's figures (tests/data/moe-oracle.json).
+against the numpy reference (pi2/reference/moe.py) and llama.cpp's figures (tests/data/moe-oracle.json).
 
 Checks, on the synthetic files of tests/moe_files.py (every architecture in F32, F16, Q8_0 and Q4_K_M): the logits
 of a prompt batch (every row) and of single tokens continuing the cache equal the reference's bit for bit at 1 and
@@ -17,7 +17,7 @@ from conftest import DATA
 from moe_files import ARCHS, WTYPES, write_moe
 from pi2.engine import CContext, CModel
 from pi2.model.loader import load_model
-from pi2.reference_moe import MoEContext
+from pi2.reference.moe import MoEContext
 
 ORACLE = json.loads((DATA / "moe-oracle.json").read_text())
 TEXT = (DATA / "moe-text.txt").read_text()
@@ -101,7 +101,7 @@ def test_against_llama_cpp(tmp_path_factory, arch, wtype):
     logits = c.decode(g0["prompt_ids"], all_logits=True)
     assert hashlib.sha256(np.ascontiguousarray(logits, np.float32).tobytes()).hexdigest() == rec["logits_sha256"]
 
-    from pi2.perplexity import perplexity
+    from pi2.runtime.perplexity import perplexity
     tokens = m.tokenizer.encode(TEXT, add_special=None, parse_special=False)
     res = perplexity(lambda chunk: c.decode_from(chunk, len(chunk) // 2), tokens, ORACLE["n_ctx"],
                      n_chunks=ORACLE["chunks"], bos_id=m.tokenizer.bos_id, add_bos=m.tokenizer.add_bos)

@@ -6,9 +6,9 @@ import pytest
 
 from clirun import assert_error, cli
 from moe_files import write_moe
-from pi2.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
+from pi2.reference.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from pi2.model.loader import load_model
-from pi2.quants import Q4_K, Q5_K, Q6_K, dequantize
+from pi2.reference.quants import Q4_K, Q5_K, Q6_K, dequantize
 
 
 @pytest.fixture(scope="module")

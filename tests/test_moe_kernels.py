@@ -4,10 +4,10 @@ Bit-exactness against llama.cpp is tests/test_moe_oracle.py's job; these catch a
 import numpy as np
 import pytest
 
-from pi2 import fdot
-from pi2.kquant import quantize_q5_k
-from pi2.moe_matmul import ExpertLinear, Linear
-from pi2.quants import F16, F32, Q4_0, Q5_K, Q8_0, Q8_K, act_values, dequantize, quantize_act, quantize_weight
+from pi2.reference import fdot
+from pi2.reference.kquant import quantize_q5_k
+from pi2.reference.moe_matmul import ExpertLinear, Linear
+from pi2.reference.quants import F16, F32, Q4_0, Q5_K, Q8_0, Q8_K, act_values, dequantize, quantize_act, quantize_weight
 
 rng = np.random.default_rng(0)
 

@@ -37,9 +37,10 @@ def moe_file(tmp_path_factory, arch: str, wtype: str):
 
 
 def context(path):
-    from pi2.runtime import RunConfig, open_context, open_model
+    from pi2.runtime.config import RunConfig
+    from pi2.runtime.session import open_model, open_session
     model = open_model(path)
-    return model, open_context(model, RunConfig(n_ctx=256, n_threads=1, engine="reference"))
+    return model, open_session(model, RunConfig(n_ctx=256, n_threads=1, engine="reference")).ctx
 
 
 @pytest.mark.parametrize("wtype", WTYPES)
@@ -53,7 +54,7 @@ def test_against_llama_cpp(tmp_path_factory, arch, wtype):
     logits = ctx.decode(g0["prompt_ids"], all_logits=True)
     assert hashlib.sha256(np.ascontiguousarray(logits, np.float32).tobytes()).hexdigest() == rec["logits_sha256"]
 
-    from pi2.perplexity import perplexity
+    from pi2.runtime.perplexity import perplexity
     tokens = model.tokenizer.encode(TEXT, add_special=None, parse_special=False)
     n_ctx = ORACLE["n_ctx"]
     res = perplexity(lambda chunk: ctx.decode_from(chunk, len(chunk) // 2), tokens, n_ctx,

@@ -1,11 +1,11 @@
-"""test_moe_routing.py — the router math of pi2/moe_routing.py: gating functions, the top-k order of tied scores
+"""test_moe_routing.py — the router math of pi2/reference/moe_routing.py: gating functions, the top-k order of tied scores
 (libstdc++'s std::sort, as ggml_argsort runs it), the weight normalisation with its clamp, the scale, and the
 grouping of rows by expert (moe_matmul.group_by_expert)."""
 import numpy as np
 import pytest
 
-from pi2 import moe_routing as mr
-from pi2.moe_matmul import group_by_expert
+from pi2.reference import moe_routing as mr
+from pi2.reference.moe_matmul import group_by_expert
 
 F32 = np.float32
 

@@ -1,6 +1,6 @@
-"""test_nnapi.py — the NNAPI delegate (csrc/nnapi/nnapi.c, csrc/nnapi/batches.c, pi2/npu.py) against a stand-in
+"""test_nnapi.py — the NNAPI delegate (csrc/nnapi/nnapi.c, csrc/nnapi/batches.c, pi2/runtime/npu.py) against a stand-in
 libneuralnetworks.so built here from tests/c/nnapi_standin.c: the graphs pi2 builds (operand codes and
-types, shapes, bias, fuse codes, input/output indexes), results against numpy and pi2.sparse, asynchronous
+types, shapes, bias, fuse codes, input/output indexes), results against numpy and pi2.reference.sparse_ffn, asynchronous
 runs overlapping CPU work, every fallback (no library, missing symbol, no accelerator, unsupported
 operation, compile, start and execution failures), and `--npu` on run and bench.
 F16 tolerance: weights, activations and every intermediate are rounded to F16 (relative error ~5e-4 per
@@ -19,13 +19,15 @@ import pytest
 from clirun import cli
 from fixtures import write_model
 from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
-from pi2 import engine, npu
+from pi2 import engine
+from pi2.runtime import npu
 from pi2.engine import CContext, CModel
 from pi2.engine.nnapi import NnapiDelegate, ctx_nnapi_stats, ctx_set_nnapi
 from pi2.errors import UnsupportedError
 from pi2.model.loader import load_model
-from pi2.runtime import RunConfig, open_context
-from pi2.sparse import combine
+from pi2.runtime.config import RunConfig
+from pi2.runtime.session import open_session
+from pi2.reference.sparse_ffn import combine
 
 ROOT = Path(__file__).resolve().parent.parent
 NMSE_F16 = 1e-5
@@ -159,7 +161,7 @@ def test_hot_ffn_graph_and_results(standin, act):
     d = NnapiDelegate(standin.path)
     (y,) = d.ffn(act, gate, up, down, H).run(x)
     (y_t,) = d.ffn(act, gate, up, np.ascontiguousarray(down.T), H, down_t=True).run(x)
-    # the sparse FFN's math over the hot prefix, in float32 (pi2.sparse.combine), then down
+    # the sparse FFN's math over the hot prefix, in float32 (pi2.reference.sparse_ffn.combine), then down
     g, u = (x @ gate[:H].T).astype(np.float32), (x @ up[:H].T).astype(np.float32)
     ref = combine(g, u, act).astype(np.float64) @ down[:, :H].T.astype(np.float64)
     assert y.shape == (6, 40)
@@ -305,7 +307,7 @@ def test_context_prompt_batches_on_nnapi(standin, tiny_f32):
     ctx = CContext(cm, 64, n_threads=1)
     ctx_set_nnapi(ctx, NnapiDelegate(standin.path), min_batch=8)
     st = ctx_nnapi_stats(ctx)
-    need = npu.copy_bytes(m.config)                        # what pi2/npu.py weighs before attaching
+    need = npu.copy_bytes(m.config)                        # what pi2/runtime/npu.py weighs before attaching
     assert need <= st["bytes"] <= 1.1 * need and st["runs"] == 0
     out = ctx.decode(toks, all_logits=True)
     L, E = m.config.n_layer, m.config.n_embd
@@ -339,19 +341,19 @@ def test_context_failure_is_the_cpu_result(standin, tiny):
 def test_missing_library_is_a_silent_cpu_run(tiny, capsys):
     m, _ = tiny
     toks = list(range(2, 30))
-    off = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="off"))
-    auto = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib="/nonexistent/libneuralnetworks.so"))
+    off = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="off"))
+    auto = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib="/nonexistent/libneuralnetworks.so"))
     assert np.array_equal(auto.decode(toks, all_logits=True), off.decode(toks, all_logits=True))
-    assert auto.npu_state == "off" and capsys.readouterr().err == ""
+    assert auto.npu.state == "off" and capsys.readouterr().err == ""
 
 
 def test_auto_skips_copies_that_do_not_fit(standin, tiny, monkeypatch):
     m, _ = tiny
     monkeypatch.setattr(npu, "mem_available", lambda: npu.copy_bytes(m.config))     # twice the copies needed
-    ctx = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib=standin.path))
-    assert ctx.npu_state == "off" and "more than half of the available memory" in npu.notes(ctx)[0]
-    forced = open_context(m, RunConfig(n_ctx=64, n_threads=1, npu="nnapi", nnapi_lib=standin.path))
-    assert forced.npu_state == "nnapi"
+    ctx = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="auto", nnapi_lib=standin.path))
+    assert ctx.npu.state == "off" and "more than half of the available memory" in npu.notes(ctx.npu)[0]
+    forced = open_session(m, RunConfig(n_ctx=64, n_threads=1, npu="nnapi", nnapi_lib=standin.path))
+    assert forced.npu.state == "nnapi"
 
 
 def test_cli_npu_modes(standin, tiny):

@@ -1,5 +1,5 @@
-"""test_npu_ffn.py — decode's hot prefix on NNAPI (csrc/nnapi/hot_ffn.c, pi2/plan/npu_plan.py, pi2/npu.py) against
-the stand-in libneuralnetworks.so: results against the numpy specification (pi2.sparse.SparseFFN.npu_hot: a
+"""test_npu_ffn.py — decode's hot prefix on NNAPI (csrc/nnapi/hot_ffn.c, pi2/plan/npu_plan.py, pi2/runtime/npu.py) against
+the stand-in libneuralnetworks.so: results against the numpy specification (pi2.reference.sparse_ffn.SparseFFN.npu_hot: a
 single token computes every neuron below H and the rule's active ones above), the CPU path unchanged when
 nothing is attached, the run overlapping the CPU's work, every fallback (missing library, missing symbol,
 compile, start and execution failures) giving the CPU's own result, the budget counting the copies, and
@@ -19,16 +19,17 @@ import pytest
 
 from clirun import cli
 from fixtures import write_model
-from pi2file import write_pi2
+from pi2file import convert_pi2
 from standin import libs, nmse, standin  # noqa: F401 (libs, standin: fixtures)
-from pi2 import sparse
 from pi2.engine import CContext, CModel
 from pi2.engine.nnapi import NnapiDelegate, ctx_npu_ffn_stats, ctx_set_npu_ffn
 from pi2.errors import EngineError
 from pi2.model.loader import load_model
 from pi2.plan import npu_plan
-from pi2.reference import ReferenceContext
-from pi2.runtime import RunConfig, open_context
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime.config import RunConfig
+from pi2.runtime.session import open_session
+from pi2.runtime import ffn_rule
 
 NMSE_F16, NMSE_QUANT = 1e-5, 5e-4
 PROMPT, SINGLE = [1, 5, 9, 200], [33, 7, 80, 90]
@@ -46,16 +47,16 @@ def files(tmp_path_factory):
     q8 = write_model(d / "q8.gguf", wtype="Q8_0", n_ff=256, n_embd=64, seed=3)
     f32 = write_model(d / "f32.gguf", wtype="F32", n_ff=256, n_embd=64, seed=5)
     relu = write_model(d / "relu.gguf", wtype="F16", n_ff=192, n_embd=64, seed=6, act="relu")
-    return {"q8": write_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
-            "f32": write_pi2(f32, d / "f32.pi2.gguf", down_type="F32", default_keep=0.5),
-            "relu": write_pi2(relu, d / "relu.pi2.gguf", down_type="F16", default_keep=0.5),
+    return {"q8": convert_pi2(q8, d / "q8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
+            "f32": convert_pi2(f32, d / "f32.pi2.gguf", down_type="F32", default_keep=0.5),
+            "relu": convert_pi2(relu, d / "relu.pi2.gguf", down_type="F16", default_keep=0.5),
             "plain": q8}
 
 
 def c_ctx(path, threads=1):
     m = load_model(path)
     c = CContext(CModel.from_model(m), 32, threads)
-    c.set_ffn(sparse.choose_rule(m, None, False, use_predictor=False))
+    c.set_ffn(ffn_rule.choose_rule(m, None, False, use_predictor=False))
     return m, c
 
 
@@ -118,7 +119,7 @@ def test_nothing_attached_is_the_cpu_path(standin, files):
     _, z = c_ctx(files["q8"])
     ctx_set_npu_ffn(z, d, [0, 0])                                        # no layer handed over
     assert np.array_equal(run(z), want) and standin.executions() == 0
-    assert np.array_equal(run(open_context(load_model(files["q8"]), RunConfig(n_ctx=32, n_threads=1, npu="off"))),
+    assert np.array_equal(run(open_session(load_model(files["q8"]), RunConfig(n_ctx=32, n_threads=1, npu="off"))),
                           want)
 
 
@@ -174,10 +175,10 @@ def test_each_failure_is_the_cpu_result_once(standin, files, fail, phase):
 def test_execution_failure_in_a_streamed_run(standin, files):
     m = load_model(files["q8"])
     cfg = dict(n_ctx=32, n_threads=1, memory_budget=budget(), io="pread", npu_gbps=1e6)
-    want = run(open_context(m, RunConfig(npu="off", **cfg)))
+    want = run(open_session(m, RunConfig(npu="off", **cfg)))
     standin.set(fail_execute=1)
-    ctx = open_context(m, RunConfig(npu="nnapi", nnapi_lib=standin.path, **cfg))
-    assert ctx.npu_state == "nnapi"
+    ctx = open_session(m, RunConfig(npu="nnapi", nnapi_lib=standin.path, **cfg))
+    assert ctx.npu.state == "nnapi"
     assert np.array_equal(run(ctx), want)
 
 
@@ -186,10 +187,10 @@ def test_no_library_or_symbol_is_a_cpu_run(libs, files, lib, capsys):
     path = "/nonexistent/libneuralnetworks.so" if lib == "missing" else libs["no_wait"]
     m = load_model(files["q8"])
     want = cpu_logits(files["q8"])
-    auto = open_context(m, RunConfig(n_ctx=32, n_threads=1, npu="auto", nnapi_lib=path))
-    assert np.array_equal(run(auto), want) and auto.npu_state == "off" and capsys.readouterr().err == ""
-    forced = open_context(m, RunConfig(n_ctx=32, n_threads=1, npu="nnapi", nnapi_lib=path))
-    assert np.array_equal(run(forced), want) and forced.npu_state == "off"
+    auto = open_session(m, RunConfig(n_ctx=32, n_threads=1, npu="auto", nnapi_lib=path))
+    assert np.array_equal(run(auto), want) and auto.npu.state == "off" and capsys.readouterr().err == ""
+    forced = open_session(m, RunConfig(n_ctx=32, n_threads=1, npu="nnapi", nnapi_lib=path))
+    assert np.array_equal(run(forced), want) and forced.npu.state == "off"
     why = "NNAPI unavailable" if lib == "missing" else "ANeuralNetworksEvent_wait"
     assert re.fullmatch(rf"pi2: note: --npu nnapi: .*{why}.*; running on the CPU\n", capsys.readouterr().err)
 
@@ -252,14 +253,14 @@ def test_copies_are_cut_to_the_room_left(standin, files):
 def test_streamed_run_counts_the_copies(standin, files):
     m = load_model(files["q8"])
     cfg = dict(n_ctx=32, n_threads=1, memory_budget=budget(), io="pread", npu_gbps=1e6)
-    off = open_context(m, RunConfig(npu="off", **cfg))
-    on = open_context(m, RunConfig(npu="auto", nnapi_lib=standin.path, **cfg))
-    assert on.npu_state == "nnapi" and off.npu_state == "off"
-    assert on.plan.npu_bytes == on.npu_plan.bytes > 0 and on.plan.fixed - on.plan.npu_bytes == off.plan.fixed
+    off = open_session(m, RunConfig(npu="off", **cfg))
+    on = open_session(m, RunConfig(npu="auto", nnapi_lib=standin.path, **cfg))
+    assert on.npu.state == "nnapi" and off.npu.state == "off"
+    assert on.cache.npu_bytes == on.npu.decision.bytes > 0 and on.cache.fixed - on.cache.npu_bytes == off.cache.fixed
     run(on)
-    assert ctx_npu_ffn_stats(on)["bytes"] == on.plan.npu_bytes       # what the NPU holds once every graph ran
+    assert ctx_npu_ffn_stats(on.ctx)["bytes"] == on.cache.npu_bytes       # what the NPU holds once every graph ran
     ref = ReferenceContext(m, 32)
-    ref.ffn.npu_hot = on.npu_hot
+    ref.ffn.npu_hot = on.npu.decision.n_hot
     on.reset()
     assert nmse(run(on), run(ref)) <= NMSE_QUANT
 

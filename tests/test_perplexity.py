@@ -1,4 +1,4 @@
-"""test_perplexity.py — pi2.perplexity against fake models whose log-probs are known by construction."""
+"""test_perplexity.py — pi2.runtime.perplexity against fake models whose log-probs are known by construction."""
 import math
 import re
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pi2.errors import UsageError
-from pi2.perplexity import (PerplexityResult, _eta_line, format_final, nll_of_rows, perplexity,
+from pi2.runtime.perplexity import (PerplexityResult, _eta_line, format_final, nll_of_rows, perplexity,
                             tokenize_input)
 
 V = 11

@@ -13,11 +13,14 @@ from fixtures import write_model
 from pi2file import writer_like
 from pi2.convert import convert, layerwise, predictor, profile
 from pi2.errors import ModelFormatError, UsageError
+from pi2.model import ffn_layout
 from pi2.model.gguf_file import GGUFFile
 from pi2.model.loader import load_model
-from pi2.quants import dequantize
-from pi2.reference import ReferenceContext
-from pi2.sparse import act_values
+from pi2.reference import predictor as predictor_spec
+from pi2.reference.quants import dequantize
+from pi2.reference.forward import ReferenceContext
+from pi2.reference.sparse_ffn import act_values
+from pi2.runtime import ffn_rule
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = [(11 * i + 5) % 400 + 3 for i in range(40)]
@@ -42,8 +45,8 @@ def test_lowbit_codec_round_trip():
     w = rng.standard_normal((16, 96)).astype(np.float32)
     for bits, bound in ((1, 0.65), (2, 0.40)):
         raw = predictor.lowbit_encode(w, bits)
-        assert raw.shape == (16, predictor.lowbit_row_bytes(96, bits)) == (16, 3 * (2 + 4 * bits))
-        dec = predictor.lowbit_decode(raw, bits, 96)
+        assert raw.shape == (16, ffn_layout.lowbit_row_bytes(96, bits)) == (16, 3 * (2 + 4 * bits))
+        dec = predictor_spec.lowbit_decode(raw, bits, 96)
         assert np.linalg.norm(dec - w) / np.linalg.norm(w) < bound
         # every decoded weight is d·(odd integer within the code range)
         d = raw.reshape(16, 3, -1)[:, :, :2].copy().view(np.float16).astype(np.float32)
@@ -66,7 +69,7 @@ def test_predictor_tensors_written_and_read_back(files):
         p = f"blk.{il}."
         perm = o.raw(p + "ffn_perm.weight").view(np.int32).ravel()
         raw = o.raw(p + "ffn_gate_pred.weight")
-        assert raw.shape == (128, predictor.lowbit_row_bytes(64, 2))
+        assert raw.shape == (128, ffn_layout.lowbit_row_bytes(64, 2))
         want = predictor.lowbit_encode(dequantize(s.raw(p + "ffn_gate.weight"), s.tensors[p + "ffn_gate.weight"].type,
                                                   64), 2)[perm]
         assert np.array_equal(raw, want)
@@ -93,7 +96,7 @@ def _recall_on_calibration(path, src_path, kind):
         if kind == "lowbit":
             ghat = predictor.LowbitGate(out.raw(p + "ffn_gate_pred.weight"), 2, 64)(lp.x)
         else:
-            from pi2.quants import QuantLinear
+            from pi2.reference.quants import QuantLinear
             fc1 = QuantLinear.from_raw(out.raw(p + "fc1.weight"), out.tensors[p + "fc1.weight"].type, 64)
             fc2 = QuantLinear.from_raw(out.raw(p + "fc2.weight"), out.tensors[p + "fc2.weight"].type, 32)
             ghat = predictor.LowrankGate(fc1, fc2)(lp.attn_in)
@@ -115,7 +118,8 @@ def test_recall_reaches_target_on_calibration_text(files):
 
 
 def _ctx(path, **kw):
-    return ReferenceContext(load_model(path), 64, **kw)
+    m = load_model(path)
+    return ReferenceContext(m, 64, ffn_rule.choose_rule(m, use_predictor=kw.get("predictor", True)))
 
 
 def test_predicted_rule_equals_threshold_rule_when_everything_is_predicted(files):

@@ -1,5 +1,5 @@
 """test_pwri_c.py — PowerInfer `PWRI` files on the C engine (csrc/ffn/pwri.c, the PI2_FFN_PWRI_PREDICTOR rule) against
-the numpy reference (pi2/sparse.py, rule `predictor`): the predictor fc2·relu(fc1·h) on the residual before ffn_norm,
+the numpy reference (pi2/reference/sparse_ffn.py, rule `predictor`): the predictor fc2·relu(fc1·h) on the residual before ffn_norm,
 active = score >= powerinfer.sparse_threshold, ReGLU (`llama`) or dReLU (`bamboo`), down as rows of ffn_down_t.
 Checks: bit-identical logits and the same active count and bytes per token for prompt batches and single tokens at
 -t 1 and -t 2, for the weight types whose products the reference computes in the kernels' float order; a threshold
@@ -7,7 +7,7 @@ equal to a score keeps that neuron (>=); dReLU really differs from ReGLU; bamboo
 from PWRI files (mapped and streamed); `pi2 run / bench / perplexity` run PWRI files in C by default with the
 reference's tokens, statistics and perplexity; a PWRI file missing one fc2 ends with a one-line error.
 F16 and Q4_0 (the types of PowerInfer's published files): the reference multiplies them by one BLAS product
-(pi2/quants.py QuantLinear, not in _EXACT), whose summation order no C kernel follows, so from the first matrix
+(pi2/reference/quants.py QuantLinear, not in _EXACT), whose summation order no C kernel follows, so from the first matrix
 product on the engines agree only to rounding: logits to NMSE_LOGITS with the same argmax (as tests/test_forward_c.py),
 keep to KEEP_TOL (a score within rounding of the threshold may flip a neuron)."""
 from __future__ import annotations
@@ -22,12 +22,13 @@ from clirun import assert_error, cli, patched, tensor_info
 from decode_seq import TOKENS, run
 from fixtures import TEXT, write_model
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert import convert
 from pi2.engine import CContext, CModel, stream_sizes, tensor_descs
 from pi2.errors import EngineError, ModelFormatError
 from pi2.model.loader import load_model
-from pi2.reference import ReferenceContext
+from pi2.reference.forward import ReferenceContext
+from pi2.runtime import ffn_rule
 
 EXACT = ("Q8_0", "Q4_1", "Q5_0")     # quants._EXACT: the reference follows the kernels' float order
 ROUNDED = ("F16", "Q4_0")
@@ -55,7 +56,7 @@ def files(tmp_path_factory):
 
 def c_ctx(m, threads, spec=None):
     c = CContext(CModel.from_model(m), 32, threads)
-    c.set_ffn(spec or sparse.choose_rule(m))
+    c.set_ffn(spec or ffn_rule.choose_rule(m))
     return c
 
 
@@ -101,7 +102,7 @@ def test_threshold_equal_to_a_score_keeps_the_neuron(files):
     scores = sparse.predictor_scores(h[0], L["fc1"], L["fc2"])
     thr = float(np.sort(scores[3])[100])                           # a value token 3 really scores
     assert (scores >= np.float32(thr)).sum() > (scores > np.float32(thr)).sum()
-    spec = dataclasses.replace(sparse.choose_rule(m), threshold=thr)
+    spec = dataclasses.replace(ffn_rule.choose_rule(m), threshold=thr)
     c = c_ctx(m, 2, spec)
     c.decode(TOKENS[:8])
     assert c.ffn_counts()[1][0] == (scores >= np.float32(thr)).sum()
@@ -125,9 +126,9 @@ def test_drelu_is_not_reglu(files):
 def test_dense_flag(files, arch):
     """--dense on a PWRI file: every neuron, down still as ffn_down_t rows."""
     m = load_model(files[arch, "Q8_0"])
-    ref = ReferenceContext(m, 32, dense=True)
+    ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, dense=True))
     want = run(ref)
-    c = c_ctx(m, 2, sparse.choose_rule(m, dense=True))
+    c = c_ctx(m, 2, ffn_rule.choose_rule(m, dense=True))
     assert c.ffn_spec.rule == "dense"
     assert np.array_equal(run(c), want) and c.bench_stats() == ref.bench_stats()
 
@@ -137,9 +138,9 @@ def test_bamboo_gguf_is_relu_gated(tmp_path):
     m = load_model(write_model(tmp_path / "b.gguf", "bamboo", wtype="Q8_0", n_ff=192))
     assert not m.config.sparse and m.config.ffn_act == "relu"
     for keep in (None, 0.5):
-        ref = ReferenceContext(m, 32, keep=keep)
+        ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, keep))
         want = run(ref)
-        c = c_ctx(m, 2, sparse.choose_rule(m, keep))
+        c = c_ctx(m, 2, ffn_rule.choose_rule(m, keep))
         assert np.array_equal(run(c), want) and c.bench_stats() == ref.bench_stats(), keep
 
 
@@ -171,10 +172,10 @@ def test_c_refuses_a_missing_predictor(files):
     cm = CModel.from_model(m, [d for d in descs if not (d[0] in (22, 23) and d[1] == 1)])
     c = CContext(cm, 32, 1)
     with pytest.raises(EngineError, match="layer 1 has no predictor"):
-        c.set_ffn(sparse.choose_rule(m))
+        c.set_ffn(ffn_rule.choose_rule(m))
     c = c_ctx(m, 1)
     with pytest.raises(EngineError, match="score"):
-        c.set_ffn(dataclasses.replace(sparse.choose_rule(m), score="act_up"))
+        c.set_ffn(dataclasses.replace(ffn_rule.choose_rule(m), score="act_up"))
     assert np.array_equal(c.decode([1, 2]), ReferenceContext(m, 32).decode([1, 2]))   # still usable
 
 

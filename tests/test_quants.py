@@ -1,4 +1,4 @@
-"""test_quants.py — pi2.quants against gguf.quants (dequantization), hand-made activation blocks
+"""test_quants.py — pi2.reference.quants against gguf.quants (dequantization), hand-made activation blocks
 (llama.cpp's x86 rounding) and a slow per-block integer dot product written here from the block layouts,
 the way ggml's scalar ggml_vec_dot_* reference computes it."""
 import numpy as np
@@ -8,7 +8,7 @@ from gguf.constants import GGMLQuantizationType, GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize, quantize as gguf_quantize
 
 from pi2.errors import ModelFormatError, UnsupportedError
-from pi2.quants import QuantLinear, act_values, dequantize, quantize_act, quantize_weight, vec_dot_type
+from pi2.reference.quants import QuantLinear, act_values, dequantize, quantize_act, quantize_weight, vec_dot_type
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q4_K, Q5_K, Q6_K, Q8_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15, 30
 ALL = [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]

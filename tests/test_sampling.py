@@ -1,11 +1,11 @@
-"""test_sampling.py — pi2.sampling stage by stage on hand-made logits, plus seeds, speed and the banner."""
+"""test_sampling.py — pi2.runtime.sampling stage by stage on hand-made logits, plus seeds, speed and the banner."""
 import time
 
 import numpy as np
 import pytest
 
 from pi2.errors import UsageError
-from pi2.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams, resolve_seed
+from pi2.runtime.sampling import LLAMA_DEFAULT_SEED, Sampler, SamplerParams, resolve_seed
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0, temp=1.0)  # every filter off
 

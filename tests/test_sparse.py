@@ -1,7 +1,10 @@
 """test_sparse.py — the sparse FFN of the reference: keep = 1 is the dense FFN bit for bit (plain GGUF and pi2
 files), PowerInfer `PWRI` files equal an independent numpy implementation of PowerInfer's semantics, the
 active-set rules on hand-checked cases, the allocation of a model-wide keep, and `--keep` / `--dense` on
-run, perplexity and bench; on SmolLM2, the perplexity cost of on-the-fly per-token thresholds."""
+run, perplexity and bench; on SmolLM2, the perplexity cost of on-the-fly per-token thresholds.
+The oracle test (test_pi2_file_keep_one) reads a pi2 file written here from the format's description alone
+(docs/pi2-file-format.md), not by `pi2 convert`: the reader and the converter are checked against the format,
+not against each other."""
 from __future__ import annotations
 
 import json
@@ -13,21 +16,23 @@ from clirun import assert_error, cli
 from conftest import model_file
 from fixtures import TEXT, write_model
 from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader
 from gguf.quants import dequantize as gg_dequantize
-from pi2file import write_pi2
+from pi2file import convert_pi2, writer_like
 
-from pi2 import sparse
 from pi2.errors import UsageError
 from pi2.model.loader import load_model
-from pi2.quants import QuantLinear
-from pi2.reference import ReferenceContext, rms_norm
+from pi2.reference.quants import QuantLinear
+from pi2.reference.forward import ReferenceContext, rms_norm
+from pi2.reference import sparse_ffn as sparse
+from pi2.runtime import ffn_rule
 
 TOKENS = [1, 5, 9, 200, 33, 7, 80, 90, 311, 42, 17, 64]
 
 
 def logits(path, **kw) -> np.ndarray:
     m = load_model(path)
-    ctx = ReferenceContext(m, 32, **kw)
+    ctx = ReferenceContext(m, 32, ffn_rule.choose_rule(m, **kw))
     out = ctx.decode(TOKENS[:8], all_logits=True)
     return np.concatenate([out, ctx.decode(TOKENS[8:], all_logits=True)])   # a batch, then a continuation
 
@@ -42,8 +47,47 @@ def pi2_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("pi2")
     src = write_model(d / "src.gguf", wtype="F32")
     srcq = write_model(d / "srcq.gguf", wtype="Q8_0", seed=3)
-    return {"src": src, "f32": write_pi2(src, d / "f32.pi2.gguf"), "srcq": srcq,
-            "gud": write_pi2(srcq, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
+    return {"src": src, "f32": oracle_pi2(src, d / "f32.pi2.gguf"), "srcq": srcq,
+            "gud": convert_pi2(srcq, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
+
+
+def oracle_pi2(src, dst):
+    """The pi2 file of the plain GGUF `src` as the format describes it, written without the converter: each layer's
+    neurons in reversed order, the gate rows as their own tensor, the bundle records holding the up row then the
+    down row as F32 (down transposed: row i is neuron i's column), padded to 32 bytes; frequencies descending, and
+    a keep grid (0.5, 1.0) whose 1.0 threshold is 0 (every neuron)."""
+    r = GGUFReader(str(src))
+    w = writer_like(r, dst)
+    t = {x.name: x for x in r.tensors}
+    n_layer = sum(1 for n in t if n.endswith(".ffn_gate.weight"))
+    w.add_uint32("pi2.version", 1)
+    w.add_string("pi2.ffn.layout", "bundle-ud")
+    w.add_array("pi2.ffn.keep_grid", [0.5, 1.0])
+    w.add_float32("pi2.ffn.default_keep", 1.0)
+    w.add_array("pi2.ffn.down_types", [int(QT.F32)] * n_layer)
+    for x in r.tensors:
+        if not any(f".{n}." in x.name for n in ("ffn_gate", "ffn_up", "ffn_down")):
+            w.add_tensor(x.name, np.asarray(x.data), raw_dtype=x.tensor_type)
+    for il in range(n_layer):
+        b = f"blk.{il}."
+        gate, up, down = (t[b + n + ".weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+        n_embd, n_ff = int(gate.shape[0]), int(gate.shape[1])
+        perm = np.arange(n_ff, dtype=np.int32)[::-1].copy()
+        rows = lambda x, n: np.ascontiguousarray(x.data).view(np.uint8).reshape(n, -1)   # noqa: E731
+        down_rows = np.ascontiguousarray(rows(down, n_embd).view(np.float32).T[perm])     # F32 source: exact
+        rec = np.concatenate([rows(up, n_ff)[perm], down_rows.view(np.uint8)], axis=1)
+        rec = np.pad(rec, ((0, 0), (0, -rec.shape[1] % 32)))
+        w.add_tensor(b + "ffn_gate.weight", rows(gate, n_ff)[perm], raw_dtype=gate.tensor_type)
+        w.add_tensor(b + "ffn_bundle.weight", rec.view(np.int8))
+        w.add_tensor(b + "ffn_perm.weight", perm)
+        w.add_tensor(b + "ffn_freq.weight", np.linspace(1.0, 0.0, n_ff, dtype=np.float32))
+        w.add_tensor(b + "ffn_thresh.weight", np.array([0.5, 0.0], np.float32))
+        w.add_tensor(b + "ffn_err.weight", np.array([0.1, 0.0], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
 
 
 # ------------------------------------------------------------------ keep = 1 is dense
@@ -82,7 +126,7 @@ def test_pi2_thresholds_at_default_keep(pi2_files):
     ctx.decode(TOKENS)
     s = ctx.bench_stats()
     assert 0.3 < s["ffn_keep"] < 0.7
-    dense = ReferenceContext(m, 32, dense=True)
+    dense = ReferenceContext(m, 32, ffn_rule.choose_rule(m, dense=True))
     dense.decode(TOKENS)
     assert s["ffn_bytes_per_token"] < dense.bench_stats()["ffn_bytes_per_token"]
 
@@ -150,7 +194,7 @@ def test_pwri_equals_powerinfer_semantics(tmp_path, wtype, arch):
     # against these float32 matmuls can flip a neuron whose score is ~1e-4 from the threshold
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=5e-3 if wtype == "F32" else 1e-2)
     assert abs(ctx.bench_stats()["ffn_keep"] - np.mean(seen)) < 0.01
-    dense = ReferenceContext(m, 32, dense=True).decode(TOKENS, all_logits=True)
+    dense = ReferenceContext(m, 32, ffn_rule.choose_rule(m, dense=True)).decode(TOKENS, all_logits=True)
     assert not np.allclose(dense, got, atol=1e-3)
 
 
@@ -209,13 +253,13 @@ def test_allocation_hits_mean_and_prefers_flat_layers():
     bumpy = np.array([0.5, 0.45, 0.1, 0.08, 0.0])            # not convex: its hull is used
     err = np.stack([steep, flat, bumpy, flat * 0.5])
     for F in (0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 1.0):
-        k = sparse.allocate_keep(err, grid, F)
+        k = ffn_rule.allocate_keep(err, grid, F)
         assert abs(k.mean() - F) < 1e-9 and np.all(k >= 0.1 - 1e-12) and np.all(k <= 1.0 + 1e-12)
-    k = sparse.allocate_keep(err, grid, 0.5)
+    k = ffn_rule.allocate_keep(err, grid, 0.5)
     assert k[0] > k[1] > k[3] and k[0] > 0.5 > k[3]
     with pytest.raises(UsageError):
-        sparse.allocate_keep(err, grid, 0.05)
-    t = sparse.layer_thresholds(np.array([[0.5, 0.3, 0.2, 0.1, 0.0]]), grid, np.array([0.375]))
+        ffn_rule.allocate_keep(err, grid, 0.05)
+    t = ffn_rule.layer_thresholds(np.array([[0.5, 0.3, 0.2, 0.1, 0.0]]), grid, np.array([0.375]))
     assert t[0] == np.float32(0.25)
 
 

@@ -12,10 +12,10 @@ import pytest
 from pagecache import cold_copy, resident_pages
 from stream_files import TOKENS, ctx_for, files, run  # noqa: F401 (files: the fixture)
 
-from pi2 import sparse
 from pi2.engine import CContext, CModel, stream_sizes
 from pi2.errors import EngineError, UnsupportedError
 from pi2.model.loader import load_model
+from pi2.runtime import ffn_rule
 
 
 @pytest.mark.parametrize("name", ["q8", "f16", "i8"])
@@ -85,7 +85,7 @@ def test_early_read_failure_is_an_error_then_recovers(files, tmp_path):
     whole = p.read_bytes()
     m = load_model(p)
     c = CContext(CModel.from_model(m), 32, 1)
-    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_ffn(ffn_rule.choose_rule(m, 1.0))
     c.set_stream(cluster=64, n_slots=5, io="pread", n_early=[5] * m.config.n_layer)
     c.decode([TOKENS[0]])
     os.truncate(p, m.tensor(f"blk.{m.config.n_layer - 1}.ffn_bundle.weight").offset + 4096)
@@ -146,7 +146,7 @@ def test_failed_read_is_an_error(files, tmp_path):
     shutil.copy(files["q8"], p)
     m = load_model(p)
     c = CContext(CModel.from_model(m), 32, 1)
-    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_ffn(ffn_rule.choose_rule(m, 1.0))
     c.set_stream(cluster=64, n_slots=5, io="pread")
     os.truncate(p, m.tensor(f"blk.{m.config.n_layer - 1}.ffn_bundle.weight").offset + 4096)
     with pytest.raises(EngineError, match="bundles"):
@@ -160,7 +160,7 @@ def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     p, m, ranges = cold_copy(files["q8"], tmp_path, "ffn_bundle")
     assert all(e > s for s, e in ranges)
     c = CContext(CModel.from_model(m), 32, 1)
-    c.set_ffn(sparse.choose_rule(m, 1.0))
+    c.set_ffn(ffn_rule.choose_rule(m, 1.0))
     c.set_stream(cluster=64, n_slots=5, io="pread")      # drops the file's unmapped pages (the copy's)
     for t in TOKENS[:4]:
         c.decode([t])
@@ -168,6 +168,6 @@ def test_streamed_bundles_stay_out_of_the_page_cache(files, tmp_path):
     assert c.cache_stats()["misses"] > 0
     assert sum(resident_pages(p, s, e) for s, e in ranges) == 0
     d = CContext(CModel.from_model(load_model(p)), 32, 1)  # the mapped run reads them through the mapping
-    d.set_ffn(sparse.choose_rule(m, 1.0))
+    d.set_ffn(ffn_rule.choose_rule(m, 1.0))
     d.decode(TOKENS[:4])
     assert sum(resident_pages(p, s, e) for s, e in ranges) > 0

@@ -21,13 +21,13 @@ from gguf import GGUFReader
 from pagecache import cold_copy, resident_pages
 from pi2file import writer_like
 
-from pi2 import sparse
 from pi2.convert import convert, predictor
 from pi2.engine import CContext, CModel, ffi, lib, stream_sizes
 from pi2.engine.lib import last_error
 from pi2.errors import EngineError
 from pi2.model.loader import load_model
 from pi2.plan.budget import fixed_bytes, make_plan
+from pi2.runtime import ffn_rule
 
 
 def _rewrite(src, dst, replace=None, last=()):
@@ -76,7 +76,7 @@ def files(tmp_path_factory):
 def ctx_for(path, threads, stream=None, rule=None):
     m = load_model(path)
     c = CContext(CModel.from_model(m), 32, threads)
-    c.set_ffn(rule or sparse.choose_rule(m))
+    c.set_ffn(rule or ffn_rule.choose_rule(m))
     if stream:
         c.set_stream(**stream)
     return c
@@ -92,7 +92,7 @@ def gate_stream(m, cluster, hot, ghot, extra=0):
 @pytest.mark.parametrize("name", ["q4k", "q41"])
 def test_streamed_gate_equals_mapped(files, name):
     m = load_model(files[name])
-    assert sparse.choose_rule(m).rule == "predicted"
+    assert ffn_rule.choose_rule(m).rule == "predicted"
     want = run(ctx_for(files[name], 1))
     F, L = m.config.n_ff, m.config.n_layer
     cases = [  # (cluster, bundle hot, gate hot, slots beyond the minimum, threads)
@@ -124,7 +124,7 @@ def test_other_rules_read_the_gate_region_whole(files):
     """Gate streaming under a rule without the predictor: every gate row is needed, so each single token reads
     each layer's gate region whole; still bit-identical to the mapped run."""
     m = load_model(files["q41"])
-    thr = sparse.choose_rule(m, use_predictor=False)
+    thr = ffn_rule.choose_rule(m, use_predictor=False)
     assert thr.rule == "threshold"
     want = run(ctx_for(files["q41"], 1, rule=thr))
     c = ctx_for(files["q41"], 2, gate_stream(m, 16, 0, 0), rule=thr)
@@ -218,14 +218,14 @@ def test_bad_gate_slots_are_refused(files):
 def test_plan_streams_the_gate_rows(files):
     m = load_model(files["q41"])
     cm = CModel.from_model(m)
-    rule = sparse.choose_rule(m)
+    rule = ffn_rule.choose_rule(m)
     L, F = m.config.n_layer, m.config.n_ff
     kw = dict(io="pread", cluster=64, runtime=50 << 20)   # 64 rows of 60 bytes: slots smaller than the regions
     mapped = make_plan(m, cm, 1 << 40, 64, 1, **kw)
     gated = make_plan(m, cm, 1 << 40, 64, 1, rule=rule, **kw)
     gate_region = sum(m.tensor(f"blk.{il}.ffn_gate.weight").nbytes for il in range(L))
     assert not mapped.gate and gated.gate
-    thr = make_plan(m, cm, 1 << 40, 64, 1, rule=sparse.choose_rule(m, use_predictor=False), **kw)
+    thr = make_plan(m, cm, 1 << 40, 64, 1, rule=ffn_rule.choose_rule(m, use_predictor=False), **kw)
     assert not thr.gate and thr.floor == mapped.floor and "rule is threshold" in thr.gate_lines()[0]
     pred = sum(m.tensor(f"blk.{il}.ffn_gate_pred.weight").nbytes for il in range(L))   # read only when used
     assert pred > 0 and mapped.fixed - gated.fixed == gate_region - pred

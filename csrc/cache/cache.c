@@ -9,6 +9,7 @@
  *       while it runs, and a whole layer fits them); nothing is written back; bundle arena offsets < 2 GiB. */
 #define _GNU_SOURCE
 #include "cache/cache.h"
+#include "io/io.h"
 
 #include "kernels/traits.h"
 
@@ -216,7 +217,7 @@ pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_
         (p->stream_gate &&
          (s = part_init(cache, PI2_PART_GATE, p->n_gate_hot, p->n_gate_slots, sizes.gate_slot_bytes, NULL))))
         goto fail;
-    pi2_io_params iop = pi2_io_default_params();
+    pi2_io_params iop = io_default_params();
     iop.backend = p->backend;
     iop.queue_depth = p->queue_depth;
     iop.direct = p->direct;

@@ -1,5 +1,5 @@
-/* moe.c — the FFN of a PI2_ARCH_MOE layer (docs/moe.md §2, pi2/reference_moe.py and pi2/moe_routing.py): the
- * router's logits, gating (softmax with ggml's AVX-512 exp and libm tail, sigmoid, softmax_weight, sqrt_softplus), the
+/* moe.c — the FFN of a PI2_ARCH_MOE layer (docs/moe.md §2; pi2/reference/moe.py and moe_routing.py): the router's
+ * logits, gating (softmax with ggml's AVX-512 exp and libm tail, sigmoid, softmax_weight, sqrt_softplus), the
  * top k of libstdc++'s std::sort on the expert indices (so tied scores fall as llama.cpp leaves them), the weights
  * (normalised in double with ggml's clamp, scaled), each selected expert's SwiGLU/ReGLU FFN with the step's rows
  * grouped by expert (moe_mm.c), the weighted sum in slot order, and the shared expert; and qwen3's dense FFN.

@@ -1,7 +1,7 @@
 /* moe.h — the FFN of the Mixture-of-Experts family (PI2_ARCH_MOE) and its products (internal).
  * moe.c: routing (router, gating, top-k with libstdc++'s tie order, weights), the experts grouped by expert, the
  * shared expert, and the dense SwiGLU FFN of qwen3; moe_mm.c: every product of such a model in the kernel ggml
- * picks for its type and batch (pi2/moe_matmul.py). docs/moe.md is the specification. */
+ * picks for its type and batch (pi2/reference/moe_matmul.py). docs/moe.md is the specification. */
 #ifndef PI2_FFN_MOE_H
 #define PI2_FFN_MOE_H
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* moe_mm.c — the products of a PI2_ARCH_MOE model, in the kernel ggml's x86 CPU backend runs for each
- * (pi2/moe_matmul.py): dense weights (ggml_mul_mat) by pi2_moe_matmul, the experts (ggml_mul_mat_id) by
+ * (pi2/reference/moe_matmul.py): dense weights (ggml_mul_mat) by pi2_moe_matmul, the experts (ggml_mul_mat_id) by
  * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
  * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
  * Q4_0 the repacked GEMV; Q6_K experts the tiled kernel from 8 rows; every other type its vec_dot (pi2_matmul

@@ -6,7 +6,7 @@
  *       One token's gate rows of P come from ffn/gate_rows.c (mapped, or streamed through the read pipeline:
  *       two-phase loading).
  * Does not: up rows, h or down (ffn/sparse.c computes them for the active set as for every rule).
- * Float order: pi2/sparse.py (rule `predicted`) and pi2/convert/predictor.py, bit for bit; every value is
+ * Float order: pi2/reference/sparse_ffn.py (rule `predicted`) and pi2/convert/predictor.py, bit for bit; every value is
  *       computed by one task whichever thread runs it. */
 #include "ffn/predicted.h"
 

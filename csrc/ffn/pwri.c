@@ -5,7 +5,7 @@
  *       up rows); each token's active set {s_i >= t_L}; for one token the gate rows of its active neurons only,
  *       and act(gate) of them.
  * Does not: up rows, h or down (ffn/sparse.c computes them for the active set as for every rule).
- * Float order: pi2/sparse.py (rule `predictor`, predictor_scores) bit for bit; relu(v) = v <= 0 ? 0 : v is numpy's
+ * Float order: pi2/reference/sparse_ffn.py (rule `predictor`, predictor_scores) bit for bit; relu(v) = v <= 0 ? 0 : v is numpy's
  *       maximum(v, 0); every value is computed by one task whichever thread runs it. */
 #include "ffn/pwri.h"
 

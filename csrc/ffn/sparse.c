@@ -5,7 +5,7 @@
  *       the active set of each token by the context's rule (ffn/select.c);
  *       up rows of the active neurons only; h = act(gate)·up with zeros elsewhere;
  *       then down as the dense product of h, or as the grouped sum over down rows (pi2.h tells the
- *       float order; pi2/sparse.py is the specification). Counts active neurons per layer.
+ *       float order; pi2/reference/sparse_ffn.py is the specification). Counts active neurons per layer.
  *       In a streamed context the read pipeline (csrc/pipeline/) brings the bytes: one token computes each
  *       group as its clusters become present (the same group task as mapped rows, with the rows' addressing
  *       passed in); a batch gets each layer's bundles read whole and runs the same code on them (and streamed

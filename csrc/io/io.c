@@ -25,7 +25,7 @@ static atomic_int uring_cleared;
 int io_uring_cleared(void) { return atomic_load(&uring_cleared); }
 void io_uring_set_cleared(void) { atomic_store(&uring_cleared, 1); }
 
-pi2_io_params pi2_io_default_params(void) {
+pi2_io_params io_default_params(void) {
     return (pi2_io_params){.backend = PI2_IO_PREAD, .queue_depth = 32, .direct = 1, .drop_cache = 1};
 }
 

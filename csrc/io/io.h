@@ -60,8 +60,20 @@ extern const io_backend_ops pi2_io_uring_ops, pi2_io_aio_ops, pi2_io_pread_ops, 
 /* Record slot `slot` as finished with `res` (bytes or -errno) and free its slot for reaping. */
 void io_finish(pi2_io *io, int32_t slot, int64_t res);
 
+/* backend PI2_IO_PREAD, queue_depth 32, direct 1, drop_cache 1. */
+pi2_io_params io_default_params(void);
+
 /* mmap backend: drop the mapping's pages from this process, so the page cache can let them go. */
 void io_mmap_release(pi2_io *io);
+
+/* map_guard.c: a SIGBUS on a guarded read-only mapping (file truncated, device error) patches in a zero page and is
+ * counted instead of killing the process. add returns an id (-1: not guarded; every call below takes -1); fd is
+ * duplicated (its size tells truncation from EIO); check sets the error naming the file once the mapping faulted. */
+int io_map_guard_add(const void *base, size_t size, const char *path, int fd);
+void io_map_guard_remove(int id);
+int io_map_guard_faults(int id);
+int io_map_guard_shrunk(int id);   /* 1: the file is now shorter than its mapping */
+pi2_status io_map_guard_check(int id);
 
 /* Set by a probe that ran io_uring in a child and saw it work; pi2_io_open refuses uring before. */
 int io_uring_cleared(void);

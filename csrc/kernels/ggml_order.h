@@ -1,7 +1,7 @@
 /* ggml_order.h — dot products in the float order of ggml's x86 AVX-512 kernels for the weight types the dense path
  * computes in other orders: F32 and F16 (ggml_vec_dot_f32/_f16 for one token and every expert row, llamafile's
- * tinyBLAS for batches) and Q4_0 (the repacked q4_0_8x8 GEMV and GEMM). pi2/fdot.py is the specification; the
- * Mixture-of-Experts family (PI2_ARCH_MOE) multiplies with these so that it equals pi2/reference_moe.py.
+ * tinyBLAS for batches) and Q4_0 (the repacked q4_0_8x8 GEMV and GEMM). pi2/reference/fdot.py is the specification; the
+ * Mixture-of-Experts family (PI2_ARCH_MOE) multiplies with these so that it equals pi2/reference/moe.py.
  * FMAs are computed as fdot.py emulates them: the exact product and the sum in double, rounded to float once. */
 #ifndef PI2_KERNELS_GGML_ORDER_H
 #define PI2_KERNELS_GGML_ORDER_H

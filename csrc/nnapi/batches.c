@@ -1,12 +1,14 @@
-/* nnapi/batches.c — a context's dense prompt-batch products on the NNAPI delegate (pi2_ctx_set_nnapi_batches).
+/* nnapi/batches.c — a context's dense prompt-batch products on the NNAPI delegate (pi2_ctx_set_nnapi, PI2_NNAPI_BATCHES).
  * Does: make one FULLY_CONNECTED graph per product group of every layer (q/k/v, attn_output, gate/up,
  *       down), with weight copies, when attached; in pi2_matmul, run a group of a batch of at least
  *       min_batch tokens on it (start, then wait), else leave it to the CPU; count runs and fallbacks.
  * Does not: build or run NNAPI models (nnapi.c) or choose when to attach (Python's policy).
- * A group whose graph fails once stays on the CPU (nnapi.c marks the graph failed). */
+ * A group whose graph fails once stays on the CPU (nnapi.c marks the graph failed). Also pi2_ctx_set_nnapi, which
+ * attaches either use (batches here, the hot prefix in hot_ffn.c). */
 #include "context.h"
 #include "internal.h"
 #include "nnapi/batches.h"
+#include "nnapi/hot_ffn.h"
 
 #include <stdlib.h>
 
@@ -47,7 +49,7 @@ static pi2_status add_group(struct pi2_npu *npu, const pi2_weight *const *w, int
     return PI2_OK;
 }
 
-pi2_status pi2_ctx_set_nnapi_batches(pi2_ctx *c, pi2_nnapi *d, int32_t min_batch) {
+pi2_status pi2_nnapi_batches_set(pi2_ctx *c, pi2_nnapi *d, int32_t min_batch) {
     if (!c) return pi2_set_error(PI2_ERR_INVALID, "NULL context");
     pi2_nnapi_batches_free(c->mm.npu);
     c->mm.npu = NULL;
@@ -98,4 +100,12 @@ int pi2_nnapi_batches_matmul(struct pi2_npu *npu, const float *x, int32_t n_tok,
         return 0;
     }
     return 1;
+}
+
+pi2_status pi2_ctx_set_nnapi(pi2_ctx *c, int32_t use, pi2_nnapi *d, int32_t min_batch, const int32_t *n_hot) {
+    switch (use) {
+    case PI2_NNAPI_BATCHES: return pi2_nnapi_batches_set(c, d, min_batch);
+    case PI2_NNAPI_HOT: return pi2_nnapi_hot_set(c, d, n_hot);
+    default: return pi2_set_error(PI2_ERR_INVALID, "unknown NNAPI use %d", (int)use);
+    }
 }

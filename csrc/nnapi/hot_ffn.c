@@ -1,4 +1,4 @@
-/* nnapi/hot_ffn.c — a context's single-token hot prefix on the NNAPI delegate (pi2_ctx_set_nnapi_hot), as
+/* nnapi/hot_ffn.c — a context's single-token hot prefix on the NNAPI delegate (pi2_ctx_set_nnapi, PI2_NNAPI_HOT), as
  * PowerInfer-2 splits decode: the NPU computes the hot neurons of a layer densely while the CPU computes
  * the active cold ones sparsely; the CPU adds the two partial outputs.
  * Does: one hot-FFN graph per layer (nnapi/graph.c: F16 copies of gate, up and down rows of neurons
@@ -40,7 +40,7 @@ static pi2_nnapi_matrix matrix(const pi2_weight *w) {
     return (pi2_nnapi_matrix){w->data, w->type, w->n_out, w->n_in, w->row_bytes};
 }
 
-pi2_status pi2_ctx_set_nnapi_hot(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
+pi2_status pi2_nnapi_hot_set(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot) {
     if (!c) return pi2_set_error(PI2_ERR_INVALID, "NULL context");
     if (atomic_load(&c->busy)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
     pi2_nnapi_hot_free(c->nnapi_hot);

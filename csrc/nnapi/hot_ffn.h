@@ -15,6 +15,8 @@ void pi2_nnapi_hot_take_hot(pi2_ctx *c);
  * restored and the caller computes the layer again on the CPU. */
 int pi2_nnapi_hot_finish(pi2_ctx *c, pi2_status s);
 void pi2_nnapi_hot_free(struct pi2_nnapi_hot *f);
+/* pi2_ctx_set_nnapi(PI2_NNAPI_HOT). */
+pi2_status pi2_nnapi_hot_set(pi2_ctx *c, pi2_nnapi *d, const int32_t *n_hot);
 /* Bytes the attached hot prefix holds now; layer-tokens it computed, and those the CPU computed after a failure. */
 size_t pi2_nnapi_hot_bytes(const pi2_ctx *c);
 int64_t pi2_nnapi_hot_runs(const pi2_ctx *c, int64_t *fallbacks);

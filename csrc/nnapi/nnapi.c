@@ -3,7 +3,7 @@
  * Does: resolve only the functions pi2 calls (a missing one makes NNAPI unavailable); list devices and
  *       select them (every device, or GPUs and accelerators only); fall back to F32 weights when a
  *       selected device predates F16 FULLY_CONNECTED (feature level 3).
- * Does not: build graphs (nnapi/graph.c) or decide when to use NNAPI (Python's policy, pi2/npu.py). */
+ * Does not: build graphs (nnapi/graph.c) or decide when to use NNAPI (Python's policy, pi2/runtime/npu.py). */
 #define _GNU_SOURCE
 #include "nnapi/delegate.h"
 

@@ -3,7 +3,8 @@
 #       predictor of each layer -> order and layout -> write), the pi2.* metadata, and the report of what was
 #       measured (peak memory of the profile phase included).
 #       The file format: DESIGN.md ("The pi2 file") and docs/pi2-file-format.md.
-# Does not: run the sparse FFN (pi2/sparse.py) or decide the run-time keep allocation.
+# Does not: run the sparse FFN (pi2/reference/sparse_ffn.py) or decide the run-time keep allocation
+#       (pi2/runtime/ffn_rule.py).
 from __future__ import annotations
 
 import hashlib
@@ -21,10 +22,9 @@ from pi2.convert.writer import ConvertError, kv_types, write_gguf
 from pi2.errors import UnsupportedError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
-from pi2.quants import dequantize
 
 PI2_VERSION = 1
-SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (see profile.SCORES)
+SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (runtime.ffn_rule.SCORES)
 DEFAULT_CALIB_TOKENS = 2048
 _SKIP_KEYS = ("general.alignment", "general.architecture")
 
@@ -98,7 +98,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     if pred is not None:
         _check_spec(pred, cfg, f)
     chunks, calib_sha, n_tok = profile.calib_tokens(model.tokenizer, calib, calib_tokens)
-    down_t = f"blk.0.ffn_down_t.weight" in f.tensors
+    down_t = "blk.0.ffn_down_t.weight" in f.tensors
     n_embd, n_ff = cfg.n_embd, cfg.n_ff
 
     def down_name(il):
@@ -186,7 +186,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     secs["layout"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    write_gguf(out, cfg.arch, kvs, tensors, progress)
+    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io)   # no output from a source that failed
     secs["write"] = time.perf_counter() - t3
     secs["total"] = time.perf_counter() - t0
     rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from pi2 import sparse
+from pi2.reference import sparse_ffn as sparse
 from pi2.convert.profile import act_fn
 from pi2.errors import ModelFormatError
-from pi2.quants import dequantize
-from pi2.reference import rope, rope_cache
+from pi2.reference.quants import dequantize
+from pi2.reference.forward import rope, rope_cache
 
 
 @dataclass

@@ -8,7 +8,7 @@ import numpy as np
 
 from pi2.errors import UnsupportedError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
-from pi2.quants import dequantize, quantize_weight
+from pi2.reference.quants import dequantize, quantize_weight
 
 LAYOUTS = ("bundle-ud", "bundle-gud")
 FFN_TYPES = ("auto", "i8", "q8_0", "q5_1", "q4_1", "f32", "f16")
@@ -16,7 +16,7 @@ BUNDLE_ALIGN = 32
 I8 = TYPE_IDS["I8"]      # --ffn-type i8: int8 rows, float scales per row and column (blk.L.ffn_down_(col)scale)
 # source type of ffn_down -> row type of the transposed rows (elementwise types transpose exactly). Quantized
 # sources become I8 by default (`auto`): int8 with per-row and per-column float scales, 8.0 bits a weight,
-# summed in integers (pi2/down_i8.py); SmolLM2 at keep 1 costs +0.23 % perplexity over the source, Q8_0 rows
+# summed in integers (pi2/reference/down_i8.py); SmolLM2 at keep 1 costs +0.23 % perplexity over the source, Q8_0 rows
 # (8.5 bits, summed in float, about 3x slower) +0.18 %, Q5_1 from a Q4_1 source (4 % error) +3.3 % (pydoc topics,
 # -c 512, 8 chunks). `--ffn-type q5_1` trades that for 30 % fewer down bytes (flash streaming); `q4_1` goes one
 # step further (4-bit sources -> Q4_1, 5- and 6-bit -> Q5_1) for the fewest bytes a streamed neuron costs.

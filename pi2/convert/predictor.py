@@ -7,7 +7,8 @@
 #   the per-layer margins (one per keep-grid point) chosen on the calibration tokens for a target recall,
 #   and the measurement (recall, neurons added, bytes) on held-out calibration tokens.
 # Rule (both kinds): predicted_i ⇔ |act(ĝ_i)| > t_L − m_L, t_L and m_L interpolated at the layer's keep.
-# Does not: profile (layerwise.py, profile.py), write files (writer.py) or run the FFN (pi2/sparse.py).
+# Does not: profile (layerwise.py, profile.py), write files (writer.py), evaluate ĝ (pi2/reference/predictor.py)
+# or run the FFN (pi2/reference/sparse_ffn.py).
 #
 # Low-bit row format (bits b ∈ {1, 2}, blocks of 32 weights along n_embd): per block, an f16 scale d, then
 # 32 codes of b bits packed little-endian (code j at bit j·b of the block's code bytes);
@@ -21,26 +22,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pi2.errors import ModelFormatError, UsageError
+from pi2.errors import UsageError
 from pi2.model.gguf_file import TYPE_IDS
-from pi2.quants import QuantLinear, quantize_act, quantize_weight
+from pi2.model.ffn_layout import PRED_BLOCK, PRED_INPUTS, PRED_KINDS
+from pi2.reference.predictor import LowbitGate, LowrankGate
+from pi2.reference.quants import QuantLinear, quantize_weight
+from pi2.runtime.ffn_rule import cut_at
 
-KINDS = ("lowbit", "lowrank")
-INPUTS = ("ffn_norm", "attn_input")
+KINDS, INPUTS = PRED_KINDS, PRED_INPUTS
 DEFAULT_KIND = "lowbit"               # measured on SmolLM2 (scripts/predictor_compare.py): fewest gate rows read
 DEFAULT_BITS = 2
 DEFAULT_RANK = 64
 TARGET_RECALL = 0.95                  # 0.99 predicts ~0.91 of SmolLM2's neurons at keep 0.5: no gate rows saved
-BLOCK = 32
+BLOCK = PRED_BLOCK
 Q8_0 = TYPE_IDS["Q8_0"]
 HOLDOUT = 0.25                        # share of calibration tokens held out for the reported measurement
 
 
 # ------------------------------------------------------------------ the low-bit gate copy
-
-def lowbit_row_bytes(n_embd: int, bits: int) -> int:
-    return n_embd // BLOCK * (2 + BLOCK * bits // 8)
-
 
 def lowbit_encode(w: np.ndarray, bits: int) -> np.ndarray:
     """float32 (rows, n) -> uint8 (rows, lowbit_row_bytes): per block the L2-best scale over a few candidates."""
@@ -75,51 +74,6 @@ def lowbit_encode(w: np.ndarray, bits: int) -> np.ndarray:
     return np.concatenate([dbytes, packed], axis=-1).reshape(rows, -1)
 
 
-def _lowbit_split(raw: np.ndarray, bits: int, n: int):
-    """(scales float32 (rows, nb), signed integer weights (rows, nb, 32)) of low-bit rows."""
-    raw = np.ascontiguousarray(raw, np.uint8)
-    nb, per = n // BLOCK, 2 + BLOCK * bits // 8
-    if raw.ndim != 2 or raw.shape[1] != nb * per:
-        raise ModelFormatError(f"low-bit predictor rows must be {nb * per} bytes for n_embd {n} and {bits} bits "
-                               f"(got {raw.shape[-1]})")
-    blk = raw.reshape(raw.shape[0], nb, per)
-    d = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    q = blk[..., 2:]
-    codes = (q[..., None] >> (np.arange(8 // bits, dtype=np.uint8) * bits)) & ((1 << bits) - 1)
-    v = 2 * codes.reshape(raw.shape[0], nb, BLOCK).astype(np.int16) - ((1 << bits) - 1)
-    return d, v
-
-
-def lowbit_decode(raw: np.ndarray, bits: int, n: int) -> np.ndarray:
-    d, v = _lowbit_split(raw, bits, n)
-    return (d[..., None] * v).reshape(raw.shape[0], n)
-
-
-class LowbitGate:
-    """ĝ = lowbit_gate · x with the arithmetic stated at the top of this file."""
-
-    def __init__(self, raw: np.ndarray, bits: int, n_embd: int):
-        self.raw, self.bits, self.n_in = raw, bits, n_embd
-        self.d, v = _lowbit_split(raw, bits, n_embd)
-        self.v = np.ascontiguousarray(v.transpose(1, 2, 0).astype(np.float32))    # (nb, 32, rows)
-        self.n_out = raw.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.raw.nbytes)
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        x = np.atleast_2d(np.asarray(x, np.float32))
-        dx, qx = quantize_act(x, Q8_0)                       # (T, nb) f16, (T, nb, 32) int8
-        dx = dx.astype(np.float32)
-        acc = np.zeros((x.shape[0], self.n_out), np.float32)
-        q = qx.astype(np.float32)
-        for b in range(self.v.shape[0]):
-            sumi = q[:, b, :] @ self.v[b]                    # integers below 2^24: exact in any order
-            acc += sumi * (self.d[None, :, b] * dx[:, b, None])
-        return acc
-
-
 # ------------------------------------------------------------------ the low-rank model
 
 def fit_lowrank(z: np.ndarray, g: np.ndarray, rank: int, ridge: float = 1e-3):
@@ -133,18 +87,6 @@ def fit_lowrank(z: np.ndarray, g: np.ndarray, rank: int, ridge: float = 1e-3):
     _, _, vt = np.linalg.svd(R @ B, full_matrices=False)       # right singular vectors
     V = vt[:rank].T                                            # (n_ff, r)
     return (B @ V).T.astype(np.float32), V.astype(np.float32)
-
-
-class LowrankGate:
-    def __init__(self, fc1: QuantLinear, fc2: QuantLinear):
-        self.fc1, self.fc2 = fc1, fc2
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.fc1.raw.nbytes + self.fc2.raw.nbytes)
-
-    def __call__(self, z: np.ndarray) -> np.ndarray:
-        return self.fc2(self.fc1(z))
 
 
 def lowrank_tensors(fc1: np.ndarray, fc2: np.ndarray):
@@ -171,13 +113,6 @@ def margins(score: np.ndarray, act_abs: np.ndarray, thresh: np.ndarray, grid, ta
         cut = np.nextafter(q, np.float32(-np.inf), dtype=np.float32)
         out[j] = np.float32(t) - cut
     return out
-
-
-def cut_at(thresh: np.ndarray, margin: np.ndarray, grid, keep: float) -> np.float32:
-    """The run-time cut t_L − m_L at a layer keep: both interpolated linearly (float64) then rounded to f32."""
-    t = np.float32(np.interp(keep, grid, thresh))
-    m = np.float32(np.interp(keep, grid, margin))
-    return np.float32(t - m)
 
 
 @dataclass

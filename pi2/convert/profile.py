@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from pi2.errors import UsageError
 
@@ -22,7 +21,6 @@ CHUNK = 256
 ERR_TOKENS = 192                              # token rows kept per layer for the error statistics
 _HIST = np.logspace(-8, 4, 2401)              # layer-wide |act| histogram edges (200 per decade)
 _COARSE = np.logspace(-4, 1, 81)              # per-neuron exceedance grid (16 per decade)
-SCORES = ("act", "act_up", "act_up_down")
 
 
 def act_fn(name: str):
@@ -130,21 +128,6 @@ def ffn_errors(act: np.ndarray, h: np.ndarray, down: np.ndarray, thresholds, sco
     return np.sqrt(np.array(sq[1:]) / (sq[0] or 1.0)).astype(np.float32)
 
 
-def score_values(kind: str, act: np.ndarray, h: np.ndarray, down_norms: np.ndarray) -> np.ndarray:
-    if kind == "act":
-        return np.abs(act)
-    if kind == "act_up":
-        return np.abs(h)
-    return np.abs(h) * down_norms[None, :]
-
-
-def keep_errors(score: np.ndarray, h: np.ndarray, down: np.ndarray, grid) -> np.ndarray:
-    """Errors at each keep fraction when the layer keeps the top `keep` of pairs by `score`."""
-    flat = np.sort(score.ravel())
-    ts = [0.0 if k >= 1 else float(flat[min(len(flat) - 1, int(round((1 - k) * len(flat))))]) for k in grid]
-    return ffn_errors(score, h, down, [t if k < 1 else -1.0 for t, k in zip(ts, grid)], score=score)
-
-
 @dataclass
 class Profile:
     layers: list                # LayerStats per layer
@@ -163,19 +146,6 @@ def layer_summary(L: "LayerStats", down: np.ndarray, default_keep: float = DEFAU
     a, h = np.concatenate(L.act).astype(np.float32), np.concatenate(L.h).astype(np.float32)
     ts = [t if k < 1 else -1.0 for t, k in zip(thresh, KEEP_GRID)]
     return thresh, freq, ffn_errors(a, h, down, ts)
-
-
-def summarize(layers, downs, calib_sha, n_tokens, default_keep=DEFAULT_KEEP, progress=True) -> Profile:
-    """Thresholds at the keep grid, frequencies at the default keep's threshold, errors at each keep.
-    downs(il) -> (n_embd, n_ff) float32 down matrix of layer il (source neuron order)."""
-    n = len(layers)
-    thresh = np.zeros((n, len(KEEP_GRID)), np.float32)
-    err = np.zeros((n, len(KEEP_GRID)), np.float32)
-    freq = []
-    for il in tqdm(range(n), desc="statistics", unit="layer", disable=not progress):
-        thresh[il], f, err[il] = layer_summary(layers[il], downs(il), default_keep)
-        freq.append(f)
-    return Profile(layers, calib_sha, n_tokens, thresh, freq, err)
 
 
 def keep_for_error(err_row: np.ndarray, target: float) -> float:

@@ -5,12 +5,12 @@ tensor descriptors), context (CContext: decode, the sparse FFN rule, streaming, 
 delegate), flash_io (the I/O backends, the probe, FlashFile). This module re-exports what the rest of pi2 uses.
 """
 from pi2.engine.context import CContext, default_threads
-from pi2.engine.kernels import IMPLS, TypeInfo, dequantize, kernel_info, matvec, quantize_act, type_info
-from pi2.engine.lib import ABI_VERSION, check, ffi, lib
+from pi2.engine.kernels import (IMPLS, TypeInfo, dequantize, kernel_info, matvec, matvec_packed, quantize_act, repack_rows,
+                                type_info)
+from pi2.engine.lib import ABI_VERSION, check, check_mapping, ffi, guard_mapping, lib, unguard_mapping
 from pi2.engine.model import ROLES, CModel, RowView, c_model_structs, ctx_sizes, model_params, stream_sizes, tensor_descs
 
-_default_threads = default_threads   # the name pi2/runtime.py and pi2/commands.py import
-
 __all__ = ["ABI_VERSION", "CContext", "CModel", "IMPLS", "ROLES", "RowView", "TypeInfo", "c_model_structs", "check",
-           "ctx_sizes", "default_threads", "dequantize", "ffi", "kernel_info", "lib", "matvec", "model_params",
-           "quantize_act", "stream_sizes", "tensor_descs", "type_info"]
+           "check_mapping", "ctx_sizes", "default_threads", "dequantize", "ffi", "guard_mapping", "kernel_info", "lib",
+           "matvec", "matvec_packed", "model_params", "quantize_act", "repack_rows", "stream_sizes", "tensor_descs",
+           "type_info", "unguard_mapping"]

@@ -2,7 +2,7 @@
 reference.ReferenceContext), its sparse FFN rule, its streamed FFN (the neuron cache and read pipeline) and their
 statistics, and decodes that Ctrl-C can stop.
 
-Does not: choose a rule or a plan (pi2/sparse.py, pi2/plan/), or touch the NNAPI delegate (nnapi.py).
+Does not: choose a rule or a plan (pi2/runtime/ffn_rule.py, pi2/plan/), or touch the NNAPI delegate (nnapi.py).
 """
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import time
 import numpy as np
 
 from pi2.engine.flash_io import IDS as IO_IDS
-from pi2.engine.kernels import impl_id
+from pi2.engine.kernels import impl_id, kernel_info
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.model import CModel
+from pi2.model.ffn_layout import bytes_touched, layer_bytes, predictor_bytes
 from pi2.errors import UnsupportedError, UsageError
 
 
@@ -50,7 +51,9 @@ class CContext:
 
     @property
     def n_past(self) -> int:
-        return lib.pi2_ctx_n_past(self._h)
+        st = ffi.new("pi2_ctx_stats *", {"size": ffi.sizeof("pi2_ctx_stats")})
+        check(lib.pi2_ctx_get_stats(self._h, st, ffi.NULL))
+        return int(st.n_past)
 
     def reset(self) -> None:
         lib.pi2_ctx_reset(self._h)
@@ -108,7 +111,7 @@ class CContext:
     @property
     def expert_counts(self) -> np.ndarray:
         """(n_layer, n_expert) rows routed to each expert since the context was made (the MoE family; as
-        reference_moe.MoEContext.expert_counts)."""
+        reference.moe.MoEContext.expert_counts)."""
         cfg = self.cfg
         out = np.zeros((cfg.n_layer, max(cfg.n_expert, 1)), np.int64)
         if cfg.n_expert:
@@ -128,16 +131,19 @@ class CContext:
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
-        streamed context also the neuron cache's figures since the previous call (stream_stats)."""
-        if self.cfg.moe_family:   # experts are computed whole: the figures of the file's routing
+        streamed context also the neuron cache's figures since the previous call (stream_stats); the kernels' CPU
+        variant and the bytes of repacked weights. The MoE family computes its selected experts whole: its
+        figures are the file's routing (experts per token, their share, the bytes a token reads)."""
+        extra = {"kernel_variant": kernel_info()["variant"], "repacked_bytes": getattr(self.cmodel, "repacked", 0)}
+        if self.cfg.moe_family:
             from pi2.model.info_moe import active_params, ffn_bytes_per_token
             c, model = self.cfg, self.cmodel.model
             if not c.n_expert:
-                return {}
+                return extra
             return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
                     "ffn_bytes_per_token": ffn_bytes_per_token(model),
-                    "active_bytes_per_token": active_params(model)[1]}
-        return {**self._ffn_stats(), **self.stream_stats()}
+                    "active_bytes_per_token": active_params(model)[1], **extra}
+        return {**self._ffn_stats(), **self.stream_stats(), **extra}
 
     def stream_stats(self) -> dict:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes
@@ -175,7 +181,6 @@ class CContext:
 
     def _ffn_stats(self) -> dict:
         """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
-        from pi2.sparse import bytes_touched, layer_bytes, predictor_bytes
         spec = getattr(self, "ffn_spec", None)
         model = getattr(self.cmodel, "model", None)
         if spec is None or model is None:
@@ -263,6 +268,7 @@ class CContext:
             raise KeyboardInterrupt
         if status < 0:
             raise error_for(status, *(msg[1:] if msg else ("",)))
+        self.cmodel.model.file.check_io()     # what Python read of the file (thresholds, tables) was whole
         return out if all_logits else out.copy()
 
     def _interruptible(self, args, long: bool) -> tuple:

@@ -1,8 +1,8 @@
 """engine/kernels.py — thin numpy wrappers over the C kernels: type facts, dequantization, activation
 quantization and matrix-vector products, for the planner, tests and benchmarks.
 
-Owns: TypeInfo, kernel_info (the CPU's kernels), dequantize / quantize_act (test entry points, pi2_test.h) and
-matvec. Does not: loop over weights in Python.
+Owns: TypeInfo, kernel_info (the CPU's kernels and their variant), dequantize / quantize_act, repack_rows /
+matvec_packed (test entry points, pi2_test.h) and matvec. Does not: loop over weights in Python.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pi2.engine.lib import check, enum, ffi, lib
 IMPLS = enum("PI2_IMPL_", ("auto", "ref", "base"))   # best for this CPU / scalar reference / SIMD w/o extensions
 _ISA_NAMES = enum("PI2_ISA_", ("avx2", "avx512vnni", "neon", "dotprod"))
 _WEIGHT_TYPES = (0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14)   # ggml ids of the weight types kernel_info reports
+_PACKED_TYPES = (3, 6, 8)   # Q4_1, Q5_0, Q8_0: the types whose packed kernels kernel_info lists
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,16 @@ def type_info(qtype: int, impl: str = "auto") -> TypeInfo:
 
 def kernel_info() -> dict:
     """The ISA extensions the auto kernels use and, per weight type, which kernel each impl runs."""
-    isa = _info(0, "auto").isa
-    types = {}
+    first = _info(0, "auto")
+    types, packed = {}, []
     for tid in _WEIGHT_TYPES:
         info = {impl: type_info(tid, impl) for impl in IMPLS}
         types[info["ref"].name] = {impl: ti.vec_dot_impl for impl, ti in info.items()}
-    return {"isa": [n for n, bit in _ISA_NAMES.items() if isa & bit], "vec_dot": types}
+        if tid in _PACKED_TYPES and _info(tid, "auto").packed:
+            packed.append(info["ref"].name)
+    return {"isa": [n for n, bit in _ISA_NAMES.items() if first.isa & bit], "vec_dot": types,
+            "variant": ffi.string(first.variant).decode(), "variant_why": ffi.string(first.variant_why).decode(),
+            "packed": packed}
 
 
 def _rows(raw: np.ndarray, qtype: int, ti: TypeInfo, n_cols: int, impl: str) -> np.ndarray:
@@ -106,4 +111,23 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
     check(lib.pi2_matvec(int(qtype), ffi.from_buffer(rows), rows.shape[1], rows.shape[0], n_cols,
                          ffi.from_buffer(np.ascontiguousarray(xq)),
                          ffi.from_buffer("float[]", out, require_writable=True), impl_id(impl)))
+    return out
+
+
+def repack_rows(raw: np.ndarray, qtype: int, n_cols: int, unpack: bool = False) -> np.ndarray:
+    """pi2_repack_rows: raw's rows (a multiple of 8) in the x8 packed layout, or back with unpack."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    out = np.empty_like(raw)
+    check(lib.pi2_repack_rows(int(qtype), ffi.from_buffer(raw), raw.shape[0], n_cols,
+                              ffi.from_buffer(out, require_writable=True), int(unpack)))
+    return out
+
+
+def matvec_packed(packed: np.ndarray, qtype: int, n_cols: int, xq: np.ndarray, impl: str = "auto") -> np.ndarray:
+    """pi2_matvec_packed: float32 (rows,) of packed rows (repack_rows) · xq (bytes from quantize_act)."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    out = np.empty(packed.shape[0], dtype=np.float32)
+    check(lib.pi2_matvec_packed(int(qtype), ffi.from_buffer(packed), packed.shape[0], n_cols,
+                                ffi.from_buffer(np.ascontiguousarray(xq)),
+                                ffi.from_buffer("float[]", out, require_writable=True), impl_id(impl)))
     return out

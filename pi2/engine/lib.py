@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pi2.errors import EngineError, FlashIOError, ModelFormatError, UnsupportedError
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 try:
     from pi2._pi2 import ffi, lib
@@ -49,3 +49,18 @@ def check(status: int) -> int:
 def enum(prefix: str, names) -> dict:
     """{name: lib.<PREFIX><NAME>} for the lower-case names of a C enum."""
     return {n: getattr(lib, prefix + n.upper()) for n in names}
+
+
+def guard_mapping(buf, path: str, fd: int = -1) -> int:
+    """Guard a read-only mapping (an mmap.mmap): a page of it that fails (SIGBUS) reads as zeros and check_mapping
+    raises instead of the process dying. Returns the guard's id (-1: not guarded)."""
+    return int(lib.pi2_map_guard_add(ffi.from_buffer(buf), len(buf), str(path).encode(), fd))
+
+
+def check_mapping(gid: int) -> None:
+    """Raise FlashIOError (an EngineError) when the guarded mapping `gid` failed (or its file shrank)."""
+    check(lib.pi2_map_guard_check(gid, 0))
+
+
+def unguard_mapping(gid: int) -> None:
+    lib.pi2_map_guard_check(gid, 1)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, ffi, lib
 from pi2.errors import UnsupportedError
+from pi2.model.ffn_layout import bundle_layout, row_bytes
 
 ARCHS = enum("PI2_ARCH_", ("llama", "qwen2", "gemma3", "bamboo", "moe"))
 GATINGS = enum("PI2_GATING_", ("softmax", "sigmoid", "softmax_weight", "sqrt_softplus"))
@@ -91,7 +93,6 @@ class RowView:
 
 def _bundle_views(model, il: int) -> dict:
     """A pi2 file's gate (bundle-gud only), up and down rows of layer il as strided views of ffn_bundle."""
-    from pi2.sparse import bundle_layout, row_bytes
     cfg, t = model.config, model.tensor(f"blk.{il}.ffn_bundle.weight")
     lay, e, n = bundle_layout(model, il), cfg.n_embd, cfg.n_ff
     view = lambda qt, off: RowView(qt, (e, n), t.offset + off, (n - 1) * lay["width"] + row_bytes(qt, e),  # noqa: E731
@@ -224,6 +225,14 @@ class CModel:
                  sum(t.nbytes for _, _, t in descs))
         cm.model = model     # the file's tables: FFN rules and byte counts
         return cm
+
+    def repack(self, ffn: bool = False, impl: str = "auto") -> int:
+        """pi2_model_repack: the dense matrices (attention and output; the FFN too with ffn) copied into the
+        packed kernels' layout, where table `impl` has packed kernels; the bytes all copies hold."""
+        out = ffi.new("int64_t *")
+        check(lib.pi2_model_repack(self._h, impl_id(impl), int(ffn), out))
+        self.repacked = int(out[0])
+        return self.repacked
 
 
 def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:

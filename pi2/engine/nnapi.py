@@ -3,7 +3,7 @@
 Owns: NnapiDelegate (libneuralnetworks.so opened at run time, its devices and notes), NnapiGraph (a compiled
 FULLY_CONNECTED graph: start/wait/run; the graph API is a test entry point, pi2_test.h), and attaching a delegate
 to a CContext for prompt batches (ctx_set_nnapi) or decode's hot prefix (ctx_set_npu_ffn), with their statistics.
-Does not: decide whether a run uses the NPU (pi2/npu.py, pi2/plan/npu_plan.py).
+Does not: decide whether a run uses the NPU (pi2/runtime/npu.py, pi2/plan/npu_plan.py).
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ class NnapiDelegate:
 def ctx_set_nnapi(ctx: "CContext", delegate: NnapiDelegate | None, min_batch: int = 2) -> None:
     """Hand ctx's prompt-batch matrix products to `delegate` (None detaches). Raises UnsupportedError
     when no graph can be made (no device selected); the context then stays on the CPU."""
-    check(lib.pi2_ctx_set_nnapi_batches(ctx._h, delegate._h if delegate else ffi.NULL, min_batch))
+    check(lib.pi2_ctx_set_nnapi(ctx._h, lib.PI2_NNAPI_BATCHES, delegate._h if delegate else ffi.NULL, min_batch, ffi.NULL))
     ctx._nnapi = delegate           # the delegate outlives the context's graphs
 
 
@@ -161,12 +161,12 @@ def ctx_set_npu_ffn(ctx: "CContext", delegate: NnapiDelegate | None, n_hot=None)
     """Hand the hot prefix of ctx's single-token decode (n_hot[il] neurons of each layer) to `delegate`
     (None detaches). Raises Pi2Error when nothing could be attached; the context then stays on the CPU."""
     if delegate is None:
-        check(lib.pi2_ctx_set_nnapi_hot(ctx._h, ffi.NULL, ffi.NULL))
+        check(lib.pi2_ctx_set_nnapi(ctx._h, lib.PI2_NNAPI_HOT, ffi.NULL, 0, ffi.NULL))
         return
     hot = np.ascontiguousarray(n_hot, dtype=np.int32)
     if hot.shape != (ctx.cfg.n_layer,):
         raise ValueError(f"n_hot needs one count per layer ({ctx.cfg.n_layer})")
-    check(lib.pi2_ctx_set_nnapi_hot(ctx._h, delegate._h, ffi.from_buffer("int32_t[]", hot)))
+    check(lib.pi2_ctx_set_nnapi(ctx._h, lib.PI2_NNAPI_HOT, delegate._h, 0, ffi.from_buffer("int32_t[]", hot)))
     ctx._nnapi = delegate           # the delegate outlives the context's graphs
     ctx.npu_hot = [int(h) for h in hot]
 

@@ -14,6 +14,17 @@ from pi2.model.config_moe import MOE_ARCHS, is_moe_file, moe_fields
 SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo") + MOE_ARCHS
 
 
+def layers_in(tensors: dict) -> int:
+    """1 + the highest layer index among the tensors named `blk.N.*` (0 when there are none)."""
+    n = 0
+    for name in tensors:
+        if name.startswith("blk."):
+            idx = name[4:].split(".", 1)[0]
+            if idx.isdigit() and len(idx) < 10:
+                n = max(n, int(idx) + 1)
+    return n
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -44,11 +55,11 @@ class ModelConfig:
     swa_period: int = 0            # gemma3: layer il is global when il % swa_period == swa_period - 1
     sparse: bool = False           # a PowerInfer PWRI file (or a pi2 file converted from one)
     ffn_down_t: bool = False       # down stored transposed as ffn_down_t (PowerInfer files)
-    pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/sparse.py
+    pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/model/ffn_layout.py
     ffn_layout: str = ""           # pi2 files: pi2.ffn.layout (bundle-ud | bundle-gud)
     # Mixture-of-Experts and the other archs of config_moe.py (qwen3, qwen3moe, qwen2moe, olmoe, granitemoe,
-    # smallthinker, llama with experts); reference_moe.py computes them
-    moe_family: bool = False       # the model is run by reference_moe.py
+    # smallthinker, llama with experts); reference/moe.py computes them
+    moe_family: bool = False       # the model is run by reference/moe.py
     n_expert: int = 0              # experts per layer (0: a dense FFN)
     n_expert_used: int = 0         # experts each token uses (top-k)
     n_ff_exp: int = 0              # one expert's FFN width
@@ -102,6 +113,9 @@ class ModelConfig:
         if n_embd <= 0 or n_layer <= 0 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelFormatError(f"inconsistent hyper-parameters: n_embd {n_embd}, n_layer {n_layer}, "
                                    f"n_head {n_head}, n_head_kv {n_head_kv}")
+        n_blk = layers_in(tensors)
+        if n_layer > n_blk:     # checked before anything loops over the layers: 2^31 of them would never end
+            raise ModelFormatError(f"{arch}.block_count is {n_layer} but the file holds tensors for {n_blk} layers")
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))
         n_rot = int(get("rope.dimension_count", head_dim))

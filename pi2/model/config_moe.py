@@ -4,7 +4,7 @@ Owns: which architectures are MoE (qwen2moe, qwen3moe, olmoe, granitemoe, smallt
 `expert_count`) or their dense relatives (qwen3, granitemoe without experts), the `{arch}.expert_*` keys and what
 llama.cpp 0c1e570 does with each (most archs hard-code their gating and weight normalisation and ignore the keys),
 the checks that give a bad MoE file one clear error, and the tensors each such layer reads.
-Does not: read the common keys (config.py does, then calls `moe_fields`) or compute (reference_moe.py).
+Does not: read the common keys (config.py does, then calls `moe_fields`) or compute (reference/moe.py).
 """
 from __future__ import annotations
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from pi2.errors import ModelFormatError
+from pi2.model.gguf_file import GGML_TYPES
 from pi2.model.info_moe import GROUPS, moe_rows
 from pi2.model.loader import load_model
 
@@ -36,7 +39,6 @@ def human_count(n: int) -> str:
 
 def _pi2_rows(m) -> list:
     """Sparse metadata of a pi2 file: layout, calibration, down types, keep for 10 % FFN error, hot skew."""
-    import numpy as np
     kv, f = m.file.kv, m.file
     if "pi2.version" not in kv:
         return []
@@ -44,12 +46,13 @@ def _pi2_rows(m) -> list:
     keep10, hot80 = [], []
     for il in range(m.config.n_layer):
         err = f.raw(f"blk.{il}.ffn_err.weight").view(np.float32).ravel()
+        if err.size != grid.size:
+            raise ModelFormatError(f"{m.path}: blk.{il}.ffn_err needs {grid.size} values (pi2.ffn.keep_grid)")
         ok = np.nonzero(err <= 0.10)[0]
         keep10.append(float(grid[ok[0]]) if ok.size else 1.0)
         fr = np.sort(f.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel())[::-1]
         cum = np.cumsum(fr) / max(float(fr.sum()), 1e-30)
         hot80.append((int(np.searchsorted(cum, 0.8)) + 1) / fr.size)
-    from pi2.model.gguf_file import GGML_TYPES
     types = sorted({GGML_TYPES[int(t)][0] for t in kv.get("pi2.ffn.down_types", [])})
     k = np.asarray(keep10)
     pred = []
@@ -99,7 +102,13 @@ def describe(path, list_tensors: bool = False, console: Console | None = None) -
                       f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, add_bos {tok.add_bos}"),
         ("chat template", "yes" if kv.get("tokenizer.chat_template") else "no"),
     ]
-    rows += moe_rows(m) + _pi2_rows(m)
+    rows += moe_rows(m)
+    try:
+        rows += _pi2_rows(m)
+    except (TypeError, ValueError, KeyError, IndexError) as e:   # a damaged value: a key of the wrong type
+        if isinstance(e, ModelFormatError):
+            raise
+        raise ModelFormatError(f"{m.path}: damaged pi2 metadata ({type(e).__name__}: {e})") from None
     for k, v in rows:
         head.add_row(f"[bold]{k}[/]", v)
     console.print(head)

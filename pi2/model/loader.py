@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pi2.errors import ModelFormatError, UnsupportedError
+from pi2.model import pi2_keys
 from pi2.model.config import ModelConfig
 from pi2.model.config_moe import moe_tensors, optional_tensors, output_required
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile, TensorInfo
+from pi2.model.tokenizer import Tokenizer
 
 # weight types the engines can compute with
 SUPPORTED_TYPES = frozenset(("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))
@@ -44,7 +46,7 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple]:
 
 def _ffn_tensors(cfg: ModelConfig, b: str) -> dict[str, tuple]:
     """A layer's FFN tensors: dense GGUF, PowerInfer (`ffn_down_t`, predictors fc1/fc2 of any width r) or pi2
-    (bundles and their statistics, see pi2/sparse.py; gate rows in the bundles in `bundle-gud` layout)."""
+    (bundles and their statistics, see pi2/model/ffn_layout.py; gate rows in the bundles in `bundle-gud` layout)."""
     e, f = cfg.n_embd, cfg.n_ff
     if cfg.pi2:
         want = {b + "ffn_bundle.weight": (None, f), b + "ffn_perm.weight": (f,), b + "ffn_freq.weight": (f,),
@@ -92,7 +94,6 @@ class Model:
 
     @cached_property
     def tokenizer(self):
-        from pi2.model.tokenizer import Tokenizer
         return Tokenizer.from_kv(self.file.kv)
 
     @property
@@ -112,6 +113,8 @@ def load_model(path: str | os.PathLike) -> Model:
     f = GGUFFile(path)
     try:
         cfg = ModelConfig.from_gguf(f.kv, f.tensors, f.magic)
+        if cfg.pi2:
+            pi2_keys.check(f.kv, f.path, cfg.n_layer)
         want = expected_tensors(cfg)
         tied = "output.weight" not in f.tensors
         if cfg.moe_family:

@@ -1,6 +1,6 @@
 """budget.py — the first planner: how a pi2 file runs inside `--memory-budget SIZE`.
 
-Owns: parsing sizes (500M, 1.5G), the measured floor (the process's RSS with the runtime loaded + the
+Owns: the measured floor (the process's RSS with the runtime loaded + the
 fixed region the forward pass maps, with the NPU's copies when it computes the hot prefix + KV cache +
 scratch + a margin + the fewest cold slots the neuron cache needs), and the split of the rest: the hot
 prefix of each layer (clusters taken in descending activation frequency, `blk.L.ffn_freq`, so hot is
@@ -13,37 +13,26 @@ predicted frequency for gate rows (ffn_freq scaled, capped at 1, to the layer's 
 the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L − m_L); clusters are taken in
 descending worth while they fit, each kind's choice staying a prefix per layer.
 Does not: read weights or time anything (csrc/cache/cache.c streams; pi2/plan/profile.py measures the device and
-reads its throughput back). Over 400 lines on purpose: the floor, the split and the fallbacks below the floor
-(gate rows streamed whole, cluster sizes) fill one Plan and are read as one rule.
+reads its throughput back).
 """
 from __future__ import annotations
 
-import re
+import os
+import resource
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from pi2.engine import ROLES, ctx_sizes, stream_sizes, tensor_descs
 from pi2.errors import UsageError
+from pi2.plan.profile import cached_throughput
 
-MiB = 1 << 20
 # what the process allocates or reads after planning (Python objects while generating, modules imported later,
 # page cache around the fixed region): SmolLM2 under a cgroup peaked 5-8 MiB above a 16 MiB margin
+MiB = 1 << 20
 MARGIN = 32 * MiB
 QUEUE_DEPTH = 32
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MiB, "MB": MiB, "MIB": MiB,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """Bytes in '500M', '1.5G', '800MiB', '65536' (K, M, G are powers of 1024)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    unit = m.group(2).upper() if m else None
-    if not m or unit not in _UNITS:
-        raise UsageError(f"invalid memory size {text!r}", hint="write it like 500M or 1.5G")
-    n = int(float(m.group(1)) * _UNITS[unit])
-    if n <= 0:
-        raise UsageError(f"invalid memory size {text!r}: it must be positive")
-    return n
 
 
 def fmt(n: int) -> str:
@@ -54,7 +43,6 @@ def runtime_rss(model=None) -> int:
     """What this process holds now as a memory cgroup counts it, estimated: resident bytes (VmRSS: the
     interpreter, numpy, the C core) + the page cache its imports filled (the size of every loaded module's
     source and bytecode, read but not mapped) + the model file's metadata (everything before its first tensor)."""
-    import sys
     rss = 0
     try:
         with open("/proc/self/status") as f:
@@ -62,9 +50,7 @@ def runtime_rss(model=None) -> int:
                 if line.startswith("VmRSS:"):
                     rss = int(line.split()[1]) * 1024
     except OSError:
-        import resource
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    import os
     seen = set()
     for mod in list(sys.modules.values()):
         for attr in ("__file__", "__cached__"):
@@ -86,7 +72,6 @@ def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None)
     without it the predictor's tensors are never read and do not count) (a tied output counted once); token
     embeddings that are not also the output are read a row per token (with no read-ahead, csrc/cache/cache.c), so they
     count n_ctx rows of whole pages at most. pred: the run uses the predictor (default: gate)."""
-    from pi2.engine import ROLES, tensor_descs
     descs = tensor_descs(model)
     out_offset = next(t.offset for role, _l, t in descs if role == ROLES["output"])
     streamed = (ROLES["ffn_up"], ROLES["ffn_down_rows"]) + ((ROLES["ffn_gate"],) if gate else ())
@@ -106,7 +91,6 @@ def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None)
 def context_bytes(cmodel, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
     """(KV cache bytes, scratch bytes) of a C context on `cmodel` (an engine.CModel): what pi2_ctx_init allocates,
     as the C core counts it (pi2_ctx_query)."""
-    from pi2.engine import ctx_sizes
     return ctx_sizes(cmodel, n_ctx, n_threads, n_batch)
 
 
@@ -141,6 +125,8 @@ class Plan:
     n_ff: int = 0
     ffn_bytes: int = 0      # every layer's bundle region
     npu_bytes: int = 0      # the NPU's copies of the hot prefix (npu_plan.copy_bytes), part of `fixed`
+    repacked: int = 0       # part of `fixed`: attention and output copied at load into the packed kernels' layout
+                            # (pi2_model_repack; the copies replace their mapped pages, so `fixed` is unchanged)
     flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq),
                             # and gate_flash_bytes
     read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
@@ -148,7 +134,7 @@ class Plan:
     gate: bool = False      # the gate rows stream too (two-phase loading with the file's predictor)
     gate_whole: bool = False    # the gate rows stream, read whole each token: the budget is below the floor with
                                 # them mapped (any rule; no gate hot prefix)
-    gate_note: str = ""     # why they do not, when the predictor was asked for
+    gate_note: str = ""     # why they do not, under a rule other than the file's predictor
     gate_bytes: int = 0     # every layer's gate region
     gate_slot_bytes: int = 0
     n_gate_slots: int = 0
@@ -183,7 +169,8 @@ class Plan:
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output"
                 + (", predictor" if self.gate else "" if self.gate_whole else ", gate rows")
-                + (f"; NPU copies {fmt(self.npu_bytes)})" if self.npu_bytes else ")"),
+                + (f"; NPU copies {fmt(self.npu_bytes)}" if self.npu_bytes else "")
+                + (f"; repacked {fmt(self.repacked)}" if self.repacked else "") + ")",
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
                 f"FFN bundles        {fmt(self.ffn_bytes)} on flash",
@@ -300,14 +287,13 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     runtime: the process's own bytes (default: measured now, runtime_rss). npu: the NPU's decision
     (npu_plan.NpuDecision) when it computes the hot prefix: its copies join the fixed region, the cache keeps
     no hot prefix (the CPU reads those neurons only after an NPU failure) and they are not expected reads.
-    rule: the run's sparse.FFNRule; under `predicted` the gate rows stream too (the module's rule).
+    rule: the run's runtime.ffn_rule.FFNRule; under `predicted` the gate rows stream too (the module's rule).
     cluster: neurons per cluster; by default the one of CLUSTERS whose plan reads its expected flash bytes per
     token fastest on the device profile (bigger reads run faster, but read more inactive neurons), or, with no
     profile, cluster_for's rule."""
     why = streamable(model)
     if why:
         raise UsageError(why)
-    from pi2.engine import stream_sizes
     runtime = runtime_rss(model) if runtime is None else runtime
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
     c0 = cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"])
@@ -338,8 +324,6 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
           floor_mapped=0) -> Plan:
     """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
     npu = npu if npu is not None and npu.use else None
-    from pi2.engine import stream_sizes
-    from pi2.plan.profile import cached_throughput
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
     gate = rule is not None and rule.rule == "predicted"
@@ -353,7 +337,7 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
              n_slots=sizes[0]["min_slots"], n_hot=[0] * L, io=io, n_ff=F,
              ffn_bytes=sum(s["layer_bytes"] for s in sizes), npu_bytes=npu.bytes if npu else 0, gate=gate,
              gate_whole=gate_whole, floor_mapped_gate=floor_mapped)
-    if rule is not None and not gate:   # the predictor was asked for
+    if rule is not None and not gate:   # a rule without the file's predictor: why the gate rows stay mapped
         p.gate_note = ("the file has no pi2 predictor" if "pi2.predictor.kind" not in model.file.kv
                        else f"the run's rule is {rule.rule}, not the file's predictor")
     if streams_gate:

@@ -13,7 +13,7 @@ copies (2 bytes x 3 matrices) while the CPU computes every gate row and the acti
 Rates: the NPU's is measured on the opened delegate (one hot-FFN graph, best of 5 runs, its per-call cost
 included) unless --npu-gbps gives one; NPU_DEFAULT_GBPS when neither is available. The CPU's is measured
 with pi2's kernels on layer 0's up rows (one thread) times the thread count.
-Does not: open the library (pi2/npu.py) or build graphs (csrc/nnapi/hot_ffn.c).
+Does not: open the library (pi2/runtime/npu.py) or build graphs (csrc/nnapi/hot_ffn.c).
 """
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from pi2 import engine
+from pi2.errors import Pi2Error
+from pi2.model.ffn_layout import bundle_layout, row_bytes
+from pi2.plan.budget import bundle_ud_gap
 
 GROUP = 64                 # H is a multiple of PI2_FFN_GROUP (or n_ff)
 NPU_DEFAULT_GBPS = 10.0    # GB/s of F16 weights, a phone NPU's GEMV at batch 1 when nothing was measured
@@ -75,7 +80,6 @@ class NpuDecision:
 
 def supported(model) -> str:
     """Why a pi2 file's hot prefix cannot go to NNAPI ("" when it can)."""
-    from pi2.plan.budget import bundle_ud_gap
     cfg = model.config
     why = bundle_ud_gap(model, "the hot prefix on NNAPI")
     if why:
@@ -89,7 +93,6 @@ def supported(model) -> str:
 
 def _layer_costs(model, il: int) -> tuple:
     """(gate row bytes, up + down row bytes, activation frequencies) of layer il."""
-    from pi2.sparse import bundle_layout, row_bytes
     cfg = model.config
     lay = bundle_layout(model, il)
     gate = row_bytes(model.tensor(f"blk.{il}.ffn_gate.weight").type, cfg.n_embd)
@@ -100,8 +103,6 @@ def _layer_costs(model, il: int) -> tuple:
 
 def measure_cpu_gbps(model, threads: int) -> float:
     """GB/s of up rows pi2's kernels read (layer 0, up to 1024 rows, best of 3) on one thread, times threads."""
-    from pi2 import engine
-    from pi2.sparse import bundle_layout, row_bytes
     lay, e = bundle_layout(model, 0), model.config.n_embd
     nu = row_bytes(lay["up_type"], e)
     rec = model.raw("blk.0.ffn_bundle.weight")
@@ -118,7 +119,6 @@ def measure_cpu_gbps(model, threads: int) -> float:
 def measure_npu_gbps(delegate, act: str, n_embd: int, n_hot: int = 256) -> float | None:
     """GB/s of F16 weights one hot-FFN graph of n_hot neurons runs at on `delegate` (best of 5 runs after the
     compiling one), None when the graph fails."""
-    from pi2.errors import Pi2Error
     try:
         best = delegate.bench_ffn(act, n_embd, n_hot, runs=5)
     except Pi2Error:

@@ -1,6 +1,6 @@
 /* nnapi_standin.c — a stand-in libneuralnetworks.so for the tests (built by tests/test_nnapi.py with cc).
  * One file on purpose: one cc command builds the shared library, like the real one a single .so.
- * Owns: the subset of the NNAPI C ABI that csrc/nnapi.c uses, with reference semantics on the CPU
+ * Owns: the subset of the NNAPI C ABI that csrc/nnapi/nnapi.c uses, with reference semantics on the CPU
  *       (FULLY_CONNECTED, BATCH_MATMUL, LOGISTIC, MUL, RELU over TENSOR_FLOAT32 / TENSOR_FLOAT16; F16 results rounded per
  *       operation), NNAPI's result codes for bad calls, two devices (a fake accelerator and a CPU one),
  *       asynchronous runs on a thread per execution, a record of every finished model as JSON, and

@@ -1,0 +1,248 @@
+"""commands.py — the library functions behind each CLI command: they open what the command needs through the
+runtime and decide what is printed where: generated text on stdout (or one JSON object), diagnostics, notes and
+timings on stderr; `plan`, `tokenize`, `info`, `devices`, `profile-io` and `bench` print their results on stdout.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from pi2 import convert as cv
+from pi2.convert.predictor import Spec
+from pi2.errors import UsageError
+from pi2.model.info import describe
+from pi2.model.loader import load_model
+from pi2.plan import devices as dv
+from pi2.plan import profile
+from pi2.runtime import bench as rb
+from pi2.runtime.bench import peak_rss
+from pi2.runtime.chat import Chat
+from pi2.runtime.config import RunConfig, SamplerParams
+from pi2.runtime.generate import Timings, check_prompt, generate
+from pi2.runtime.perplexity import format_final, perplexity as ppl
+from pi2.runtime.plan import plan_run
+from pi2.runtime.sampling import Sampler
+from pi2.runtime.session import open_model, open_session
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """`pi2 run`: the model and prompt, how it runs (RunConfig) and samples, and what is printed."""
+    model: Path
+    prompt: Optional[str]
+    run: RunConfig = field(default_factory=RunConfig)
+    sampling: SamplerParams = field(default_factory=SamplerParams)
+    n_predict: int = -1
+    ignore_eos: bool = False
+    display_prompt: bool = True
+    json_out: bool = False
+    verbose: bool = False           # --verbose: also why NNAPI was not used, and the neuron cache's figures
+
+
+def _open(opts: RunOptions):
+    if opts.n_predict < -2:     # llama.cpp runs forever on -n -5; -2 is its 'until the context is full'
+        raise UsageError(f"invalid -n {opts.n_predict}", hint="-n -1 generates until end of generation or a full context")
+    timings = Timings()
+    session = open_session(open_model(opts.model), opts.run)
+    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx)
+    return session, sampler, timings
+
+
+def _write(text: str) -> None:
+    """Text to stdout as it comes. A prompt may hold bytes that are not UTF-8 (-f, or \\xHH escapes, kept as
+    surrogates): they go out as the raw bytes, as llama.cpp writes them, whatever stdout's encoding."""
+    out = sys.stdout
+    try:
+        out.write(text)
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape")
+        buf = getattr(out, "buffer", None)
+        if buf is None:
+            out.write(raw.decode("utf-8", "replace"))
+        else:
+            out.flush()
+            buf.write(raw)
+    out.flush()
+
+
+def run(opts: RunOptions) -> None:
+    """One prompt in, tokens out; text streams to stdout, timings to stderr (or one JSON object)."""
+    if opts.prompt is None:
+        raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
+    session, sampler, timings = _open(opts)
+    tok = session.model.tokenizer
+    prompt_tokens = tok.encode(opts.prompt, add_special=None, parse_special=True)
+    check_prompt(prompt_tokens, session.n_ctx)
+    if not opts.json_out and opts.display_prompt:
+        _write(opts.prompt)
+    try:
+        gen = generate(session.ctx, tok, prompt_tokens, opts.n_predict, sampler, timings,
+                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write)
+    except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (pi2/cli/main.py)
+        if not opts.json_out:
+            print("\n" + timings.report(), file=sys.stderr)
+        raise
+    if opts.json_out:
+        print(json.dumps({"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text,
+                          "stop_reason": gen.stop_reason, "seed": sampler.seed, "timings": timings.as_dict()},
+                         ensure_ascii=False))
+    else:
+        _write("\n")
+        print(timings.report(), file=sys.stderr)
+    if opts.verbose:
+        verbose_report(session)
+
+
+def verbose_report(session) -> None:
+    """--verbose: why NNAPI was not used, and a streamed run's neuron cache (its plan and figures, the peak RSS)."""
+    for line in session.notes():
+        print(f"pi2: npu: {line}", file=sys.stderr)
+    plan = session.cache
+    if plan is None:
+        return
+    st = session.ctx.stream_stats()
+    print(f"pi2: cache: budget {plan.budget / 2**20:.0f} MiB, hot {st['hot_bytes'] / 2**20:.1f} MiB, "
+          f"cold {plan.n_slots} x {plan.slot_bytes // 1024} KiB slots, cluster {plan.cluster}, io {plan.io}",
+          file=sys.stderr)
+    print(f"pi2: cache: hit rate {st['cache_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), "
+          f"flash {st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, "
+          f"I/O wait {st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB", file=sys.stderr)
+    cs = session.ctx.cache_stats()   # since the run began
+    whole = cs["layer_loads"] + cs["gate_layer_loads"]
+    if whole:
+        print(f"pi2: cache: {whole} layer regions read whole (prompt batches{', gate rows' if plan.gate_whole else ''})"
+              f", {cs['layer_loads_ahead'] / whole:.0%} of them submitted before their FFN", file=sys.stderr)
+    if plan.gate_whole:   # below the floor with mapped gate rows: every layer's gate rows read whole per token
+        print(f"pi2: cache: gate rows read whole each token, {plan.n_gate_slots} x {plan.gate_slot_bytes // 1024} "
+              f"KiB slots, flash {st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)",
+              file=sys.stderr)
+    elif "gate_hit_rate" in st:   # two-phase loading: the gate rows' share of the figures above
+        print(f"pi2: cache: gate rows hot {st['gate_hot_bytes'] / 2**20:.1f} MiB, {plan.n_gate_slots} x "
+              f"{plan.gate_slot_bytes // 1024} KiB slots, hit rate {st['gate_hit_rate']:.1%}, flash "
+              f"{st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)", file=sys.stderr)
+
+
+def chat(opts: RunOptions) -> None:
+    """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
+    if opts.json_out:
+        raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
+    session, sampler, timings = _open(opts)
+    conv = Chat(session, opts.prompt)
+    if conv.fallback:    # llama.cpp's behaviour: warn, then use ChatML
+        print("pi2: warning: the model has no chat template (tokenizer.chat_template); using ChatML",
+              file=sys.stderr)
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("\n> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        user = line.rstrip("\n")
+        if user in ("/exit", "/quit"):
+            break
+        if not user.strip():
+            continue
+        gen = conv.reply(user, opts.n_predict, sampler, timings, on_text=_write)
+        if gen is not None:
+            _write("\n")
+        if gen is None or gen.stop_reason == "context" or conv.full:
+            print("pi2: the context is full; ending the chat", file=sys.stderr)
+            break
+    print(timings.report(), file=sys.stderr)
+    if opts.verbose:
+        verbose_report(session)
+
+
+def plan(model_path: Path, cfg: RunConfig, json_out: bool) -> None:
+    """pi2 plan: the plan `pi2 run` makes with the same flags (pi2/runtime/plan.py) for a pi2 file in a memory
+    budget: the budget's split (pi2/plan/budget.py) and whether the NPU computes the hot prefix
+    (pi2/plan/npu_plan.py), on stdout."""
+    p = plan_run(open_model(model_path), cfg)
+    if p.cache is None:
+        raise UsageError(p.stream_gap or "--memory-budget needs the C engine")
+    dec = p.npu.decision
+    if json_out:
+        print(json.dumps({**p.cache.as_dict(), "npu": dec.as_dict()}))
+    else:
+        print("\n".join(p.cache.lines() + dec.lines()))
+
+
+def tokenize(model_path: Path, text: str, ids_only: bool, add_special: bool, parse_special: bool,
+             show_count: bool) -> None:
+    model = load_model(model_path)
+    tok = model.tokenizer
+    ids = tok.encode(text, add_special=None if add_special else False, parse_special=parse_special)
+    if ids_only:
+        print("[" + ", ".join(str(i) for i in ids) + "]")
+    else:
+        for i in ids:
+            piece = tok.token_to_piece(i, special=True).decode("utf-8", "replace")
+            print(f"{i:6d} -> '{piece}'")
+    if show_count:
+        print(f"Total number of tokens: {len(ids)}")
+
+
+def info(model_path: Path, list_tensors: bool = False) -> None:
+    describe(model_path, list_tensors)
+
+
+def perplexity(model_path: Path, file: Path, cfg: RunConfig, n_chunks: int, verbose: bool = False) -> None:
+    """llama-perplexity: progress on stderr, the `Final estimate` line once, on stdout."""
+    try:
+        text = file.read_bytes().decode("utf-8", "surrogateescape")
+    except OSError as e:
+        raise UsageError(f"cannot read {file}: {e.strerror}") from None
+    session = open_session(open_model(model_path), cfg)
+    tok = session.model.tokenizer
+    t0 = time.perf_counter()
+    tokens = tok.encode(text, add_special=None, parse_special=False)
+    # held back until the checks in ppl() pass, so a bad input still gets a one-line error
+    pending = ["perplexity: tokenizing the input ..\n",
+               f"perplexity: tokenization took {1e3 * (time.perf_counter() - t0):g} ms\n"]
+
+    def progress(s: str) -> None:
+        out = "".join(pending) + ("" if s.startswith("Final estimate") else s)
+        pending.clear()
+        print(out, end="", file=sys.stderr, flush=True)
+
+    scored = getattr(session.ctx, "decode_from", None)     # an engine that computes only the rows scored
+
+    def eval_chunk(chunk):
+        if scored is not None:
+            session.reset()
+            return scored(chunk, len(chunk) // 2)
+        session.reset()
+        return session.ctx.decode(chunk, all_logits=True)
+
+    # -c 0 means the model's training context, as in llama-perplexity
+    result = ppl(eval_chunk, tokens, session.n_ctx, n_chunks=n_chunks, bos_id=tok.bos_id, add_bos=tok.add_bos,
+                 progress=progress)
+    print(format_final(result))
+    if verbose:
+        verbose_report(session)
+
+
+def bench(models: list, n_prompt, n_gen, pg, batch, threads, reps: int, output: str, engine: str, *, warmup: bool,
+          progress: bool, run: RunConfig) -> None:
+    """pi2 bench: llama-bench's table (or JSON, CSV) on stdout as each test finishes, progress on stderr."""
+    rb.run(rb.make_params(models, n_prompt, n_gen, pg, batch, threads, reps, output, engine, warmup=warmup,
+                          progress=progress, run=run))
+
+
+def convert(src: Path, out: Optional[Path], *, pred: Optional[tuple], **kw) -> None:
+    """pi2 convert: the pi2 file written, and a summary of what was measured on stdout (progress bars on stderr).
+    pred: (kind, input, bits, rank, recall) of --predictor."""
+    print(cv.summary(cv.convert(src, out, pred=None if pred is None else Spec(*pred), **kw)))
+
+
+def devices(model: Optional[Path], nnapi_lib: Optional[str], json_out: bool) -> None:
+    dv.show(model, nnapi_lib, json_out)
+
+
+def profile_io(model: Path, **kw) -> None:
+    profile.show(model, **kw)

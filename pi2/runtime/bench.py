@@ -1,0 +1,254 @@
+"""bench.py — `pi2 bench`: llama-bench's method and output for pi2's engines.
+
+Owns: the flag values (lists and ranges as llama-bench parses them), the test list (models × engines ×
+batch sizes × threads × pp / tg / pp+tg), the timed loop (one warm-up, then -r repetitions; random ids
+made before the clock starts, no sampling), and the records, with llama-bench's field names plus pi2_*
+fields: every figure of the session's stats() (for example cache_hit_rate, flash_bytes_per_token) is reported
+as pi2_<key>.
+Does not: compute (pi2/runtime/session.py opens the engines), print (bench_report.py) or parse argv (pi2/cli/).
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import resource
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from pi2.engine import default_threads
+from pi2.errors import UsageError
+from pi2.runtime import bench_report as report
+from pi2.runtime.config import DEFAULT_CTX, ENGINES, RunConfig
+from pi2.runtime.session import open_model, open_session
+
+OUTPUTS = ("md", "json", "jsonl", "csv")
+DEFAULT_BATCH = 2048
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    models: tuple
+    n_prompt: tuple = (512,)
+    n_gen: tuple = (128,)
+    n_pg: tuple = ()                 # (pp, tg) pairs
+    n_batch: tuple = (DEFAULT_BATCH,)
+    n_threads: tuple = ()            # () = the cores this process may use
+    engines: tuple = ("auto",)
+    reps: int = 5
+    output: str = "md"
+    warmup: bool = True
+    progress: bool = False
+    run: RunConfig = field(default_factory=RunConfig)   # every test's run options; engine, threads and context per test
+
+
+@dataclass
+class Test:
+    """One row: a model run on one engine with one thread count, for n_prompt then n_gen tokens."""
+    model: str
+    engine: str
+    n_batch: int
+    n_threads: int
+    n_prompt: int
+    n_gen: int
+    samples_ns: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        if self.n_gen == 0:
+            return f"pp{self.n_prompt}"
+        return f"tg{self.n_gen}" if self.n_prompt == 0 else f"pp{self.n_prompt}+tg{self.n_gen}"
+
+
+_RANGE = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?(?:,|$)")
+
+
+def parse_int_range(s: str, flag: str) -> list:
+    """llama-bench's list syntax: `1,2,4`, `first-last`, `first-last+step`, `first-last*mult`."""
+    out, pos = [], 0
+    while pos < len(s):
+        m = _RANGE.match(s, pos)
+        if not m or m.end() == pos:
+            raise UsageError(f"invalid value '{s}' for {flag}",
+                             hint="use a list like 1,2,4 or a range like 1-8 or 1-16*2")
+        first = int(m[1])
+        last = int(m[2]) if m[2] else first
+        op, step = m[3] or "+", int(m[4]) if m[4] else 1
+        i = first
+        while i <= last:
+            out.append(i)
+            nxt = i + step if op == "+" else i * step
+            if nxt <= i:
+                raise UsageError(f"invalid range '{m[0].rstrip(',')}' for {flag}: it does not advance")
+            i = nxt
+        pos = m.end()
+    if not out:
+        raise UsageError(f"no value given for {flag}")
+    return out
+
+
+def _ints(values, flag: str, default: tuple, minimum: int) -> tuple:
+    if not values:
+        return default
+    out = [v for s in values for v in parse_int_range(str(s).strip(), flag)]
+    bad = [v for v in out if v < minimum]
+    if bad:
+        raise UsageError(f"{flag} must be >= {minimum}, got {bad[0]}")
+    return tuple(out)
+
+
+def _pair(s: str) -> tuple:
+    parts = str(s).split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise UsageError(f"invalid value '{s}' for -pg", hint="-pg takes two numbers: prompt,gen (e.g. -pg 512,128)")
+    pp, tg = (int(p) for p in parts)
+    if pp == 0 and tg == 0:
+        raise UsageError("-pg 0,0 runs nothing")
+    return pp, tg
+
+
+def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
+                engine="auto", warmup=True, progress=False, run: RunConfig | None = None) -> BenchParams:
+    """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams; run: the options every
+    test shares (RunConfig's defaults when None)."""
+    models = tuple(str(m) for m in models or ())
+    if not models:
+        raise UsageError("no model given", hint="pi2 bench -m MODEL.gguf [-p 512] [-n 128] [-t 1,2]")
+    if output not in OUTPUTS:
+        raise UsageError(f"unknown output format '{output}' (choose from {', '.join(OUTPUTS)})")
+    if reps < 1:
+        raise UsageError(f"-r must be >= 1, got {reps}")
+    engines = tuple(e.strip() for e in str(engine).split(",") if e.strip()) or ("auto",)
+    for e in engines:
+        if e not in ENGINES:
+            raise UsageError(f"unknown engine '{e}' (choose from {', '.join(ENGINES)})")
+    p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
+                    n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
+                    n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
+                    warmup=warmup, progress=progress, run=run or RunConfig())
+    if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
+        raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
+    return p
+
+
+def tests_for(p: BenchParams, model: str) -> list:
+    """llama-bench's order: per model, parameters outer to inner, then pp tests, tg tests, pp+tg tests."""
+    out = []
+    for engine in p.engines:
+        for nb in p.n_batch:
+            for nt in p.n_threads or (default_threads(),):
+                out += [Test(model, engine, nb, nt, n, 0) for n in p.n_prompt if n > 0]
+                out += [Test(model, engine, nb, nt, 0, n) for n in p.n_gen if n > 0]
+                out += [Test(model, engine, nb, nt, pp, tg) for pp, tg in p.n_pg]
+    return out
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process so far, in bytes."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+class _Runner:
+    """Times the tests of one model on one context; ids are random as in llama-bench (BOS first)."""
+
+    def __init__(self, ctx, n_vocab: int, bos, seed: int = 1):
+        self.ctx, self.n_vocab, self.bos = ctx, n_vocab, bos
+        self.rng = random.Random(seed)
+
+    def _ids(self, n: int) -> list:
+        ids = [self.rng.randrange(self.n_vocab) for _ in range(n)]
+        if ids and self.bos is not None:
+            ids[0] = self.bos
+        return ids
+
+    def _prompt(self, ids: list, n_batch: int) -> None:
+        for i in range(0, len(ids), n_batch):
+            self.ctx.decode(ids[i:i + n_batch])
+
+    def _gen(self, ids: list) -> None:
+        for t in ids:
+            self.ctx.decode([t])
+
+    def once(self, n_prompt: int, n_gen: int, n_batch: int) -> int:
+        """One repetition from an empty cache; returns nanoseconds spent decoding."""
+        pp, tg = self._ids(n_prompt), self._ids(n_gen)
+        self.ctx.reset()
+        t0 = time.perf_counter_ns()
+        if pp:
+            self._prompt(pp, n_batch)
+        if tg:
+            self._gen(tg)
+        return time.perf_counter_ns() - t0
+
+    def warmup(self, t: Test) -> None:
+        """llama-bench's warm-up: the whole prompt, and one generated token."""
+        self.ctx.reset()
+        if t.n_prompt:
+            self._prompt(self._ids(t.n_prompt), t.n_batch)
+        if t.n_gen:
+            self._gen(self._ids(1))
+
+
+def _ctx_size(tests: list) -> int:
+    need = max(t.n_prompt + t.n_gen for t in tests)
+    return need + 1 if need == DEFAULT_CTX else need   # RunConfig caps exactly DEFAULT_CTX at the training context
+
+
+def run_model(p: BenchParams, path: str, emit, log) -> None:
+    """Run every test on one model; `emit(record)` is called as each test finishes."""
+    tests = tests_for(p, path)
+    model = open_model(path)
+    try:
+        info = report.model_info(model)
+        tok = model.tokenizer
+        bos = tok.bos_id if tok.add_bos else None
+        n_ctx = _ctx_size(tests)
+        groups: dict = {}
+        for t in tests:
+            groups.setdefault((t.engine, t.n_threads), []).append(t)
+        for (engine, nt), group in groups.items():
+            session = open_session(model, replace(p.run, n_ctx=n_ctx, n_threads=nt, engine=engine))
+            resolved = session.engine
+            log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
+                + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))
+            runner = _Runner(session.ctx, model.config.n_vocab, bos)
+            for t in group:
+                test_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                if p.warmup:
+                    if p.progress:
+                        log(f"pi2 bench: {t.name}, {nt} thread(s): warm-up")
+                    runner.warmup(t)
+                for i in range(p.reps):
+                    if p.progress:
+                        log(f"pi2 bench: {t.name}, {nt} thread(s): repetition {i + 1}/{p.reps}")
+                    t.samples_ns.append(runner.once(t.n_prompt, t.n_gen, t.n_batch))
+                emit(report.record(t, info, resolved, test_time, peak_rss(), session.stats()))
+            del session, runner
+    finally:
+        model.close()
+
+
+def run(p: BenchParams, out=None, err=None) -> None:
+    """Run the benchmark; results on `out` (stdout) in p.output format, diagnostics on `err` (stderr)."""
+    out, err = out or sys.stdout, err or sys.stderr
+
+    def log(msg: str) -> None:
+        print(msg, file=err, flush=True)
+
+    printer = report.printer(p, out)
+    started = False
+
+    def emit(rec: dict) -> None:       # the header waits for a first result, so a bad file prints nothing
+        nonlocal started
+        if not started:
+            printer.header()
+            started = True
+        printer.test(rec)
+    try:
+        for path in p.models:
+            run_model(p, path, emit, log)
+    finally:
+        if started:
+            printer.footer()

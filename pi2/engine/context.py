@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from pi2.engine.flash_io import IDS as IO_IDS
-from pi2.engine.kernels import impl_id, kernel_info
+from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.model import CModel
 from pi2.model.ffn_layout import bytes_touched, layer_bytes, predictor_bytes
@@ -117,10 +117,8 @@ class CContext:
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
-        streamed context also the neuron cache's figures since the previous call (stream_stats); the kernels' CPU
-        variant and the bytes of repacked weights."""
-        return {**self._ffn_stats(), **self.stream_stats(), "kernel_variant": kernel_info()["variant"],
-                "repacked_bytes": getattr(self.cmodel, "repacked", 0)}
+        streamed context also the neuron cache's figures since the previous call (stream_stats)."""
+        return {**self._ffn_stats(), **self.stream_stats()}
 
     def stream_stats(self) -> dict:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes

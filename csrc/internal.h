@@ -15,7 +15,5 @@ void pi2_clear_error(void);
 /* kernels/api.c: the CPU's PI2_ISA_* bits, and one type's facts (pi2_kernel_info adds the bits). */
 uint32_t pi2_kernel_isa(void);
 pi2_status pi2_kernel_type_info(int32_t type, int32_t impl, pi2_type_info *out);
-/* kernels/api.c: the CPU variant the auto kernels were chosen for (pi2_type_info.variant, .variant_why). */
-const char *pi2_kernel_variant(const char **why);
 
 #endif

@@ -1,7 +1,6 @@
 /* pi2.c — library-wide entry points: ABI version, the per-thread last error, kernel facts.
  * Does not: compute anything (kernels/, forward.c) or read files (io/). */
 #include "internal.h"
-#include "kernels/traits.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,9 +55,6 @@ void pi2_clear_error(void) {
 
 pi2_status pi2_kernel_info(int32_t type, int32_t impl, pi2_type_info *out) {
     const pi2_status s = pi2_kernel_type_info(type, impl, out);
-    if (s) return s;
-    out->isa = pi2_kernel_isa();
-    out->packed = out->has_vec_dot && pi2_traits(type, impl)->vec_dot_pack != NULL;
-    out->variant = pi2_kernel_variant(&out->variant_why);
+    if (!s) out->isa = pi2_kernel_isa();
     return s;
 }

@@ -34,8 +34,9 @@ pi2_status pi2_kernel_type_info(int32_t type, int32_t impl, pi2_type_info *out) 
     pi2_status st = lookup(type, impl, &t);
     if (st) return st;
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
-    *out = (pi2_type_info){t->name, t->block_size, t->type_size, t->vec_dot_type,
-                           t->vec_dot != NULL, t->vec_dot_impl, 0, 0, NULL, NULL};
+    const pi2_cpu_variant *v = pi2_kernels_variant();
+    *out = (pi2_type_info){t->name, t->block_size, t->type_size, t->vec_dot_type, t->vec_dot != NULL,
+                           t->vec_dot_impl, 0, t->vec_dot != NULL && t->vec_dot_pack != NULL, v->name, v->why};
     return PI2_OK;
 }
 
@@ -78,12 +79,6 @@ pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_r
     for (int64_t r = 0; r < n_rows; r++)
         t->vec_dot(n_cols, &out[r], (const uint8_t *)w + (size_t)r * row_bytes, x_q);
     return PI2_OK;
-}
-
-const char *pi2_kernel_variant(const char **why) {
-    const pi2_cpu_variant *v = pi2_kernels_variant();
-    if (why) *why = v->why;
-    return v->name;
 }
 
 static pi2_status pack_shape(int32_t type, int64_t n_rows, int64_t n_cols, const pi2_type_traits **t) {

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from pi2.engine.flash_io import IDS as IO_IDS
-from pi2.engine.kernels import impl_id, kernel_info
+from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.model import CModel
 from pi2.model.ffn_layout import bytes_touched, layer_bytes, predictor_bytes
@@ -131,19 +131,17 @@ class CContext:
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
-        streamed context also the neuron cache's figures since the previous call (stream_stats); the kernels' CPU
-        variant and the bytes of repacked weights. The MoE family computes its selected experts whole: its
-        figures are the file's routing (experts per token, their share, the bytes a token reads)."""
-        extra = {"kernel_variant": kernel_info()["variant"], "repacked_bytes": getattr(self.cmodel, "repacked", 0)}
+        streamed context also the neuron cache's figures since the previous call (stream_stats). The MoE family
+        computes its selected experts whole: its figures are the file's routing (experts per token, their share,
+        the bytes a token reads)."""
         if self.cfg.moe_family:
             from pi2.model.info_moe import active_params, ffn_bytes_per_token
             c, model = self.cfg, self.cmodel.model
             if not c.n_expert:
-                return extra
+                return {}
             return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
-                    "ffn_bytes_per_token": ffn_bytes_per_token(model),
-                    "active_bytes_per_token": active_params(model)[1], **extra}
-        return {**self._ffn_stats(), **self.stream_stats(), **extra}
+                    "ffn_bytes_per_token": ffn_bytes_per_token(model), "active_bytes_per_token": active_params(model)[1]}
+        return {**self._ffn_stats(), **self.stream_stats()}
 
     def stream_stats(self) -> dict:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes

@@ -17,6 +17,7 @@ from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
 from pi2.engine.model import CModel
 from pi2.model.ffn_layout import bytes_touched, layer_bytes, predictor_bytes
+from pi2.model.info_moe import active_params, ffn_bytes_per_token
 from pi2.errors import UnsupportedError, UsageError
 
 
@@ -135,7 +136,6 @@ class CContext:
         computes its selected experts whole: its figures are the file's routing (experts per token, their share,
         the bytes a token reads)."""
         if self.cfg.moe_family:
-            from pi2.model.info_moe import active_params, ffn_bytes_per_token
             c, model = self.cfg, self.cmodel.model
             if not c.n_expert:
                 return {}

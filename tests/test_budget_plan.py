@@ -36,7 +36,7 @@ def test_plan_split(files):
         make_plan(m, cm, small.floor - 4096, 64, 1, **kw)
     bb = stream_sizes(cm, 64)["bundle_bytes"]
     tight = make_plan(m, cm, small.floor + 8192 * 2 + 3 * 64 * bb + 100, 64, 1, **kw)   # three clusters hot
-    freq = [m.raw(f"blk.{il}.ffn_freq.weight").view(np.float32) for il in range(m.config.n_layer)]
+    freq = [m.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).reshape(-1) for il in range(m.config.n_layer)]
     hottest = sorted((-float(f[c:c + 64].mean()), il) for il, f in enumerate(freq) for c in range(0, f.size, 64))[:3]
     assert tight.n_hot == [64 * sum(1 for _, i in hottest if i == il) for il in range(m.config.n_layer)]
     assert tight.n_slots == tight.min_slots and 0 < sum(tight.n_hot) < m.config.n_ff * m.config.n_layer

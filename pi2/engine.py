@@ -420,10 +420,8 @@ class CContext:
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
-        streamed context also the neuron cache's figures since the previous call (stream_stats); the kernels' CPU
-        variant and the bytes of repacked weights."""
-        return {**self._ffn_stats(), **self.stream_stats(), "kernel_variant": kernel_info()["variant"],
-                "repacked_bytes": getattr(self.cmodel, "repacked", 0)}
+        streamed context also the neuron cache's figures since the previous call (stream_stats)."""
+        return {**self._ffn_stats(), **self.stream_stats()}
 
     def stream_stats(self) -> dict:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pi2.engine import CContext
+from pi2.engine import CContext, kernel_info
 from pi2.model.loader import Model, load_model
 from pi2.plan.budget import Plan
 from pi2.reference.forward import ReferenceContext
@@ -64,6 +64,9 @@ class Session:
         st.setdefault("ffn_keep", 1.0)
         st.setdefault("ffn_bytes_per_token", dense_ffn_bytes(self.model))
         st.update(npu.bench_fields(self.ctx, self.npu))
+        if isinstance(self.ctx, CContext):      # the kernels' CPU variant and the bytes of repacked weights
+            st["kernel_variant"] = kernel_info()["variant"]
+            st["repacked_bytes"] = getattr(self.ctx.cmodel, "repacked", 0)
         return st
 
     def notes(self) -> list:

@@ -139,7 +139,7 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
     files that fit run mapped with nothing said; a limit below the floor is refused with the minimum."""
     from clirun import cli
     from pi2.plan import devices
-    from pi2.plan.budget import make_plan
+    from pi2.plan.budget import context_bytes, make_plan
     src = write_model(tmp_path / "big.gguf", wtype="Q8_0", n_ff=2048, n_embd=512, n_layer=6, n_head=8, n_head_kv=4)
     path = str(convert_pi2(src, tmp_path / "big.pi2.gguf", down_type="Q8_0", default_keep=0.5))
     args = ("run", path, "-p", "hello", "-n", "6", "--temp", "0", "--json", "-c", "64", "--io", "pread", "--verbose")
@@ -154,9 +154,13 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
     assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
     plain = cli("run", str(src), "-p", "hello", "-n", "2", "-c", "64")
     assert plain.code == 0 and "runs from its mapping" in plain.err and "pi2 convert" in plain.err, plain.err
-    monkeypatch.setattr(devices, "memory_limit", lambda: 1 << 20)
+    kv = sum(context_bytes(m.config, 64, 1))          # room for the KV cache, not for the fixed region
+    monkeypatch.setattr(devices, "memory_limit", lambda: kv + (1 << 20))
     low = cli(*args)
     assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err
+    monkeypatch.setattr(devices, "memory_limit", lambda: 1 << 20)      # not even the KV cache: refused by -c
+    low = cli(*args)
+    assert low.code == 2 and "for its KV cache and buffers" in low.err and "give -c" in low.err, low.err
 
 
 def test_memory_limit_reads_meminfo_and_cgroup(monkeypatch):

@@ -52,7 +52,8 @@ if command -v clang >/dev/null && [ "$(uname -m)" = x86_64 ]; then
 else
     echo "clang missing: the libFuzzer slice is not run" >&2
 fi
+# (the FUSE fault tests run in the suite below, not here: libfuse under the preloaded ASan runtime stalls)
 PI2_FUZZ_SLICE=200 bash scripts/sanitize.sh tests/test_limits.py tests/test_fuzz.py tests/test_seccomp.py \
-    tests/test_io_faults.py "tests/test_forward_c.py::test_logits_match_reference"
+    "tests/test_forward_c.py::test_logits_match_reference"
 
 python3 -m pytest -q "$@"

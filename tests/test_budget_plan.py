@@ -154,7 +154,7 @@ def test_no_budget_fits_the_memory_the_process_may_use(files, tmp_path, monkeypa
     assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
     plain = cli("run", str(src), "-p", "hello", "-n", "2", "-c", "64")
     assert plain.code == 0 and "runs from its mapping" in plain.err and "pi2 convert" in plain.err, plain.err
-    kv = sum(context_bytes(m.config, 64, 1))          # room for the KV cache, not for the fixed region
+    kv = sum(context_bytes(CModel.from_model(m), 64, 1))    # room for the KV cache, not the fixed region
     monkeypatch.setattr(devices, "memory_limit", lambda: kv + (1 << 20))
     low = cli(*args)
     assert low.code != 0 and "below the minimum of" in low.err and "Traceback" not in low.err

@@ -41,6 +41,11 @@ class RunOptions:
     display_prompt: bool = True
     json_out: bool = False
     verbose: bool = False           # --verbose: also why NNAPI was not used, and the neuron cache's figures
+    system: Optional[str] = None    # -sys: the chat's system message
+    reverse: tuple = ()             # -r: stop a reply when one of these texts appears
+    single_turn: bool = False       # -st: answer -p once, then exit
+    chat_template: Optional[str] = None   # --chat-template / --chat-template-file: a built-in name or Jinja text
+    special: bool = False           # -sp: print special tokens' text
 
 
 def _open(opts: RunOptions):
@@ -48,7 +53,7 @@ def _open(opts: RunOptions):
         raise UsageError(f"invalid -n {opts.n_predict}", hint="-n -1 generates until end of generation or a full context")
     timings = Timings()
     session = open_session(open_model(opts.model), opts.run)
-    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx)
+    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)
     return session, sampler, timings
 
 
@@ -81,7 +86,8 @@ def run(opts: RunOptions) -> None:
         _write(opts.prompt)
     try:
         gen = generate(session.ctx, tok, prompt_tokens, opts.n_predict, sampler, timings,
-                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write)
+                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write, special=opts.special,
+                       stop=opts.reverse)
     except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (pi2/cli/main.py)
         if not opts.json_out:
             print("\n" + timings.report(), file=sys.stderr)
@@ -126,28 +132,63 @@ def verbose_report(session) -> None:
               f"{st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)", file=sys.stderr)
 
 
+CHAT_HELP = ("pi2: chatting. Ctrl-C stops a reply; Ctrl-C at the prompt, Ctrl-D or /exit quits.\n"
+             "  /clear  forget the conversation (the system message stays)\n"
+             "  /regen  answer the last message again")
+
+
 def chat(opts: RunOptions) -> None:
-    """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
+    """Interactive chat (-cnv, -i, -st): -sys is the system message, -p the first user message; each user line is
+    rendered with the chat template. Ctrl-C stops a reply and returns to the prompt; at the prompt it quits."""
     if opts.json_out:
         raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
     session, sampler, timings = _open(opts)
-    conv = Chat(session, opts.prompt)
+    conv = Chat(session, opts.system, opts.chat_template)
     if conv.fallback:    # llama.cpp's behaviour: warn, then use ChatML
-        print("pi2: warning: the model has no chat template (tokenizer.chat_template); using ChatML",
-              file=sys.stderr)
+        print("pi2: warning: the model has no chat template (tokenizer.chat_template) and none is implied by its "
+              "vocabulary; using ChatML (choose one with --chat-template)", file=sys.stderr)
+    print(f"pi2: chat template: {conv.template_name}", file=sys.stderr)
+    if not opts.single_turn:
+        print(CHAT_HELP, file=sys.stderr)
     interactive = sys.stdin.isatty()
+    first = opts.prompt
     while True:
-        if interactive:
-            print("\n> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
-            break
-        user = line.rstrip("\n")
+        if first is not None:
+            user, first = first, None
+        else:
+            if opts.single_turn and conv.messages and conv.messages[-1]["role"] == "assistant":
+                break
+            if interactive:
+                print("\n> ", end="", file=sys.stderr, flush=True)
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:       # Ctrl-C at the prompt quits
+                print("", file=sys.stderr)
+                break
+            if not line:
+                break
+            user = line.rstrip("\n")
         if user in ("/exit", "/quit"):
             break
+        if user == "/clear":
+            conv.clear()
+            print("pi2: conversation cleared", file=sys.stderr)
+            continue
+        if user == "/regen":
+            user = conv.last_user()
+            if user is None:
+                print("pi2: nothing to answer again", file=sys.stderr)
+                continue
         if not user.strip():
             continue
-        gen = conv.reply(user, opts.n_predict, sampler, timings, on_text=_write)
+        try:
+            gen = conv.reply(user, opts.n_predict, sampler, timings, on_text=_write, stop=opts.reverse)
+        except KeyboardInterrupt:           # Ctrl-C during a reply stops it and returns to the prompt
+            _write("\n")
+            print("pi2: reply stopped", file=sys.stderr)
+            if opts.single_turn:
+                break
+            continue
         if gen is not None:
             _write("\n")
         if gen is None or gen.stop_reason == "context" or conv.full:

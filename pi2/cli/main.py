@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 
 from pi2.cli.app import CliState, app
+from pi2.cli.llama_flags import rewrite
 from pi2.errors import Pi2Error
 
 try:        # recent Typer vendors click as typer._click, with its own Abort and Exit; older Typer uses click's
@@ -41,10 +42,20 @@ def error_line(e: Pi2Error) -> str:
     return msg
 
 
+def _version() -> str:
+    from pi2 import __version__
+    return f"pi2 {__version__}"
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     state = CliState()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in args[: args.index("--") if "--" in args else len(args)]:
+        print(_version())       # as llama.cpp: --version on any command, exit 0
+        return
     try:
-        rc = app(args=argv, prog_name="pi2", standalone_mode=False, obj=state)
+        args = rewrite(args, typer.main.get_command(app))
+        rc = app(args=args, prog_name="pi2", standalone_mode=False, obj=state)
     except Pi2Error as e:
         print(error_line(e), file=sys.stderr)
         if e.hint:

@@ -11,6 +11,7 @@ Does not: create the context (pi2/runtime/session.py) or print (the notes it col
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 
 from pi2 import flash_io
@@ -64,6 +65,10 @@ def c_engine_gap(model: Model) -> str:
     return ""
 
 
+MIN_CTX, MAX_CTX = 8, 1 << 24     # the C context's limits (csrc/context.c), as user errors
+_WARNED: set = set()
+
+
 def resolve_ctx(model: Model, n_ctx: int) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
     if n_ctx < 0:
@@ -71,7 +76,19 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     train = model.config.n_ctx_train
     if n_ctx == 0:
         return train
-    return min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    if n_ctx > MAX_CTX:
+        raise UsageError(f"context size -c {n_ctx} is too large (at most {MAX_CTX})",
+                         hint=f"this model was trained with {train} tokens of context; -c 0 uses that")
+    if n_ctx < MIN_CTX:
+        raise UsageError(f"context size -c {n_ctx} is too small (at least {MIN_CTX}: the prompt, a few tokens "
+                         "of margin and the reply must fit)")
+    if n_ctx == DEFAULT_CTX:
+        return min(n_ctx, train)
+    if n_ctx > train and train > 0 and ("ctx", n_ctx) not in _WARNED:
+        _WARNED.add(("ctx", n_ctx))     # as llama.cpp: once, and run anyway
+        print(f"pi2: warning: -c {n_ctx} is larger than the model's training context ({train}): "
+              "quality may fall beyond it", file=sys.stderr)
+    return n_ctx
 
 
 def plan_run(model: Model, cfg: RunConfig) -> RunPlan:

@@ -85,7 +85,7 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     if p.engine == "reference":
         npu.attach(None, p.npu)
         return Session(model, p, ReferenceContext(model, p.n_ctx, p.rule), p.npu)
-    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads)
+    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch)
     ctx.set_ffn(p.rule)
     npu.attach(ctx, p.npu)
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu

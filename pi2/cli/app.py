@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from pi2.cli.prompt import read_prompt
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 from pi2.runtime.config import RunConfig, SamplerParams
 
 RUN, SAMPLE = RunConfig(), SamplerParams()     # the defaults, held by the runtime's objects
@@ -209,7 +209,7 @@ def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
         try:
             return file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise UsageError(f"cannot read chat template file {file}: {getattr(e, 'strerror', None) or e}") from None
+            raise FileError(f"cannot read chat template file {file}: {getattr(e, 'strerror', None) or e}") from None
     return name
 
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 from pi2 import convert as cv
 from pi2.convert.predictor import Spec
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 from pi2.model.info import describe
 from pi2.model.loader import load_model
 from pi2.plan import devices as dv
@@ -137,6 +137,11 @@ CHAT_HELP = ("pi2: chatting. Ctrl-C stops a reply; Ctrl-C at the prompt, Ctrl-D 
              "  /regen  answer the last message again")
 
 
+def _interactive() -> bool:
+    """A person at a terminal (the banner and the '> ' prompt), not piped input."""
+    return sys.stdin.isatty()
+
+
 def chat(opts: RunOptions) -> None:
     """Interactive chat (-cnv, -i, -st): -sys is the system message, -p the first user message; each user line is
     rendered with the chat template. Ctrl-C stops a reply and returns to the prompt; at the prompt it quits."""
@@ -147,10 +152,11 @@ def chat(opts: RunOptions) -> None:
     if conv.fallback:    # llama.cpp's behaviour: warn, then use ChatML
         print("pi2: warning: the model has no chat template (tokenizer.chat_template) and none is implied by its "
               "vocabulary; using ChatML (choose one with --chat-template)", file=sys.stderr)
-    print(f"pi2: chat template: {conv.template_name}", file=sys.stderr)
-    if not opts.single_turn:
+    interactive = _interactive()
+    if interactive or opts.verbose:
+        print(f"pi2: chat template: {conv.template_name}", file=sys.stderr)
+    if interactive and not opts.single_turn:
         print(CHAT_HELP, file=sys.stderr)
-    interactive = sys.stdin.isatty()
     first = opts.prompt
     while True:
         if first is not None:
@@ -237,7 +243,7 @@ def perplexity(model_path: Path, file: Path, cfg: RunConfig, n_chunks: int, verb
     try:
         text = file.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as e:
-        raise UsageError(f"cannot read {file}: {e.strerror}") from None
+        raise FileError(f"cannot read {file}: {e.strerror}") from None
     session = open_session(open_model(model_path), cfg)
     tok = session.model.tokenizer
     t0 = time.perf_counter()

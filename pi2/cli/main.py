@@ -30,10 +30,16 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
+def printable(text: str) -> str:
+    """Control characters, undecodable bytes and other unprintable characters escaped (\\x1b, \\ufffd): a
+    corrupted file's tensor names and strings cannot reach the terminal raw or break the one-line error."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def error_line(e: Pi2Error) -> str:
     """The one line of a Pi2Error; an I/O error (an OSError too) adds its errno's name and the file when the
-    message does not say them already."""
-    msg = f"pi2: error: {e}"
+    message does not say them already. Unprintable characters are escaped."""
+    msg = f"pi2: error: {printable(str(e))}"
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
         what = [f"{name}: {os.strerror(e.errno)}"] if name and name not in msg else []
@@ -59,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     except Pi2Error as e:
         print(error_line(e), file=sys.stderr)
         if e.hint:
-            print(f"  hint: {e.hint}", file=sys.stderr)
+            print(f"  hint: {printable(e.hint)}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         _interrupted()
@@ -78,7 +84,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.exit(e.exit_code)
         if state.verbose:
             raise
-        print(f"pi2: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"pi2: error: {type(e).__name__}: {printable(str(e))}", file=sys.stderr)
         sys.exit(1)
     if rc == 130:       # Typer turns a KeyboardInterrupt into Exit(130), returned in non-standalone mode
         _interrupted()

@@ -5,6 +5,7 @@ when a command runs, so `pi2 --help` stays fast. main() is in pi2/cli/main.py.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -214,7 +215,6 @@ def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
 
 
 def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> None:
-    import sys
     if load_mode is not None and load_mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
         raise UsageError(f"invalid -lm {load_mode!r}: auto, none, mmap, mlock, mmap+mlock or dio")
     for flag, on in (("--no-mmap", no_mmap), ("--mlock", mlock), (f"-lm {load_mode}", load_mode is not None)):

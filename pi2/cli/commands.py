@@ -29,6 +29,9 @@ from pi2.runtime.sampling import Sampler
 from pi2.runtime.session import open_model, open_session
 
 
+MIN_CTX = 8      # run and chat: a prompt of a token, the 4 tokens generate keeps free, and a reply
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """`pi2 run`: the model and prompt, how it runs (RunConfig) and samples, and what is printed."""
@@ -51,6 +54,9 @@ class RunOptions:
 def _open(opts: RunOptions):
     if opts.n_predict < -2:     # llama.cpp runs forever on -n -5; -2 is its 'until the context is full'
         raise UsageError(f"invalid -n {opts.n_predict}", hint="-n -1 generates until end of generation or a full context")
+    if 0 < opts.run.n_ctx < MIN_CTX:
+        raise UsageError(f"context size -c {opts.run.n_ctx} is too small (at least {MIN_CTX}: the prompt, a few "
+                         "tokens of margin and the reply must fit)")
     timings = Timings()
     session = open_session(open_model(opts.model), opts.run)
     sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)

@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from pi2 import __version__
 from pi2.cli.app import CliState, app
 from pi2.cli.llama_flags import rewrite
 from pi2.errors import Pi2Error
@@ -49,7 +50,6 @@ def error_line(e: Pi2Error) -> str:
 
 
 def _version() -> str:
-    from pi2 import __version__
     return f"pi2 {__version__}"
 
 

@@ -396,6 +396,7 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
     gate = rule is not None and rule.rule == "predicted"
+    streams_gate = gate or gate_whole
     if budget < p.floor:
         e = UsageError(f"--memory-budget {fmt(budget)} is below the minimum for this model at a context of {n_ctx}"
                        + (" with the predictor's gate streaming" if gate else ""))

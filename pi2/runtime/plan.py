@@ -65,7 +65,7 @@ def c_engine_gap(model: Model) -> str:
     return ""
 
 
-MIN_CTX, MAX_CTX = 8, 1 << 24     # the C context's limits (csrc/context.c), as user errors
+MAX_CTX = 1 << 24     # the C context's limit (csrc/context.c), as a user error
 _WARNED: set = set()
 
 
@@ -79,9 +79,6 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     if n_ctx > MAX_CTX:
         raise UsageError(f"context size -c {n_ctx} is too large (at most {MAX_CTX})",
                          hint=f"this model was trained with {train} tokens of context; -c 0 uses that")
-    if n_ctx < MIN_CTX:
-        raise UsageError(f"context size -c {n_ctx} is too small (at least {MIN_CTX}: the prompt, a few tokens "
-                         "of margin and the reply must fit)")
     if n_ctx == DEFAULT_CTX:
         return min(n_ctx, train)
     if n_ctx > train and train > 0 and ("ctx", n_ctx) not in _WARNED:

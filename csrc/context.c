@@ -48,7 +48,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     if (!m || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL model or params");
     const pi2_ctx_params p = *params;
     if (p.n_ctx < 1 || p.n_ctx > (1 << 24) || p.n_batch < 1 || p.n_batch > 65536 ||
-        p.impl < PI2_IMPL_AUTO || p.impl > PI2_IMPL_BASE)
+        p.impl < PI2_IMPL_AUTO || p.impl > PI2_IMPL_BASE || p.n_keep < 0 || p.ctx_shift < 0 || p.ctx_shift > 1)
         return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d",
                              (int)p.n_ctx, (int)p.n_batch, (int)p.impl);
     pi2_ctx *c = calloc(1, sizeof *c);

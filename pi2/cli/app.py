@@ -159,6 +159,11 @@ def run(
                                                 help="chat template: a built-in name (chatml, llama2, llama3, gemma, "
                                                      "phi3, mistral-v7, ...; see docs) or Jinja source"),
     chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", help="chat template from a file"),
+    ctx_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
+                                   help="when the context is full, drop half of it after the kept tokens and go on "
+                                        "(llama.cpp's context shift; off by default, as there)"),
+    keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
+                                    "--keep; pi2's --keep is the FFN fraction)"),
     no_mmap: bool = typer.Option(False, "--no-mmap", help="accepted; pi2 maps model files"),
     mlock: bool = typer.Option(False, "--mlock", help="accepted; pi2 does not lock pages"),
     load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="accepted; pi2 maps model files"),
@@ -175,7 +180,7 @@ def run(
     _load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
-                    n_batch=_batch(batch, ubatch))
+                    n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens)
     breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
         tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

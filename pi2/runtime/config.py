@@ -63,6 +63,8 @@ class RunConfig:
     nnapi_lib: str | None = None        # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
     npu_gbps: float | None = None       # --npu-gbps: the NPU's throughput to plan with (None = measured)
     n_batch: int = 512                  # -b / -ub: tokens of a prompt computed in one pass
+    ctx_shift: bool = False             # --context-shift: a full context drops half of what follows n_keep
+    n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -80,6 +82,8 @@ class RunConfig:
         elif self.memory_budget is not None and self.memory_budget <= 0:
             raise UsageError(f"invalid --memory-budget {self.memory_budget}: it must be positive")
         object.__setattr__(self, "io", parse_io(self.io))
+        if self.n_keep < 0:
+            raise UsageError(f"invalid --keep-tokens {self.n_keep}: it must be >= 0")
         if not 1 <= self.n_batch <= 65536:
             raise UsageError(f"invalid batch size {self.n_batch}: it must be in [1, 65536]")
         if self.n_threads < 0:

@@ -124,8 +124,8 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
             break
-        if ctx.n_past + 1 >= ctx.n_ctx:     # llama-completion: stop when n_past + 1 >= n_ctx
-            gen.stop_reason = "context"
+        if ctx.n_past + 1 >= ctx.n_ctx and not getattr(ctx, "ctx_shift", False):
+            gen.stop_reason = "context"     # llama-completion without --context-shift: stop when n_past + 1 >= n_ctx
             break
         logits = timed_decode(ctx, [token], timings)
     rest = stream.flush()

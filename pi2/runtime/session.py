@@ -82,10 +82,12 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     p = cfg if isinstance(cfg, RunPlan) else plan_run(model, cfg)
     for text in take_notes(p):
         print(f"pi2: note: {text}", file=sys.stderr)
+    n_keep = p.cfg.n_keep + int(bool(model.tokenizer.add_bos))    # llama-completion keeps the BOS too
     if p.engine == "reference":
         npu.attach(None, p.npu)
-        return Session(model, p, ReferenceContext(model, p.n_ctx, p.rule), p.npu)
-    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch)
+        return Session(model, p, ReferenceContext(model, p.n_ctx, p.rule, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep),
+                       p.npu)
+    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep)
     ctx.set_ffn(p.rule)
     npu.attach(ctx, p.npu)
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu

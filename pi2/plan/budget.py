@@ -14,6 +14,8 @@ the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L âˆ
 descending worth while they fit, each kind's choice staying a prefix per layer.
 Does not: read weights or time anything (csrc/cache.c streams; pi2/plan/profile.py measures the device and
 reads its throughput back).
+Over 400 lines: the minimum (min_budget) and the split are built from the same Plan fields and stream sizes; kept in
+one file so `pi2 plan` and `pi2 run` can only ever name one minimum.
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from the same parameters: candidate order, when a stage sorts, "?name" for stage
 draws use std::mt19937 and libstdc++'s distributions (pi2/runtime/rng.py), so a seed gives llama.cpp's tokens on
 the same logits (tests/test_samplers_llamacpp.py checks this against libllama's output). DRY is in
 pi2/runtime/sampling_dry.py. No numpy warning reaches the terminal: -inf logits and zero probabilities are expected.
+Just over 400 lines: one class holds the chain so that every stage shares the candidates' order and sorted flag.
 """
 from __future__ import annotations
 

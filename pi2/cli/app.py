@@ -143,7 +143,7 @@ def run(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-generation tokens"),
     no_escape: bool = typer.Option(False, "--no-escape", help="do not process escape sequences in -p"),
     escape: bool = typer.Option(True, "-e", "--escape", help="process escape sequences in -p (the default)"),
-    no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="do not echo the prompt"),
+    display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt", help="echo the prompt"),
     special: bool = typer.Option(False, "-sp", "--special", help="print special tokens' text"),
     reverse: Optional[List[str]] = typer.Option(None, "-r", "--reverse-prompt",
                                                 help="stop the reply when this text appears (repeatable)"),
@@ -194,7 +194,7 @@ def run(
     chat = (conversation or interactive or single_turn) and not no_conversation
     cmd = _commands()
     opts = cmd.RunOptions(model=_model_path(model, model_opt), prompt=text, run=cfg, sampling=sampling,
-                          n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
+                          n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=display_prompt,
                           json_out=json_out, verbose=_verbose(ctx), system=sys_text, reverse=tuple(reverse or ()),
                           single_turn=single_turn, chat_template=template, special=special)
     (cmd.chat if chat else cmd.run)(opts)

@@ -132,3 +132,27 @@ def test_one_exit_code_rule(tmp_path, command):
         cli(command, "-m", missing, *extra)
     assert res.code == 1, (command, res.err)
     assert cli(command, "--no-such-flag").code == 2
+
+
+def test_the_flag_table_says_what_run_does():
+    """docs/llama-cpp-flags.md: each flag's answer is what `pi2 run` does with its spellings."""
+    import re
+    from pathlib import Path
+
+    import typer
+    from pi2.cli.app import app
+    from pi2.cli.llama_flags import NOTED
+    run_cmd = typer.main.get_command(app).commands["run"]
+    known = {o for p in run_cmd.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]} | {"-h", "--help",
+                                                                                                 "--version"}
+    rows = re.findall(r"^\| `([^|]+)` \| [^|]+ \| ([^|]+) \|$",
+                      (Path(__file__).parent.parent / "docs" / "llama-cpp-flags.md").read_text(), re.M)
+    assert len(rows) > 200
+    for names, answer in rows:
+        spell = [n.strip(" `") for n in re.split(r"[,`]\s*", names) if n.strip(" `").startswith("-")]
+        if answer.startswith("implemented"):
+            assert any(n in known for n in spell), names
+        elif answer.startswith("accepted"):
+            assert all(n in NOTED or n in known for n in spell), names
+        elif answer.startswith("refused"):
+            assert not any(n in known or n in NOTED for n in spell), names

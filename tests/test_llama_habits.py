@@ -23,7 +23,7 @@ def run(good, *args):
     (["-ngl", "99"], "-ngl accepted and ignored"), (["--n-gpu-layers", "99"], "--n-gpu-layers accepted"),
     (["-fa", "off"], "-fa accepted and ignored"), (["-fa", "on", "-nr"], "-nr accepted"),
     (["--numa", "distribute"], "--numa accepted"), (["-tb", "2"], "-tb accepted"),
-    (["--no-mmap"], "--no-mmap accepted"), (["--mlock"], "--mlock accepted"), (["-lm", "mmap"], "-lm mmap accepted"),
+    (["--no-mmap"], "--no-mmap accepted"), (["-lm", "none"], "-lm none accepted"),
 ])
 def test_flags_that_do_not_apply_are_accepted_with_a_note(good, args, note):
     res = run(good, *args)
@@ -44,6 +44,23 @@ def test_implemented_llama_flags_parse_as_llama_cpp_spells_them(good, args):
     res = run(good, *args)
     assert res.code == 0, res.err
     assert res.out == run(good).out
+
+
+def test_mlock_locks_the_model_pages(good):
+    """--mlock (and -lm mlock): the file's pages are locked (VmLck grows by the file's size), or, where the limit
+    refuses, a warning as llama.cpp's, and the run goes on."""
+    import resource
+    from pi2.model.gguf_file import GGUFFile
+    f = GGUFFile(good)
+    why = f.lock()
+    if resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] == resource.RLIM_INFINITY or not why:
+        locked = [ln for ln in open("/proc/self/status") if ln.startswith("VmLck:")][0]
+        assert not why and int(locked.split()[1]) * 1024 >= f.file_size
+    else:
+        assert "RLIMIT_MEMLOCK" in why
+    for args in (["--mlock"], ["-lm", "mlock"]):
+        res = run(good, *args)
+        assert res.code == 0 and res.out == run(good).out, res.err
 
 
 def test_batch_sizes_give_the_same_tokens(good):

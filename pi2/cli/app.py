@@ -165,7 +165,8 @@ def run(
     keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
                                     "--keep; pi2's --keep is the FFN fraction)"),
     no_mmap: bool = typer.Option(False, "--no-mmap", help="accepted; pi2 maps model files"),
-    mlock: bool = typer.Option(False, "--mlock", help="accepted; pi2 does not lock pages"),
+    mlock: bool = typer.Option(False, "--mlock", help="lock the model's pages in memory (as llama.cpp: a warning "
+                               "when the limit refuses)"),
     load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="accepted; pi2 maps model files"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
@@ -177,7 +178,7 @@ def run(
     sys_text = read_prompt(system, system_file, escape and not no_escape)
     template = _template(chat_template, chat_template_file)
     _kv_type("-ctk", cache_k), _kv_type("-ctv", cache_v)
-    _load_notes(no_mmap, mlock, load_mode)
+    mlock = _load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
                     n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens)
@@ -196,7 +197,7 @@ def run(
     opts = cmd.RunOptions(model=_model_path(model, model_opt), prompt=text, run=cfg, sampling=sampling,
                           n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=display_prompt,
                           json_out=json_out, verbose=_verbose(ctx), system=sys_text, reverse=tuple(reverse or ()),
-                          single_turn=single_turn, chat_template=template, special=special)
+                          single_turn=single_turn, chat_template=template, special=special, mlock=mlock)
     (cmd.chat if chat else cmd.run)(opts)
 
 
@@ -219,13 +220,16 @@ def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
     return name
 
 
-def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> None:
+def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> bool:
+    """Whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock); a note for what pi2 does not do."""
     if load_mode is not None and load_mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
         raise UsageError(f"invalid -lm {load_mode!r}: auto, none, mmap, mlock, mmap+mlock or dio")
-    for flag, on in (("--no-mmap", no_mmap), ("--mlock", mlock), (f"-lm {load_mode}", load_mode is not None)):
+    lock = mlock or load_mode in ("mlock", "mmap+mlock")
+    for flag, on in (("--no-mmap", no_mmap), (f"-lm {load_mode}", load_mode in ("none", "dio"))):
         if on:
             print(f"pi2: note: {flag} accepted: pi2 maps the model file and streams or pages it as planned",
                   file=sys.stderr)
+    return lock
 
 
 @app.command()

@@ -49,6 +49,7 @@ class RunOptions:
     single_turn: bool = False       # -st: answer -p once, then exit
     chat_template: Optional[str] = None   # --chat-template / --chat-template-file: a built-in name or Jinja text
     special: bool = False           # -sp: print special tokens' text
+    mlock: bool = False             # --mlock: lock the model's pages in memory
 
 
 def _open(opts: RunOptions):
@@ -59,6 +60,13 @@ def _open(opts: RunOptions):
                          "tokens of margin and the reply must fit)")
     timings = Timings()
     session = open_session(open_model(opts.model), opts.run)
+    if opts.mlock:
+        if session.cache is not None:
+            print("pi2: note: --mlock not applied: the FFN streams within --memory-budget", file=sys.stderr)
+        else:
+            why = session.model.file.lock()
+            if why:
+                print(f"pi2: warning: {why}", file=sys.stderr)
     sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)
     return session, sampler, timings
 

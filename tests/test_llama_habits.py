@@ -173,3 +173,28 @@ def test_the_flag_table_says_what_run_does():
             assert all(n in NOTED or n in known for n in spell), names
         elif answer.startswith("refused"):
             assert not any(n in known or n in NOTED for n in spell), names
+
+
+def test_interactive_mode_continues_the_text(good):
+    """-i: the prompt, -n tokens, then each typed line appended as text and generation going on from it: the same
+    tokens as one greedy run over the whole stream."""
+    from pi2.runtime.config import RunConfig, SamplerParams
+    from pi2.runtime.generate import Timings, generate
+    from pi2.runtime.sampling import Sampler
+    from pi2.runtime.session import open_model, open_session
+    res = cli("run", good, "-i", "-p", "Hello", "-n", "3", "--temp", "0", stdin="world\n")
+    assert res.code == 0, res.err
+    model = open_model(good)
+    tok = model.tokenizer
+    stream, texts = tok.encode("Hello", add_special=None, parse_special=True), []
+    for extra in (None, "world\n"):
+        if extra is not None:
+            stream += tok.encode(extra, add_special=False, parse_special=True)
+        s = open_session(model, RunConfig(n_ctx=0))
+        gen = generate(s.ctx, tok, stream, 3, Sampler(SamplerParams(temp=0.0), model.config.n_vocab, s.n_ctx),
+                       Timings())
+        texts.append(gen.text)
+        stream += gen.tokens
+    assert res.out == "Hello" + texts[0] + texts[1] + "\n"
+    first = cli("run", good, "-if", "-p", "Hello", "-n", "3", "--temp", "0", stdin="world\n")
+    assert first.code == 0 and first.out.startswith("Hello") and first.out != res.out

@@ -149,8 +149,11 @@ def run(
                                                 help="stop the reply when this text appears (repeatable)"),
     conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
     no_conversation: bool = typer.Option(False, "-no-cnv", "--no-conversation", help="no chat (the default)"),
-    interactive: bool = typer.Option(False, "-i", "--interactive", "-if", "--interactive-first",
-                                     help="chat (as -cnv)"),
+    interactive: bool = typer.Option(False, "-i", "--interactive",
+                                     help="llama-completion's interactive mode: your lines continue the text (no "
+                                          "template); -r returns control to you"),
+    interactive_first: bool = typer.Option(False, "-if", "--interactive-first",
+                                           help="interactive, waiting for your input before generating"),
     single_turn: bool = typer.Option(False, "-st", "--single-turn", help="chat: answer -p once, then exit"),
     system: Optional[str] = typer.Option(None, "-sys", "--system-prompt", help="chat: the system message"),
     system_file: Optional[Path] = typer.Option(None, "-sysf", "--system-prompt-file",
@@ -192,13 +195,15 @@ def run(
                              dry_multiplier=dry_mult, dry_base=dry_base, dry_allowed_length=dry_allowed,
                              dry_penalty_last_n=dry_last_n, dry_sequence_breakers=breakers, min_keep=min_keep,
                              samplers=samplers or sampler_seq or SAMPLE.samplers)
-    chat = (conversation or interactive or single_turn) and not no_conversation
+    chat = (conversation or single_turn) and not no_conversation
+    interactive = (interactive or interactive_first) and not chat
     cmd = _commands()
     opts = cmd.RunOptions(model=_model_path(model, model_opt), prompt=text, run=cfg, sampling=sampling,
                           n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=display_prompt,
                           json_out=json_out, verbose=_verbose(ctx), system=sys_text, reverse=tuple(reverse or ()),
-                          single_turn=single_turn, chat_template=template, special=special, mlock=mlock)
-    (cmd.chat if chat else cmd.run)(opts)
+                          single_turn=single_turn, chat_template=template, special=special, mlock=mlock,
+                          interactive_first=interactive_first)
+    (cmd.chat if chat else cmd.interactive if interactive else cmd.run)(opts)
 
 
 def _batch(batch: int, ubatch: int) -> int:

@@ -50,6 +50,7 @@ class RunOptions:
     chat_template: Optional[str] = None   # --chat-template / --chat-template-file: a built-in name or Jinja text
     special: bool = False           # -sp: print special tokens' text
     mlock: bool = False             # --mlock: lock the model's pages in memory
+    interactive_first: bool = False  # -if: read the user's input before generating
 
 
 def _open(opts: RunOptions):
@@ -115,6 +116,52 @@ def run(opts: RunOptions) -> None:
         print(timings.report(), file=sys.stderr)
     if opts.verbose:
         verbose_report(session)
+
+
+def interactive(opts: RunOptions) -> None:
+    """llama-completion's interactive mode (-i, -if): the prompt, then text until an end-of-generation token, -n
+    tokens or a reverse prompt (-r); then each line typed is appended as text (no template) and generation goes
+    on from it. Ctrl-C during generation returns control; at the prompt, or EOF, it quits."""
+    if opts.json_out:
+        raise UsageError("--json is not available with -i")
+    session, sampler, timings = _open(opts)
+    tok = session.model.tokenizer
+    pending = tok.encode(opts.prompt or "", add_special=None, parse_special=True)
+    check_prompt(pending, session.n_ctx)
+    if opts.display_prompt and opts.prompt:
+        _write(opts.prompt)
+    if _interactive():
+        print("pi2: interactive mode. Ctrl-C returns control to you; Ctrl-C at the prompt, Ctrl-D or /exit quits.",
+              file=sys.stderr)
+    wait = opts.interactive_first
+    while True:
+        if wait:
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:
+                break
+            if not line or line.rstrip("\n") in ("/exit", "/quit"):
+                break
+            pending = pending + tok.encode(line, add_special=False, parse_special=True)
+        wait = True
+        if not pending:
+            continue
+        if len(pending) > session.n_ctx - session.n_past - 4:
+            print("pi2: the context is full; ending", file=sys.stderr)
+            break
+        try:
+            gen = generate(session.ctx, tok, pending, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
+                           on_text=_write, special=opts.special, stop=opts.reverse)
+        except KeyboardInterrupt:       # control back to the user; the cache is as before the interrupted decode
+            _write("\n")
+            pending = []
+            continue
+        pending = gen.tokens[-1:] if gen.stop_reason in ("length", "reverse") and gen.tokens else []
+        if gen.stop_reason == "context":
+            print("\npi2: the context is full; ending", file=sys.stderr)
+            break
+    _write("\n")
+    print(timings.report(), file=sys.stderr)
 
 
 def verbose_report(session) -> None:

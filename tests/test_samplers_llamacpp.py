@@ -94,3 +94,19 @@ def test_mt19937_is_std_mt19937():
 
 def test_provenance():
     assert DOC["provenance"]["llama.cpp"].startswith("0c1e570")
+
+
+SAMPLED = json.loads((Path(__file__).parent / "data" / "smollm2-135m.sampled.json").read_text())
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("case", SAMPLED["cases"], ids=lambda c: " ".join(c["flags"]) or "default")
+def test_seeded_runs_give_llama_cpps_text(case):
+    """SmolLM2's logits are llama.cpp's bit for bit and the chain draws as llama.cpp's: with the same seed and
+    sampler flags `pi2 run` writes llama-completion's text (tests/data/smollm2-135m.sampled.json)."""
+    from clirun import cli
+    from conftest import model_file
+    res = cli("run", model_file("smollm2-135m"), "-p", SAMPLED["prompt"], "-n", SAMPLED["n_predict"], "-s",
+              SAMPLED["seed"], "-t", "1", "-c", "256", *case["flags"], timeout=300)
+    assert res.code == 0, res.err
+    assert res.out.rstrip("\n") == case["text"]

@@ -126,8 +126,9 @@ def interactive(opts: RunOptions) -> None:
         raise UsageError("--json is not available with -i")
     session, sampler, timings = _open(opts)
     tok = session.model.tokenizer
-    pending = tok.encode(opts.prompt or "", add_special=None, parse_special=True)
-    check_prompt(pending, session.n_ctx)
+    pending = tok.encode(opts.prompt, add_special=None, parse_special=True) if opts.prompt else []
+    if pending:
+        check_prompt(pending, session.n_ctx)
     if opts.display_prompt and opts.prompt:
         _write(opts.prompt)
     if _interactive():
@@ -204,7 +205,7 @@ def _interactive() -> bool:
 
 
 def chat(opts: RunOptions) -> None:
-    """Interactive chat (-cnv, -i, -st): -sys is the system message, -p the first user message; each user line is
+    """Interactive chat (-cnv, -st): -sys is the system message, -p the first user message; each user line is
     rendered with the chat template. Ctrl-C stops a reply and returns to the prompt; at the prompt it quits."""
     if opts.json_out:
         raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")

@@ -143,7 +143,8 @@ def interactive(opts: RunOptions) -> None:
                 break
             if not line or line.rstrip("\n") in ("/exit", "/quit"):
                 break
-            pending = pending + tok.encode(line, add_special=False, parse_special=True)
+            first = session.n_past == 0 and not pending          # -if without -p: BOS first, as llama.cpp
+            pending = pending + tok.encode(line, add_special=None if first else False, parse_special=True)
         wait = True
         if not pending:
             continue

@@ -119,7 +119,7 @@ def test_sampler_flags_change_the_sampling(good):
 
 def test_context_size_errors(good):
     assert_error(run(good, "-c", "1"), 2, "too small")
-    line = assert_error(run(good, "-c", "100000000"), 2, "too large")
+    line = assert_error(run(good, "-c", "100000000"), 2, "more than pi2.s maximum")
     assert "n_batch" not in line and "impl" not in line          # no internal parameters
     res = run(good, "-c", "5000")        # above the training context: a warning, once, and it runs
     assert res.code == 0 and res.err.count("larger than the model's training context") == 1
@@ -130,7 +130,7 @@ def test_thread_range_backwards(good):
 
 
 def test_garbage_in_messages_is_escaped():
-    from pi2.cli.main import printable
+    from pi2.cli.main import _one_line as printable
     assert printable("tensor 'a\x1b[31m\x00b\x7f'") == "tensor 'a\\x1b[31m\\x00b\\x7f'"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 from typing import List, Optional
 
@@ -26,21 +27,31 @@ _ABORTS = tuple(c for c in (typer.Abort, getattr(_ce, "Abort", None)) if c is no
 _EXITS = tuple(c for c in (typer.Exit, getattr(_ce, "Exit", None)) if c is not None)
 
 
+_STATUS = [130]      # exit status of an interruption: 128 + the signal (SIGINT unless SIGTERM/SIGHUP came)
+
+
 def _interrupted() -> None:
-    print("\npi2: interrupted", file=sys.stderr)
-    sys.exit(130)
+    print("\npi2: interrupted" if _STATUS[0] == 130 else f"\npi2: terminated (signal {_STATUS[0] - 128})",
+          file=sys.stderr)
+    sys.exit(_STATUS[0])
 
 
-def printable(text: str) -> str:
-    """Control characters, undecodable bytes and other unprintable characters escaped (\\x1b, \\ufffd): a
-    corrupted file's tensor names and strings cannot reach the terminal raw or break the one-line error."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+def _on_termination(signum, frame) -> None:
+    """SIGTERM and SIGHUP end a run as Ctrl-C does (the same clean-up: a conversion's temporary file removed,
+    timings printed), with status 128 + signal."""
+    _STATUS[0] = 128 + signum
+    raise KeyboardInterrupt
+
+
+def _one_line(msg: str) -> str:
+    """The error contract is one line: control characters (from a damaged file's strings) are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
 
 
 def error_line(e: Pi2Error) -> str:
     """The one line of a Pi2Error; an I/O error (an OSError too) adds its errno's name and the file when the
     message does not say them already. Unprintable characters are escaped."""
-    msg = f"pi2: error: {printable(str(e))}"
+    msg = f"pi2: error: {_one_line(str(e))}"
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
         what = [f"{name}: {os.strerror(e.errno)}"] if name and name not in msg else []
@@ -54,6 +65,10 @@ def _version() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    if argv is None:                  # the command itself, not a caller's in-process use
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _on_termination)
     state = CliState()
     args = list(sys.argv[1:] if argv is None else argv)
     if "--version" in args[: args.index("--") if "--" in args else len(args)]:
@@ -65,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     except Pi2Error as e:
         print(error_line(e), file=sys.stderr)
         if e.hint:
-            print(f"  hint: {printable(e.hint)}", file=sys.stderr)
+            print(f"  hint: {_one_line(e.hint)}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         _interrupted()
@@ -84,7 +99,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.exit(e.exit_code)
         if state.verbose:
             raise
-        print(f"pi2: error: {type(e).__name__}: {printable(str(e))}", file=sys.stderr)
+        print(f"pi2: error: {type(e).__name__}: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(1)
     if rc == 130:       # Typer turns a KeyboardInterrupt into Exit(130), returned in non-standalone mode
         _interrupted()

@@ -65,6 +65,7 @@ class RunConfig:
     n_batch: int = 512                  # -b / -ub: tokens of a prompt computed in one pass
     ctx_shift: bool = False             # --context-shift: a full context drops half of what follows n_keep
     n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
+    repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
 
     def __post_init__(self):
         if self.engine not in ENGINES:

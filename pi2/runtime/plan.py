@@ -25,6 +25,7 @@ from pi2.runtime.config import DEFAULT_CTX, RunConfig
 from pi2.runtime.ffn_rule import FFNRule, choose_rule
 
 C_ARCHS = ("llama", "qwen2", "gemma3", "bamboo")      # what csrc/ runs (model.c's architecture table)
+MAX_CTX = 1 << 24           # the largest n_ctx csrc/context.c takes
 
 _NOTED: set = set()     # notes printed once per process: the engine fallback, a file that does not fit
 
@@ -60,12 +61,14 @@ def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
 def c_engine_gap(model: Model) -> str:
     """Why the C engine cannot run this model ("" when it can). It runs every architecture ModelConfig accepts,
     PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
-    if model.config.arch not in C_ARCHS:
-        return f"the C engine does not run {model.config.arch} models"
+    c = model.config
+    if c.moe_family:
+        return f"the C engine does not run {c.arch} models yet" + (" (Mixture-of-Experts)" if c.n_expert else "")
+    if c.arch not in C_ARCHS:
+        return f"the C engine does not run {c.arch} models"
     return ""
 
 
-MAX_CTX = 1 << 24     # the C context's limit (csrc/context.c), as a user error
 _WARNED: set = set()
 
 
@@ -74,18 +77,27 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     if n_ctx < 0:
         raise UsageError(f"invalid context size {n_ctx}")
     train = model.config.n_ctx_train
-    if n_ctx == 0:
-        return train
-    if n_ctx > MAX_CTX:
-        raise UsageError(f"context size -c {n_ctx} is too large (at most {MAX_CTX})",
-                         hint=f"this model was trained with {train} tokens of context; -c 0 uses that")
-    if n_ctx == DEFAULT_CTX:
-        return min(n_ctx, train)
-    if n_ctx > train and train > 0 and ("ctx", n_ctx) not in _WARNED:
-        _WARNED.add(("ctx", n_ctx))     # as llama.cpp: once, and run anyway
-        print(f"pi2: warning: -c {n_ctx} is larger than the model's training context ({train}): "
+    n = train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "")
+    if n > train > 0 and ("ctx", n) not in _WARNED:
+        _WARNED.add(("ctx", n))     # as llama.cpp: once, and run anyway
+        print(f"pi2: warning: -c {n} is larger than the model's training context ({train}): "
               "quality may fall beyond it", file=sys.stderr)
-    return n_ctx
+    return n
+
+
+def check_ctx(model: Model, n_ctx: int, whose: str = "") -> None:
+    """Refuse, before anything is allocated, a context larger than the C engine takes (csrc/context.c) or whose KV
+    cache and buffers exceed the memory this process may use."""
+    what = f"a context of {n_ctx} tokens" + (f" ({whose})" if whose else "")
+    if n_ctx > MAX_CTX:
+        raise UsageError(f"{what} is more than pi2's maximum of {MAX_CTX}", hint="give a smaller -c")
+    limit = devices.memory_limit()
+    need = sum(context_bytes(model.config, n_ctx, 1))
+    if limit is not None and need > limit:
+        fits = max(1, int(n_ctx * limit / need) // 256 * 256)
+        raise UsageError(f"{what} needs {fmt(need)} for its KV cache and buffers, more than the {fmt(limit)} "
+                         "this process may use", hint=f"give -c {fits} or less")
 
 
 def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
@@ -93,7 +105,9 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     model is loaded to size the cache, the device probed for the I/O backend, NNAPI opened to decide the hot
     prefix; `pi2 plan` prints what this returns."""
     n_ctx = resolve_ctx(model, cfg.n_ctx)
-    gap = c_engine_gap(model) if is_sparse_run(model, cfg) else ""
+    gap = c_engine_gap(model) if is_sparse_run(model, cfg) or model.config.moe_family else ""
+    if model.config.moe_family and (cfg.keep is not None or cfg.dense):
+        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
     engine = "reference" if cfg.engine == "reference" or gap else "c"

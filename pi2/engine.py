@@ -18,7 +18,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 try:
     from pi2._pi2 import ffi, lib

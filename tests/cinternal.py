@@ -31,7 +31,7 @@ int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
 int pi2_pool_create(int32_t n_threads, pi2_pool **out);
 void pi2_pool_free(pi2_pool *pool);
 /* matmul.h */
-typedef struct { const uint8_t *data; int32_t type; int64_t n_in, n_out; size_t row_bytes; } pi2_weight;
+typedef struct { const uint8_t *data; int32_t type; int64_t n_in, n_out; size_t row_bytes; const uint8_t *packed; } pi2_weight;
 typedef struct { const pi2_weight *w; float *out; } pi2_mm;
 typedef struct { pi2_pool *pool; int32_t impl; uint8_t *xq; void *npu; void *npu_matmul; } pi2_matmul_env;
 size_t pi2_matmul_scratch(const pi2_mm *mm, int32_t n_mm, int32_t n_tok, int32_t impl);

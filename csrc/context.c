@@ -104,9 +104,10 @@ static int allocate(const pi2_ctx *c, ctx_buffer *list, int32_t n) {
 
 static pi2_status check_params(const pi2_ctx_params *p) {
     if (p->n_ctx < 1 || p->n_ctx > (1 << 24) || p->n_batch < 1 || p->n_batch > 65536 || p->impl < PI2_IMPL_AUTO ||
-        p->impl > PI2_IMPL_BASE)
-        return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d", (int)p->n_ctx,
-                             (int)p->n_batch, (int)p->impl);
+        p->impl > PI2_IMPL_BASE || p->n_keep < 0 || p->ctx_shift < 0 || p->ctx_shift > 1)
+        return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d, ctx_shift %d, "
+                             "n_keep %d", (int)p->n_ctx, (int)p->n_batch, (int)p->impl, (int)p->ctx_shift,
+                             (int)p->n_keep);
     return PI2_OK;
 }
 

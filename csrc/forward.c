@@ -269,9 +269,39 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
     return PI2_OK;
 }
 
+/* llama.cpp's context shift (llama_memory_seq_rm + llama_memory_seq_add) with the cache kept in position order:
+ * positions n_keep .. n_keep+n_discard-1 are dropped and the later ones move down by n_discard, each key rotated by
+ * RoPE at position -n_discard (its F16 value rotated in float and rounded to F16 again, as ggml_rope_ext on the F16
+ * cache). pi2/reference/forward.py (ReferenceContext.shift) is the specification. */
+static void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard) {
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t C = (size_t)c->p.n_ctx, kd = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t vd = (size_t)hp->n_head_kv * hp->head_dim_v;
+    const int32_t m = c->n_past - n_keep - n_discard;
+    float *cs = c->rope, *row = c->k;     /* scratch: the rope tables and one token's keys (rebuilt every step) */
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const int local = c->m->layers[il].rope_local && hp->rope_base_local > 0;
+        pi2_rope_cache(cs, -n_discard, hp->n_rot, local ? hp->rope_base_local : hp->rope_base, hp->rope_freq_scale,
+                       c->m->rope_freqs);
+        float *K = c->k_cache + (size_t)il * C * kd, *V = c->v_cache + (size_t)il * C * vd;
+        for (int32_t t = 0; t < m; t++) {
+            const size_t from = (size_t)(n_keep + n_discard + t), to = (size_t)(n_keep + t);
+            for (size_t i = 0; i < kd; i++) row[i] = K[i * C + from];
+            pi2_rope(row, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
+            for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_fp16_to_f32(pi2_f32_to_fp16(row[i]));
+            memmove(V + to * vd, V + from * vd, vd * sizeof(float));
+        }
+    }
+    c->n_past -= n_discard;
+}
+
 pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float *logits, int32_t all_logits) {
     if (!c || !tokens || !logits) return pi2_set_error(PI2_ERR_INVALID, "NULL context, tokens or logits");
     if (n_tokens < 1) return pi2_set_error(PI2_ERR_INVALID, "nothing to decode");
+    if (c->p.ctx_shift && c->n_past + n_tokens >= c->p.n_ctx && !atomic_load(&c->busy)) {
+        const int32_t n_discard = (c->n_past - c->p.n_keep) / 2;     /* llama-completion's rule */
+        if (n_discard > 0 && c->n_past - n_discard + n_tokens <= c->p.n_ctx) kv_shift(c, c->p.n_keep, n_discard);
+    }
     if (n_tokens > c->p.n_ctx - c->n_past)
         return pi2_set_error(PI2_ERR_INVALID, "context full: %d + %d tokens > n_ctx %d", (int)c->n_past,
                              (int)n_tokens, (int)c->p.n_ctx);

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define PI2_ABI_VERSION 12u
+#define PI2_ABI_VERSION 13u
 
 static _Thread_local char last_message[512];
 static _Thread_local char last_path[256];

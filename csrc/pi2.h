@@ -237,9 +237,13 @@ typedef struct {
     int32_t n_batch;    /* tokens computed per step of a longer decode (scratch size) */
     int32_t n_threads;  /* compute threads including the caller; results do not depend on it */
     int32_t impl;       /* pi2_impl of the kernels */
+    int32_t ctx_shift;  /* 1: a decode that would fill the context first drops half of the positions after the
+                           first n_keep and moves the rest down, their keys rotated by RoPE (llama.cpp's context
+                           shift, the cache kept in position order); 0: it refuses (PI2_ERR_INVALID) */
+    int32_t n_keep;     /* positions a context shift keeps (>= 0) */
 } pi2_ctx_params;
 
-/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO. */
+/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO, no context shift. */
 PI2_API pi2_ctx_params pi2_ctx_default_params(void);
 
 /* Bytes a context allocates (what pi2_ctx_init makes of the params; the planner budgets with it). */

@@ -17,6 +17,14 @@ class UsageError(Pi2Error, ValueError):
     exit_code = 2
 
 
+class FileError(Pi2Error, OSError):
+    """A file named on the command line that cannot be read or written (exit status 1, as every error that is not
+    a usage error)."""
+
+    def __init__(self, message: str, hint: str = ""):
+        Pi2Error.__init__(self, message, hint)
+
+
 class ModelFormatError(Pi2Error, ValueError):
     """A model file that is not GGUF, is truncated or corrupted, or is inconsistent."""
 

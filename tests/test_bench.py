@@ -160,3 +160,18 @@ def test_missing_model_prints_nothing(model, tmp_path):
               "-o", "json")
     assert res.code == 1 and "pi2: error:" in res.err
     assert [r["n_prompt"] for r in json.loads(res.out)] == [4]    # the first model's results, a closed array
+
+
+def test_each_row_is_printed_when_its_test_finishes(model, monkeypatch):
+    """As llama-bench: the pp row is on stdout before the tg test starts (not all rows at the end)."""
+    import sys
+    seen = []
+    real = bench._Runner.warmup
+
+    def warmup(self, t):
+        seen.append((t.name, len(rows(sys.stdout.buffer.getvalue().decode()))))
+        return real(self, t)
+    monkeypatch.setattr(bench._Runner, "warmup", warmup)
+    res = cli("bench", model, *FAST)
+    assert res.code == 0, res.err
+    assert seen == [("pp16", 0), ("tg8", 1)] and len(rows(res.out)) == 2

@@ -4,6 +4,7 @@ streamed below the mapped-gate floor, the memory a run may use without the flag,
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -222,3 +223,26 @@ def test_budget_below_the_mapped_gate_floor_streams_the_gate_rows(tmp_path):
     assert res.code == 0 and "gate rows read whole each token" in res.err, res.err
     assert "read whole (prompt batches, gate rows), 100% of them submitted before their FFN" in res.err, res.err
     assert json.loads(res.out)["tokens"] == json.loads(base.out)["tokens"]
+
+
+def test_plan_and_run_share_one_minimum(files):
+    """min_budget is the one minimum: the same whatever budget was asked for, named by a refused budget, accepted
+    at exactly its value; `pi2 plan` prints it and `pi2 run` refuses just below it."""
+    from clirun import cli
+    from pi2.plan.budget import fmt, make_plan, measured_runtime, min_budget
+    m = load_model(files["q8"])
+    cm = CModel.from_model(m)
+    kw = dict(io="pread", runtime=50 << 20)
+    need = min_budget(m, cm, 64, 1, **kw)
+    for budget in (need, need + (3 << 20), 1 << 40):
+        assert make_plan(m, cm, budget, 64, 1, **kw).minimum == need
+    with pytest.raises(UsageError, match=f"below the minimum of {fmt(need)}"):
+        make_plan(m, cm, need - 1, 64, 1, **kw)
+    assert measured_runtime(m) % (4 << 20) == 0
+    path = str(files["q8"])
+    shown = set()
+    for budget in ("64M", "900M", "4G"):
+        res = cli("plan", "-m", path, "--memory-budget", budget, "-c", "64", "-t", "1", "--io", "pread")
+        found = re.search(r"minimum (?:of |for this model and context: )([0-9.]+ MiB)", res.out + res.err)
+        shown.add(found.group(1))
+    assert len(shown) == 1        # the same minimum whatever was asked

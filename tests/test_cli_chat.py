@@ -67,11 +67,77 @@ def test_chat_two_turns(bpe):
 
 
 def test_chat_with_system_prompt(bpe):
+    """-sys is the system message (as llama.cpp's); -p the first user message, answered before stdin is read."""
     lines = ["What is a fox?"]
-    res = cli("run", bpe, "-cnv", "-p", "You are terse.", "-n", "3", "--temp", "0", stdin=lines[0] + "\n")
+    res = cli("run", bpe, "-cnv", "-sys", "You are terse.", "-n", "3", "--temp", "0", stdin=lines[0] + "\n")
     assert res.code == 0, res.err
     replies, n_tokens = replay(bpe, lines, 3, system="You are terse.")
     assert res.out == replies[0] + "\n" and timing_counts(res.err)["total"] == n_tokens
+    res = cli("run", bpe, "-cnv", "-sys", "You are terse.", "-p", lines[0], "-n", "3", "--temp", "0", stdin="")
+    assert res.code == 0 and res.out == replies[0] + "\n"
+
+
+def test_single_turn_answers_p_and_exits(bpe):
+    res = cli("run", bpe, "-st", "-p", "What is a fox?", "-n", "3", "--temp", "0", stdin="never read\n")
+    assert res.code == 0, res.err
+    replies, n_tokens = replay(bpe, ["What is a fox?"], 3)
+    assert res.out == replies[0] + "\n" and timing_counts(res.err)["total"] == n_tokens
+
+
+def test_banner_says_how_to_quit(bpe, monkeypatch):
+    import pi2.cli.commands as commands
+    monkeypatch.setattr(commands, "_interactive", lambda: True)     # as at a terminal
+    res = cli("run", bpe, "-cnv", "-n", "2", stdin="")
+    assert "Ctrl-C stops a reply" in res.err and "/exit" in res.err and "/regen" in res.err
+
+
+def test_clear_forgets_the_conversation(bpe):
+    res = cli("run", bpe, "-cnv", "-n", "3", "--temp", "0", stdin="Hello there\n/clear\nHow are you?\n")
+    assert res.code == 0, res.err
+    first, _ = replay(bpe, ["Hello there"], 3)
+    fresh, _ = replay(bpe, ["How are you?"], 3)       # answered as a first turn: nothing before it
+    assert res.out == first[0] + "\n" + fresh[0] + "\n" and "conversation cleared" in res.err
+
+
+def test_regen_answers_the_last_message_again(bpe):
+    res = cli("run", bpe, "-cnv", "-n", "3", "--temp", "0", stdin="Hello there\n/regen\n")
+    assert res.code == 0, res.err
+    first, _ = replay(bpe, ["Hello there"], 3)
+    assert res.out == first[0] + "\n" + first[0] + "\n"      # greedy: the same reply to the same history
+    res = cli("run", bpe, "-cnv", "-n", "3", "--temp", "0", stdin="/regen\n")
+    assert res.code == 0 and "nothing to answer again" in res.err
+
+
+def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(bpe, monkeypatch):
+    """The first reply is interrupted after its first piece (as by Ctrl-C): the chat prints what it had, says the
+    reply stopped, and answers the next line with the interrupted reply in the history."""
+    import pi2.runtime.chat as chat_mod
+    real, calls = chat_mod.generate, []
+
+    def interrupted(*a, on_text=None, **kw):
+        calls.append(1)
+        if len(calls) > 1:
+            return real(*a, on_text=on_text, **kw)
+
+        def piece(text):
+            on_text(text)
+            raise KeyboardInterrupt
+        return real(*a, on_text=piece, **kw)
+    monkeypatch.setattr(chat_mod, "generate", interrupted)
+    res = cli("run", bpe, "-cnv", "-n", "3", "--temp", "0", stdin="Hello there\nHow are you?\n")
+    assert res.code == 0, res.err
+    assert "reply stopped" in res.err and len(calls) == 2
+    lines = [ln for ln in res.out.split("\n") if ln]
+    assert len(lines) == 2 and "Traceback" not in res.err
+
+
+def test_reverse_prompt_stops_a_reply(bpe):
+    full = cli("run", bpe, "-p", "Hello", "-n", "8", "--temp", "0", "--no-display-prompt").out.rstrip("\n")
+    stop = full[len(full) // 3:len(full) // 3 + 4]        # text that first appears inside the reply
+    res = cli("run", bpe, "-p", "Hello", "-n", "8", "--temp", "0", "--no-display-prompt", "-r", stop)
+    out = res.out.rstrip("\n")
+    assert res.code == 0 and stop in out and full.startswith(out) and len(out) < len(full)
+    assert stop not in out[:-1 - len(stop) - 3]     # it stopped at the first piece that completed the text
 
 
 def test_chat_without_template_falls_back_to_chatml(spm):
@@ -126,3 +192,23 @@ def test_smollm2_chat():
     counts = timing_counts(res.err)
     assert counts["total"] > 20
     assert sha256(path) == before
+
+
+@pytest.mark.model
+def test_gemma3_chats_with_the_template_its_vocabulary_implies():
+    """Gemma-3-270M's GGUF has no chat template: pi2 uses gemma's (llama.cpp needs --chat-template gemma), and the
+    prompt and the greedy reply are llama.cpp's with that template (tests/data/gemma3-270m.chat.json)."""
+    import json
+    from conftest import DATA
+    from pi2.runtime.chat import Chat
+    gold = json.loads((DATA / "gemma3-270m.chat.json").read_text())
+    path = model_file("gemma3-270m")
+    session = open_session(open_model(path), RunConfig(n_ctx=256, n_threads=1))
+    conv = Chat(session)
+    assert conv.template_name == "gemma" and not conv.fallback
+    text = conv.render([{"role": "user", "content": gold["user"]}])
+    assert session.model.tokenizer.encode(text, add_special=True, parse_special=True) == gold["prompt_ids"]
+    res = cli("run", path, "-st", "-p", gold["user"], "--temp", "0", "-n", gold["n_predict"], "-c", "256", "-t", "1",
+              timeout=300)
+    assert res.code == 0, res.err
+    assert res.out == gold["reply"] + "\n" and "no chat template" not in res.err

@@ -182,7 +182,7 @@ def test_prompt_and_file(d, good):
 @pytest.mark.parametrize("what", ["missing", "directory"])
 def test_unreadable_prompt_file(d, good, what):
     path = d / "nope.txt" if what == "missing" else d
-    assert_error(cli("run", good, "-f", path), 2, "cannot read")
+    assert_error(cli("run", good, "-f", path), 1, "cannot read")     # not a usage error: exit 1
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
@@ -190,7 +190,7 @@ def test_prompt_file_without_permission(d, good):
     p = d / "secret.txt"
     p.write_text("hi")
     p.chmod(0)
-    assert_error(cli("run", good, "-f", p), 2, "cannot read")
+    assert_error(cli("run", good, "-f", p), 1, "cannot read")
 
 
 def test_no_model(good):
@@ -258,7 +258,7 @@ def test_perplexity_text_too_short(d, good):
 
 
 def test_perplexity_missing_file(d, good):
-    assert_error(cli("perplexity", "-m", good, "-f", d / "none.txt", "-c", "32"), 2, "cannot read")
+    assert_error(cli("perplexity", "-m", good, "-f", d / "none.txt", "-c", "32"), 1, "cannot read")
 
 
 def test_perplexity_zero_chunks(d, good):

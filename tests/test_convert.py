@@ -16,7 +16,7 @@ import pytest
 
 from fixtures import write_model
 from pi2.convert import ConvertError, convert, default_output, layout, profile
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile
 from pi2.reference.quants import dequantize
 
@@ -183,9 +183,30 @@ def test_full_disk_on_tmpfs(tmp_path):
         pytest.skip("cannot mount a tmpfs here")
     try:
         src = write_model(tmp_path / "m.gguf", n_embd=64, n_ff=128)
-        with pytest.raises(ConvertError, match="no space left on device"):
+        with pytest.raises(FileError, match="MiB free"):      # refused before profiling
             run(src, mnt / "o.gguf")
         assert os.listdir(mnt) == []
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_unwritable_output_is_refused_before_profiling(tmp_path, monkeypatch):
+    """An output directory pi2 cannot write (a read-only mount) fails at once, before any layer is profiled."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        import pi2.convert.profile as prof
+        profiled = []
+        monkeypatch.setattr(prof.LayerStats, "add", lambda *a, **k: profiled.append(1))
+        src = write_model(tmp_path / "m.gguf", n_embd=64, n_ff=128)
+        with pytest.raises(FileError, match="cannot write to"):
+            run(src, mnt / "o.gguf")
+        assert profiled == []
+        r = subprocess.run([sys.executable, "-m", "pi2", "convert", str(src), "-o", str(mnt / "o.gguf")],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.startswith("pi2: error: cannot write to") and "Traceback" not in r.stderr
     finally:
         subprocess.run(["umount", str(mnt)])
 

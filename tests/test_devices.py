@@ -87,4 +87,4 @@ def test_cli_devices_with_nnapi_and_model(tmp_path):
 
 
 def test_cli_devices_missing_model(tmp_path):
-    assert_error(cli("devices", "-m", tmp_path / "none.gguf"), code=2, match="cannot open")
+    assert_error(cli("devices", "-m", tmp_path / "none.gguf"), code=1, match="cannot open")

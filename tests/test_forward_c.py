@@ -10,6 +10,8 @@ which random fixtures amplify, so logits must agree to NMSE_LOGITS with equal ar
 """
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -190,17 +192,32 @@ def test_ctrl_c_interrupts_a_long_decode(tmp_path, monkeypatch):
     monkeypatch.setattr(engine.context, "_LONG_DECODE_BYTES", 0)
     c = CContext(cm, 2048, n_threads=1)
     tokens = list(np.arange(1200) % 500)
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    t0 = time.perf_counter()
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        c.decode(tokens)
-    interrupted = time.perf_counter() - t0
-    timer.cancel()
+    # under nohup or in a background job SIGINT is ignored and Python installs no handler: install Python's own
+    # for the test, so the signal becomes a KeyboardInterrupt as at a terminal
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.perf_counter()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            c.decode(tokens)
+        interrupted = time.perf_counter() - t0
+        timer.cancel()
+    finally:
+        signal.signal(signal.SIGINT, saved)
     assert c.n_past == 0
     t0 = time.perf_counter()
     c.decode(tokens)
     assert interrupted < 0.5 * (time.perf_counter() - t0) + 0.2
+
+
+def test_ctrl_c_test_works_when_sigint_is_ignored(tmp_path):
+    """The test above, run in a process that inherits SIGINT ignored (as under nohup): it still passes."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"{__file__}::test_ctrl_c_interrupts_a_long_decode"], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(__file__)), timeout=300,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- bad input

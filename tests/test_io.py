@@ -334,9 +334,9 @@ def test_cli_profile_io(data_file, tmp_path):
     assert big and all(p["mb_s"] is None for p in big)       # 512K does not fit in this file
     text = cli("profile-io", data_file, "--cache-dir", tmp_path, "--seconds", "0.01").out
     assert "| block | QD 1 | QD 4 | QD 16 | QD 32 |" in text and "(cached: " in text and "\n| 512K | - | - | - | - |" in text
-    assert_error(cli("profile-io", "-m", tmp_path / "none.bin", "--cache-dir", tmp_path), code=2, match="cannot read")
+    assert_error(cli("profile-io", "-m", tmp_path / "none.bin", "--cache-dir", tmp_path), code=1, match="cannot read")
     assert_error(cli("profile-io", data_file, "--io", "spdk", "--cache-dir", tmp_path), code=2, match="--io must be")
     assert_error(cli("profile-io", data_file, "--seconds", "0", "--cache-dir", tmp_path), code=2, match="--seconds")
     tiny = tmp_path / "tiny.bin"
     tiny.write_bytes(b"x" * 100)
-    assert_error(cli("profile-io", tiny, "--refresh", "--cache-dir", tmp_path), code=2, match="smaller than one 4 KiB block")
+    assert_error(cli("profile-io", tiny, "--refresh", "--cache-dir", tmp_path), code=1, match="smaller than one 4 KiB block")

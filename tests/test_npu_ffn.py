@@ -224,7 +224,7 @@ def test_plan_reports_the_npu(standin, files):
                standin.path, "--npu-gbps", "1e6")
     assert text.code == 0 and re.search(r"^npu +nnapi on standin-npu$", text.out, re.M)
     assert re.search(r"^npu predicted +FFN .* \(x[0-9.]+\); NPU 1000000\.00 GB/s \(--npu-gbps\)", text.out, re.M)
-    assert re.search(r"^fixed region .*; NPU copies [0-9.]+ MiB\)$", text.out, re.M)
+    assert re.search(r"^fixed region .*; NPU copies [0-9.]+ (MiB|KiB|bytes)\)$", text.out, re.M)
 
 
 def test_auto_needs_an_accelerator(standin, files):

@@ -233,3 +233,67 @@ def test_describe_banner():
     chain = s.describe().split("\n")[-1]
     assert chain.startswith("sampler chain: logits -> penalties -> ?dry -> ?top-n-sigma -> ?top-k ")
     assert "-> ?min-p -> ?xtc -> ?temp-ext -> dist " in chain
+
+
+# -- llama.cpp's other samplers: parameters, ranges, order --------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    ({"temp": float("nan")}, "--temp"), ({"top_p": 2.0}, "--top-p"), ({"min_p": -1.0}, "--min-p"),
+    ({"repeat_penalty": 0.0}, "--repeat-penalty"), ({"repeat_penalty": -1.0}, "--repeat-penalty"),
+    ({"typ_p": 1.5}, "--typical"), ({"mirostat": 3}, "--mirostat"), ({"xtc_probability": 2.0}, "--xtc-probability"),
+    ({"dry_base": 0.5}, "--dry-base"), ({"top_k": -2}, "--top-k"), ({"presence_penalty": float("inf")}, "presence"),
+    ({"dry_penalty_last_n": -2}, "--dry-penalty-last-n"), ({"samplers": "top_k;bogus"}, "bogus"),
+])
+def test_out_of_range_values_are_usage_errors(kw, match):
+    with pytest.raises(UsageError, match=match):
+        SamplerParams(**kw)
+
+
+def test_samplers_order_by_names_aliases_and_letters():
+    assert SamplerParams(samplers="top_k;temp;min-p").samplers == ("top_k", "temperature", "min_p")
+    assert SamplerParams(samplers="kt").samplers == ("top_k", "temperature")
+    s = make(10, samplers="temperature;top_k", top_k=3, typ_p=0.9)
+    assert s.describe().split("\n")[-1] == "sampler chain: logits -> temp-ext -> top-k -> dist "
+    s = make(10, mirostat=2)
+    assert s.describe().split("\n")[-1] == "sampler chain: logits -> temp -> mirostat-v2 "
+
+
+def test_order_changes_the_candidates():
+    logits = np.float32([4.0, 3.9, 1.0, 0.5, 0.0])
+    # min-p before temperature cuts at 0.5 of the top probability; after a high temperature, it keeps more
+    first = ids_after(make(5, **{**OFF, "min_p": 0.5, "temp": 10.0, "samplers": "min_p;temperature"}), logits)
+    after = ids_after(make(5, **{**OFF, "min_p": 0.5, "temp": 10.0, "samplers": "temperature;min_p"}), logits)
+    assert first == [0, 1] and after == [0, 1, 2, 3, 4]
+
+
+class _Vocab:
+    """A tokenizer of single characters, for DRY's sequence breakers."""
+    pieces = [b"a", b"b", b"c", b"\n", b"x:", b"d"]
+    n_vocab = len(pieces)
+
+    def token_to_piece(self, t, special=True):
+        return self.pieces[t]
+
+    def encode(self, text, add_special=False, parse_special=False):
+        return [self.pieces.index(ch.encode()) for ch in text]
+
+
+def test_dry_penalises_a_repeat_and_stops_at_a_breaker():
+    kw = {**OFF, "dry_multiplier": 1.0, "dry_base": 2.0, "dry_allowed_length": 2, "samplers": "dry"}
+    s = Sampler(SamplerParams(**kw, seed=1), 6, 64, tokenizer=_Vocab())
+    for t in [0, 1, 2, 5, 0, 1]:          # "a b c d a b": c would extend the repeat "a b" (length 2)
+        s.accept(t)
+    _, lv = s.candidates(np.zeros(6, dtype=np.float32))
+    assert lv.tolist() == [0, 0, -1.0, 0, 0, 0]
+    kw["dry_allowed_length"] = 1
+    s = Sampler(SamplerParams(**kw, seed=1), 6, 64, tokenizer=_Vocab())
+    for t in [0, 1, 2, 5, 0, 1, 5]:       # "... d": a would extend the repeat "d" (length 1)
+        s.accept(t)
+    _, lv = s.candidates(np.zeros(6, dtype=np.float32))
+    assert lv.tolist() == [-1.0, 0, 0, 0, 0, 0]
+    s = Sampler(SamplerParams(**kw, seed=1), 6, 64, tokenizer=_Vocab())
+    for t in [0, 1, 2, 5, 0, 1, 3]:       # a newline (a breaker) last: no repeat may reach past it
+        s.accept(t)
+    _, lv = s.candidates(np.zeros(6, dtype=np.float32))
+    assert lv.tolist() == [0] * 6
+    assert 4 in s._dry.breakers and [] in s._dry.breakers[4]     # "x:" contains the breaker ":"

@@ -5,18 +5,20 @@ when a command runs, so `pi2 --help` stays fast. main() is in pi2/cli/main.py.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from pi2.cli.prompt import read_prompt
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 from pi2.runtime.config import RunConfig, SamplerParams
 
 RUN, SAMPLE = RunConfig(), SamplerParams()     # the defaults, held by the runtime's objects
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="pi2: LLM inference that computes only the neurons a token activates.")
 
 
@@ -42,7 +44,7 @@ def _commands():
     return commands
 
 
-VerboseOpt = typer.Option(False, "--verbose", callback=_set_verbose,
+VerboseOpt = typer.Option(False, "-v", "--verbose", "--log-verbose", callback=_set_verbose,
                           help="show tracebacks, why NNAPI was not used, and the neuron cache's figures")
 ModelArg = typer.Argument(None, metavar="[MODEL]", help="GGUF model file", show_default=False)
 ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as the positional MODEL)")
@@ -79,6 +81,16 @@ def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
     return path
 
 
+KV_TYPES = ("f16",)     # -ctk / -ctv: the KV cache types pi2 computes with
+
+
+def _kv_type(flag: str, value: str) -> str:
+    v = value.strip().lower()
+    if v not in KV_TYPES:
+        raise UsageError(f"{flag} {value}: pi2's KV cache holds {', '.join(KV_TYPES)} only")
+    return v
+
+
 @app.command()
 def run(
     ctx: typer.Context, model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
@@ -89,34 +101,140 @@ def run(
     threads: int = ThreadsOpt,
     ctx_size: int = typer.Option(RUN.n_ctx, "-c", "--ctx-size",
                                  help=f"context size (default {RUN.n_ctx}, capped at the model's; 0 = the model's)"),
-    temp: float = typer.Option(SAMPLE.temp, "--temp", help="temperature (<= 0: greedy)"),
+    batch: int = typer.Option(2048, "-b", "--batch-size", help="logical batch: prompt tokens per pass (with -ub)"),
+    ubatch: int = typer.Option(RUN.n_batch, "-ub", "--ubatch-size", help="physical batch: prompt tokens per pass"),
+    cache_k: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16"),
+    cache_v: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16"),
+    temp: float = typer.Option(SAMPLE.temp, "--temp", "--temperature", help="temperature (<= 0: greedy)"),
     top_k: int = typer.Option(SAMPLE.top_k, "--top-k", help="top-k (0 = off)"),
     top_p: float = typer.Option(SAMPLE.top_p, "--top-p", help="top-p (1.0 = off)"),
     min_p: float = typer.Option(SAMPLE.min_p, "--min-p", help="min-p (0 = off)"),
+    typ_p: float = typer.Option(SAMPLE.typ_p, "--typical", "--typical-p", help="locally typical sampling (1.0 = off)"),
+    top_n_sigma: float = typer.Option(SAMPLE.top_n_sigma, "--top-nsigma", "--top-n-sigma",
+                                      help="keep logits within n standard deviations of the top one (<= 0 off)"),
+    xtc_p: float = typer.Option(SAMPLE.xtc_probability, "--xtc-probability", help="XTC: chance to cut (0 = off)"),
+    xtc_t: float = typer.Option(SAMPLE.xtc_threshold, "--xtc-threshold", help="XTC: probability threshold (> 0.5 off)"),
     repeat_penalty: float = typer.Option(SAMPLE.repeat_penalty, "--repeat-penalty", help="repeat penalty (1.0 = off)"),
     repeat_last_n: int = typer.Option(SAMPLE.repeat_last_n, "--repeat-last-n",
                                       help="penalty window (0 = off, -1 = context)"),
+    presence: float = typer.Option(SAMPLE.presence_penalty, "--presence-penalty", help="presence penalty (0 = off)"),
+    frequency: float = typer.Option(SAMPLE.frequency_penalty, "--frequency-penalty",
+                                    help="frequency penalty (0 = off)"),
+    dry_mult: float = typer.Option(SAMPLE.dry_multiplier, "--dry-multiplier", help="DRY multiplier (0 = off)"),
+    dry_base: float = typer.Option(SAMPLE.dry_base, "--dry-base", help="DRY base"),
+    dry_allowed: int = typer.Option(SAMPLE.dry_allowed_length, "--dry-allowed-length",
+                                    help="DRY: repeats longer than this are penalised"),
+    dry_last_n: int = typer.Option(SAMPLE.dry_penalty_last_n, "--dry-penalty-last-n",
+                                   help="DRY window (0 = off, -1 = context)"),
+    dry_breakers: Optional[List[str]] = typer.Option(None, "--dry-sequence-breaker",
+                                                     help="DRY sequence breaker (repeatable; 'none' for none)"),
+    dynatemp_range: float = typer.Option(SAMPLE.dynatemp_range, "--dynatemp-range",
+                                         help="dynamic temperature range (0 = off)"),
+    dynatemp_exp: float = typer.Option(SAMPLE.dynatemp_exponent, "--dynatemp-exp", help="dynamic temperature exponent"),
+    mirostat: int = typer.Option(SAMPLE.mirostat, "--mirostat", help="0 off, 1 Mirostat, 2 Mirostat 2.0"),
+    mirostat_lr: float = typer.Option(SAMPLE.mirostat_eta, "--mirostat-lr", help="Mirostat learning rate (eta)"),
+    mirostat_ent: float = typer.Option(SAMPLE.mirostat_tau, "--mirostat-ent", help="Mirostat target entropy (tau)"),
+    samplers: Optional[str] = typer.Option(None, "--samplers", help="sampler order, ';'-separated (default "
+                                           + ";".join(SAMPLE.samplers) + ")", show_default=False),
+    sampler_seq: Optional[str] = typer.Option(None, "--sampler-seq", "--sampling-seq",
+                                              help="sampler order as letters (edskypmxt)", show_default=False),
+    min_keep: int = typer.Option(SAMPLE.min_keep, "--min-keep", help="samplers keep at least this many tokens"),
     seed: int = typer.Option(SAMPLE.seed, "-s", "--seed", help="RNG seed (-1 = random)"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="keep generating past end-of-generation tokens"),
     no_escape: bool = typer.Option(False, "--no-escape", help="do not process escape sequences in -p"),
-    no_display_prompt: bool = typer.Option(False, "--no-display-prompt", help="do not echo the prompt"),
+    escape: bool = typer.Option(True, "-e", "--escape", help="process escape sequences in -p (the default)"),
+    display_prompt: bool = typer.Option(True, "--display-prompt/--no-display-prompt", help="echo the prompt"),
+    special: bool = typer.Option(False, "-sp", "--special", help="print special tokens' text"),
+    reverse: Optional[List[str]] = typer.Option(None, "-r", "--reverse-prompt",
+                                                help="stop the reply when this text appears (repeatable)"),
     conversation: bool = typer.Option(False, "-cnv", "--conversation", help="interactive chat with the chat template"),
+    no_conversation: bool = typer.Option(False, "-no-cnv", "--no-conversation", help="no chat (the default)"),
+    interactive: bool = typer.Option(False, "-i", "--interactive",
+                                     help="llama-completion's interactive mode: your lines continue the text (no "
+                                          "template); -r returns control to you"),
+    interactive_first: bool = typer.Option(False, "-if", "--interactive-first",
+                                           help="interactive, waiting for your input before generating"),
+    single_turn: bool = typer.Option(False, "-st", "--single-turn", help="chat: answer -p once, then exit"),
+    system: Optional[str] = typer.Option(None, "-sys", "--system-prompt", help="chat: the system message"),
+    system_file: Optional[Path] = typer.Option(None, "-sysf", "--system-prompt-file",
+                                               help="chat: the system message from a file"),
+    chat_template: Optional[str] = typer.Option(None, "--chat-template",
+                                                help="chat template: a built-in name (chatml, llama2, llama3, gemma, "
+                                                     "phi3, mistral-v7, ...; see docs) or Jinja source"),
+    chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", help="chat template from a file"),
+    ctx_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
+                                   help="when the context is full, drop half of it after the kept tokens and go on "
+                                        "(llama.cpp's context shift; off by default, as there)"),
+    keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
+                                    "--keep; pi2's --keep is the FFN fraction)"),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="accepted; pi2 maps model files"),
+    mlock: bool = typer.Option(False, "--mlock", help="lock the model's pages in memory (as llama.cpp: a warning "
+                               "when the limit refuses)"),
+    load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="accepted; pi2 maps model files"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, verbose: bool = VerboseOpt,
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
-    text = read_prompt(prompt, file, not no_escape)
+    text = read_prompt(prompt, file, escape and not no_escape)
+    sys_text = read_prompt(system, system_file, escape and not no_escape)
+    template = _template(chat_template, chat_template_file)
+    _kv_type("-ctk", cache_k), _kv_type("-ctv", cache_v)
+    mlock = _load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
-                    memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps)
+                    memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
+                    n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens)
+    breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
+        tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                             repeat_last_n=repeat_last_n, seed=seed)
+                             repeat_last_n=repeat_last_n, seed=seed, presence_penalty=presence,
+                             frequency_penalty=frequency, typ_p=typ_p, top_n_sigma=top_n_sigma, xtc_probability=xtc_p,
+                             xtc_threshold=xtc_t, dynatemp_range=dynatemp_range, dynatemp_exponent=dynatemp_exp,
+                             mirostat=mirostat, mirostat_tau=mirostat_ent, mirostat_eta=mirostat_lr,
+                             dry_multiplier=dry_mult, dry_base=dry_base, dry_allowed_length=dry_allowed,
+                             dry_penalty_last_n=dry_last_n, dry_sequence_breakers=breakers, min_keep=min_keep,
+                             samplers=samplers or sampler_seq or SAMPLE.samplers)
+    chat = (conversation or single_turn) and not no_conversation
+    interactive = (interactive or interactive_first) and not chat
     cmd = _commands()
     opts = cmd.RunOptions(model=_model_path(model, model_opt), prompt=text, run=cfg, sampling=sampling,
-                          n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=not no_display_prompt,
-                          json_out=json_out, verbose=_verbose(ctx))
-    (cmd.chat if conversation else cmd.run)(opts)
+                          n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=display_prompt,
+                          json_out=json_out, verbose=_verbose(ctx), system=sys_text, reverse=tuple(reverse or ()),
+                          single_turn=single_turn, chat_template=template, special=special, mlock=mlock,
+                          interactive_first=interactive_first)
+    (cmd.chat if chat else cmd.interactive if interactive else cmd.run)(opts)
+
+
+def _batch(batch: int, ubatch: int) -> int:
+    for flag, v in (("-b", batch), ("-ub", ubatch)):
+        if not 1 <= v <= 65536:
+            raise UsageError(f"invalid {flag} {v}: it must be in [1, 65536]")
+    return min(batch, ubatch)
+
+
+def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
+    """--chat-template NAME_OR_JINJA or --chat-template-file FILE (its text)."""
+    if name is not None and file is not None:
+        raise UsageError("give the chat template once (--chat-template or --chat-template-file)")
+    if file is not None:
+        try:
+            return file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise FileError(f"cannot read chat template file {file}: {getattr(e, 'strerror', None) or e}") from None
+    return name
+
+
+def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> bool:
+    """Whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock); a note for what pi2 does not do."""
+    if load_mode is not None and load_mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
+        raise UsageError(f"invalid -lm {load_mode!r}: auto, none, mmap, mlock, mmap+mlock or dio")
+    lock = mlock or load_mode in ("mlock", "mmap+mlock")
+    for flag, on in (("--no-mmap", no_mmap), (f"-lm {load_mode}", load_mode in ("none", "dio"))):
+        if on:
+            print(f"pi2: note: {flag} accepted: pi2 maps the model file and streams or pages it as planned",
+                  file=sys.stderr)
+    return lock
 
 
 @app.command()

@@ -13,7 +13,7 @@ from typing import Optional
 
 from pi2 import convert as cv
 from pi2.convert.predictor import Spec
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 from pi2.model.info import describe
 from pi2.model.loader import load_model
 from pi2.plan import devices as dv
@@ -29,6 +29,9 @@ from pi2.runtime.sampling import Sampler
 from pi2.runtime.session import open_model, open_session
 
 
+MIN_CTX = 8      # run and chat: a prompt of a token, the 4 tokens generate keeps free, and a reply
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """`pi2 run`: the model and prompt, how it runs (RunConfig) and samples, and what is printed."""
@@ -41,14 +44,31 @@ class RunOptions:
     display_prompt: bool = True
     json_out: bool = False
     verbose: bool = False           # --verbose: also why NNAPI was not used, and the neuron cache's figures
+    system: Optional[str] = None    # -sys: the chat's system message
+    reverse: tuple = ()             # -r: stop a reply when one of these texts appears
+    single_turn: bool = False       # -st: answer -p once, then exit
+    chat_template: Optional[str] = None   # --chat-template / --chat-template-file: a built-in name or Jinja text
+    special: bool = False           # -sp: print special tokens' text
+    mlock: bool = False             # --mlock: lock the model's pages in memory
+    interactive_first: bool = False  # -if: read the user's input before generating
 
 
 def _open(opts: RunOptions):
     if opts.n_predict < -2:     # llama.cpp runs forever on -n -5; -2 is its 'until the context is full'
         raise UsageError(f"invalid -n {opts.n_predict}", hint="-n -1 generates until end of generation or a full context")
+    if 0 < opts.run.n_ctx < MIN_CTX:
+        raise UsageError(f"context size -c {opts.run.n_ctx} is too small (at least {MIN_CTX}: the prompt, a few "
+                         "tokens of margin and the reply must fit)")
     timings = Timings()
     session = open_session(open_model(opts.model), opts.run)
-    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx)
+    if opts.mlock:
+        if session.cache is not None:
+            print("pi2: note: --mlock not applied: the FFN streams within --memory-budget", file=sys.stderr)
+        else:
+            why = session.model.file.lock()
+            if why:
+                print(f"pi2: warning: {why}", file=sys.stderr)
+    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)
     return session, sampler, timings
 
 
@@ -81,7 +101,8 @@ def run(opts: RunOptions) -> None:
         _write(opts.prompt)
     try:
         gen = generate(session.ctx, tok, prompt_tokens, opts.n_predict, sampler, timings,
-                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write)
+                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write, special=opts.special,
+                       stop=opts.reverse)
     except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (pi2/cli/main.py)
         if not opts.json_out:
             print("\n" + timings.report(), file=sys.stderr)
@@ -95,6 +116,54 @@ def run(opts: RunOptions) -> None:
         print(timings.report(), file=sys.stderr)
     if opts.verbose:
         verbose_report(session)
+
+
+def interactive(opts: RunOptions) -> None:
+    """llama-completion's interactive mode (-i, -if): the prompt, then text until an end-of-generation token, -n
+    tokens or a reverse prompt (-r); then each line typed is appended as text (no template) and generation goes
+    on from it. Ctrl-C during generation returns control; at the prompt, or EOF, it quits."""
+    if opts.json_out:
+        raise UsageError("--json is not available with -i")
+    session, sampler, timings = _open(opts)
+    tok = session.model.tokenizer
+    pending = tok.encode(opts.prompt, add_special=None, parse_special=True) if opts.prompt else []
+    if pending:
+        check_prompt(pending, session.n_ctx)
+    if opts.display_prompt and opts.prompt:
+        _write(opts.prompt)
+    if _interactive():
+        print("pi2: interactive mode. Ctrl-C returns control to you; Ctrl-C at the prompt, Ctrl-D or /exit quits.",
+              file=sys.stderr)
+    wait = opts.interactive_first
+    while True:
+        if wait:
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:
+                break
+            if not line or line.rstrip("\n") in ("/exit", "/quit"):
+                break
+            first = session.n_past == 0 and not pending          # -if without -p: BOS first, as llama.cpp
+            pending = pending + tok.encode(line, add_special=None if first else False, parse_special=True)
+        wait = True
+        if not pending:
+            continue
+        if len(pending) > session.n_ctx - session.n_past - 4:
+            print("pi2: the context is full; ending", file=sys.stderr)
+            break
+        try:
+            gen = generate(session.ctx, tok, pending, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
+                           on_text=_write, special=opts.special, stop=opts.reverse)
+        except KeyboardInterrupt:       # control back to the user; the cache is as before the interrupted decode
+            _write("\n")
+            pending = []
+            continue
+        pending = gen.tokens[-1:] if gen.stop_reason in ("length", "reverse") and gen.tokens else []
+        if gen.stop_reason == "context":
+            print("\npi2: the context is full; ending", file=sys.stderr)
+            break
+    _write("\n")
+    print(timings.report(), file=sys.stderr)
 
 
 def verbose_report(session) -> None:
@@ -126,28 +195,69 @@ def verbose_report(session) -> None:
               f"{st['gate_flash_bytes_per_token'] / 2**20:.2f} MiB/token (of the above)", file=sys.stderr)
 
 
+CHAT_HELP = ("pi2: chatting. Ctrl-C stops a reply; Ctrl-C at the prompt, Ctrl-D or /exit quits.\n"
+             "  /clear  forget the conversation (the system message stays)\n"
+             "  /regen  answer the last message again")
+
+
+def _interactive() -> bool:
+    """A person at a terminal (the banner and the '> ' prompt), not piped input."""
+    return sys.stdin.isatty()
+
+
 def chat(opts: RunOptions) -> None:
-    """Interactive chat: -p is the system message; each user line is rendered with the chat template."""
+    """Interactive chat (-cnv, -st): -sys is the system message, -p the first user message; each user line is
+    rendered with the chat template. Ctrl-C stops a reply and returns to the prompt; at the prompt it quits."""
     if opts.json_out:
         raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
     session, sampler, timings = _open(opts)
-    conv = Chat(session, opts.prompt)
+    conv = Chat(session, opts.system, opts.chat_template)
     if conv.fallback:    # llama.cpp's behaviour: warn, then use ChatML
-        print("pi2: warning: the model has no chat template (tokenizer.chat_template); using ChatML",
-              file=sys.stderr)
-    interactive = sys.stdin.isatty()
+        print("pi2: warning: the model has no chat template (tokenizer.chat_template) and none is implied by its "
+              "vocabulary; using ChatML (choose one with --chat-template)", file=sys.stderr)
+    interactive = _interactive()
+    if interactive or opts.verbose:
+        print(f"pi2: chat template: {conv.template_name}", file=sys.stderr)
+    if interactive and not opts.single_turn:
+        print(CHAT_HELP, file=sys.stderr)
+    first = opts.prompt
     while True:
-        if interactive:
-            print("\n> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
-            break
-        user = line.rstrip("\n")
+        if first is not None:
+            user, first = first, None
+        else:
+            if opts.single_turn and conv.messages and conv.messages[-1]["role"] == "assistant":
+                break
+            if interactive:
+                print("\n> ", end="", file=sys.stderr, flush=True)
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:       # Ctrl-C at the prompt quits
+                print("", file=sys.stderr)
+                break
+            if not line:
+                break
+            user = line.rstrip("\n")
         if user in ("/exit", "/quit"):
             break
+        if user == "/clear":
+            conv.clear()
+            print("pi2: conversation cleared", file=sys.stderr)
+            continue
+        if user == "/regen":
+            user = conv.last_user()
+            if user is None:
+                print("pi2: nothing to answer again", file=sys.stderr)
+                continue
         if not user.strip():
             continue
-        gen = conv.reply(user, opts.n_predict, sampler, timings, on_text=_write)
+        try:
+            gen = conv.reply(user, opts.n_predict, sampler, timings, on_text=_write, stop=opts.reverse)
+        except KeyboardInterrupt:           # Ctrl-C during a reply stops it and returns to the prompt
+            _write("\n")
+            print("pi2: reply stopped", file=sys.stderr)
+            if opts.single_turn:
+                break
+            continue
         if gen is not None:
             _write("\n")
         if gen is None or gen.stop_reason == "context" or conv.full:
@@ -196,7 +306,7 @@ def perplexity(model_path: Path, file: Path, cfg: RunConfig, n_chunks: int, verb
     try:
         text = file.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as e:
-        raise UsageError(f"cannot read {file}: {e.strerror}") from None
+        raise FileError(f"cannot read {file}: {e.strerror}") from None
     session = open_session(open_model(model_path), cfg)
     tok = session.model.tokenizer
     t0 = time.perf_counter()

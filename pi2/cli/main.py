@@ -12,7 +12,9 @@ from typing import List, Optional
 
 import typer
 
+from pi2 import __version__
 from pi2.cli.app import CliState, app
+from pi2.cli.llama_flags import rewrite
 from pi2.errors import Pi2Error
 
 try:        # recent Typer vendors click as typer._click, with its own Abort and Exit; older Typer uses click's
@@ -48,7 +50,7 @@ def _one_line(msg: str) -> str:
 
 def error_line(e: Pi2Error) -> str:
     """The one line of a Pi2Error; an I/O error (an OSError too) adds its errno's name and the file when the
-    message does not say them already."""
+    message does not say them already. Unprintable characters are escaped."""
     msg = f"pi2: error: {_one_line(str(e))}"
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
@@ -58,18 +60,27 @@ def error_line(e: Pi2Error) -> str:
     return msg
 
 
+def _version() -> str:
+    return f"pi2 {__version__}"
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     if argv is None:                  # the command itself, not a caller's in-process use
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) == signal.SIG_DFL:
                 signal.signal(sig, _on_termination)
     state = CliState()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in args[: args.index("--") if "--" in args else len(args)]:
+        print(_version())       # as llama.cpp: --version on any command, exit 0
+        return
     try:
-        rc = app(args=argv, prog_name="pi2", standalone_mode=False, obj=state)
+        args = rewrite(args, typer.main.get_command(app))
+        rc = app(args=args, prog_name="pi2", standalone_mode=False, obj=state)
     except Pi2Error as e:
         print(error_line(e), file=sys.stderr)
         if e.hint:
-            print(f"  hint: {e.hint}", file=sys.stderr)
+            print(f"  hint: {_one_line(e.hint)}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         _interrupted()
@@ -88,7 +99,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.exit(e.exit_code)
         if state.verbose:
             raise
-        print(f"pi2: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"pi2: error: {type(e).__name__}: {_one_line(str(e))}", file=sys.stderr)
         sys.exit(1)
     if rc == 130:       # Typer turns a KeyboardInterrupt into Exit(130), returned in non-standalone mode
         _interrupted()

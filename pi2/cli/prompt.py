@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 
 
 def read_prompt(prompt: Optional[str], file: Optional[Path], escape: bool) -> Optional[str]:
@@ -16,7 +16,7 @@ def read_prompt(prompt: Optional[str], file: Optional[Path], escape: bool) -> Op
         try:
             return file.read_bytes().decode("utf-8", "surrogateescape")
         except OSError as e:
-            raise UsageError(f"cannot read prompt file {file}: {e.strerror}") from None
+            raise FileError(f"cannot read prompt file {file}: {e.strerror}") from None
     if prompt is not None:
         return process_escapes(prompt) if escape else prompt
     return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import resource
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pi2.convert import layerwise, layout, predictor, profile
+from pi2.convert import layerwise, layout, predictor, profile, writer
 from pi2.convert.writer import ConvertError, kv_types, write_gguf
-from pi2.errors import UnsupportedError, UsageError
+from pi2.errors import FileError, UnsupportedError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
 
@@ -73,6 +74,25 @@ def _copy(f, name):
     return (name, raw, t.type)
 
 
+def check_writable(src: Path, out: Path) -> None:
+    """Before minutes of profiling: a file can be made beside `out` (the temporary file the write renames), and
+    the file system has room for about the source's size."""
+    tmp = writer.temp_path(out)
+    try:
+        with open(tmp, "xb"):
+            pass
+        os.unlink(tmp)
+    except OSError as e:
+        raise FileError(f"cannot write to {out.parent}: {e.strerror}", hint="choose another place with -o") from None
+    try:
+        need, free = src.stat().st_size, shutil.disk_usage(out.parent).free
+    except OSError:
+        return
+    if free < need:
+        raise FileError(f"{out.parent} has {free / 2**20:.1f} MiB free; the output needs about {need / 2**20:.1f} MiB",
+                        hint="free some space or choose another place with -o")
+
+
 def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKENS, ffn_layout: str = "bundle-ud",
             ffn_type: str = "auto", default_keep: float = profile.DEFAULT_KEEP, n_threads: int = 0,
             progress: bool = True, pred: "predictor.Spec | None" = None) -> ConvertReport:
@@ -88,6 +108,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
         raise UsageError(f"the output {out} is a directory")
     if not out.parent.is_dir():
         raise UsageError(f"the output directory {out.parent} does not exist")
+    check_writable(src, out)
     secs, t0 = {}, time.perf_counter()
     model = load_model(src)
     f, cfg = model.file, model.config

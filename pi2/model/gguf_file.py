@@ -9,6 +9,8 @@ with one slice each.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 import struct
@@ -294,6 +296,17 @@ class GGUFFile:
                 self._mm.madvise(mmap.MADV_DONTNEED)
             except (OSError, ValueError):
                 pass
+
+    def lock(self) -> str:
+        """--mlock: lock the file's pages in memory (mlock on this mapping pins the page cache the C core's
+        mapping of the same file reads too). "" when locked, else why not (llama.cpp warns and runs on)."""
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        addr = np.frombuffer(self._mm, dtype=np.uint8).ctypes.data
+        if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(self.file_size)) == 0:
+            return ""
+        err = ctypes.get_errno()
+        return (f"failed to mlock {self.file_size}-byte buffer: {os.strerror(err)}; try increasing RLIMIT_MEMLOCK "
+                "('ulimit -l' as root)")
 
     def check_io(self) -> None:
         """Raise if a page of the map failed since it was opened (the file truncated, a device error: the C core

@@ -14,6 +14,8 @@ the calibrated threshold curve `blk.L.ffn_thresh` reaches the layer's cut t_L âˆ
 descending worth while they fit, each kind's choice staying a prefix per layer.
 Does not: read weights or time anything (csrc/cache/cache.c streams; pi2/plan/profile.py measures the device and
 reads its throughput back).
+Over 400 lines: the minimum (min_budget) and the split are built from the same Plan fields and stream sizes; kept in
+one file so `pi2 plan` and `pi2 run` can only ever name one minimum.
 """
 from __future__ import annotations
 
@@ -36,7 +38,10 @@ QUEUE_DEPTH = 32
 
 
 def fmt(n: int) -> str:
-    return f"{n / MiB:.1f} MiB"
+    """Bytes as a user reads them: MiB, or KiB / bytes below a MiB (a budget of 1K is not "0.0 MiB")."""
+    if n >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} bytes"
 
 
 def runtime_rss(model=None) -> int:
@@ -144,6 +149,7 @@ class Plan:
     pred_share: float = 0.0     # mean predicted share of the neurons (P / n_ff), from the thresholds and cuts
     n_early: list = field(default_factory=list)   # per layer: cold clusters read before attention (>= EARLY_P)
     floor_mapped_gate: int = 0  # gate_whole: the floor with the gate rows mapped (the budget is below it)
+    minimum: int = 0            # min_budget: the smallest budget these settings accept (any cluster size)
 
     @property
     def floor(self) -> int:
@@ -165,7 +171,8 @@ class Plan:
 
     def lines(self) -> list:
         hot = np.asarray(self.n_hot)
-        return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
+        return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: "
+                f"{fmt(self.minimum or self.floor)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output"
                 + (", predictor" if self.gate else "" if self.gate_whole else ", gate rows")
@@ -294,17 +301,31 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     why = streamable(model)
     if why:
         raise UsageError(why)
-    runtime = runtime_rss(model) if runtime is None else runtime
+    runtime = measured_runtime(model) if runtime is None else runtime
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
+    need = min_budget(model, cmodel, n_ctx, n_threads, io, n_batch, cluster, runtime, npu, rule)
+    if budget < need:
+        kv = context_bytes(model.config, n_ctx, n_threads, n_batch)[0]
+        gate = rule is not None and rule.rule == "predicted"
+        raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(need)} for this model at a "
+                         f"context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
+                         hint=f"give at least {(need + MiB - 1) // MiB}M" + (" or a smaller -c" if kv > need // 4 else ""))
     c0 = cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"])
-    whole = False
-    try:
-        first = _plan(*args, c0)
-    except UsageError as e:   # below the floor with the gate rows mapped: stream them too, whole, if they can
-        if (rule is not None and rule.rule == "predicted") or not stream_sizes(cmodel, c0, 0, 0)["gate_slot_bytes"]:
-            raise
-        whole = True
-        first = _plan(*args, c0, gate_whole=True, floor_mapped=getattr(e, "floor", 0))
+
+    def fit(c):
+        try:
+            return _plan(*args, c)
+        except UsageError as e:   # below the floor with the gate rows mapped: stream them too, whole, if they can
+            if (rule is not None and rule.rule == "predicted") or not stream_sizes(cmodel, c, 0, 0)["gate_slot_bytes"]:
+                return None
+            try:
+                return _plan(*args, c, gate_whole=True, floor_mapped=getattr(e, "floor", 0))
+            except UsageError:
+                return None
+    # the budget is at least the minimum: some cluster size fits (the preferred one, else the first that does)
+    first = fit(c0) or next(p for p in (fit(c) for c in CLUSTERS if c != c0) if p is not None)
+    whole = first.gate_whole
+    first.minimum = need
     if cluster or first.read_mbps is None:
         return first
     best = first
@@ -317,12 +338,34 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
             continue
         if p.read_mbps and p.read_seconds < best.read_seconds:
             best = p
+    best.minimum = need
     return best
 
 
-def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
-          floor_mapped=0) -> Plan:
-    """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
+def min_budget(model, cmodel, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
+               cluster: int | None = None, runtime: int | None = None, npu=None, rule=None) -> int:
+    """The smallest budget make_plan accepts with these settings: the lowest floor over the cluster sizes it may
+    choose, with the gate rows mapped or (when they can) streamed whole. `pi2 plan` prints it and a refused
+    `--memory-budget` names it: one figure, whatever budget was asked for."""
+    runtime = measured_runtime(model) if runtime is None else runtime
+    args = (model, cmodel, 1 << 62, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
+    gate_whole = (False,) if (rule is not None and rule.rule == "predicted") or \
+        not stream_sizes(cmodel, 64, 0, 0)["gate_slot_bytes"] else (False, True)
+    clusters = (cluster,) if cluster else \
+        tuple(dict.fromkeys([cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]), *CLUSTERS]))
+    return min(_base(*args, c, gate_whole=g)[0].floor for c in clusters for g in gate_whole)
+
+
+def measured_runtime(model) -> int:
+    """runtime_rss rounded up to 4 MiB: the interpreter's RSS varies by a MiB or two between processes (`pi2 plan`
+    and `pi2 run` with the same flags), and their minimum budgets must agree."""
+    step = 4 * MiB
+    return (runtime_rss(model) + step - 1) // step * step
+
+
+def _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
+          floor_mapped=0) -> tuple:
+    """The plan's fixed parts at one cluster size (its floor), before any hot prefix: (Plan, sizes, kv)."""
     npu = npu if npu is not None and npu.use else None
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
@@ -344,11 +387,22 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
         p.gate_bytes = sum(s["gate_layer_bytes"] for s in sizes)
         p.gate_slot_bytes = sizes[0]["gate_slot_bytes"]
         p.n_gate_slots, p.n_gate_hot = p.min_slots, [0] * L
+    return p, sizes, kv
+
+
+def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
+          floor_mapped=0) -> Plan:
+    """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
+    p, sizes, kv = _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster,
+                         gate_whole, floor_mapped)
+    npu = npu if npu is not None and npu.use else None
+    cfg = model.config
+    L, F = cfg.n_layer, cfg.n_ff
+    gate = rule is not None and rule.rule == "predicted"
+    streams_gate = gate or gate_whole
     if budget < p.floor:
-        e = UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(p.floor)} for this model "
-                       f"at a context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
-                       hint=f"give at least {(p.floor + MiB - 1) // MiB}M"
-                       + (" or a smaller -c" if kv > p.floor // 4 else ""))
+        e = UsageError(f"--memory-budget {fmt(budget)} is below the minimum for this model at a context of {n_ctx}"
+                       + (" with the predictor's gate streaming" if gate else ""))
         e.floor = p.floor
         raise e
     left = budget - p.floor - 8192 * L * (2 if gate else 1)   # room for the hot prefixes (+ their 4 KiB alignment)

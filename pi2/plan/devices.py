@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pi2.engine import flash_io, kernel_info
 from pi2.engine.nnapi import NnapiDelegate
-from pi2.errors import EngineError, Pi2Error, UsageError
+from pi2.errors import EngineError, FileError, Pi2Error, UsageError
 
 # /proc/cpuinfo flag -> the name pi2 prints (x86 "flags", aarch64 "Features")
 _FEATURES = {"asimd": "neon", "asimddp": "dotprod", "i8mm": "i8mm", "sve": "sve", "avx2": "avx2", "fma": "fma",
@@ -129,7 +129,7 @@ def o_direct(path: Path) -> dict:
         with flash_io.FlashFile(path, "pread", queue_depth=1, direct=True) as f:
             info = f.info
     except EngineError as e:
-        raise UsageError(str(e)) from None
+        raise FileError(str(e)) from None
     return {"path": str(path), "supported": info["direct"], "detail": info["note"]}
 
 

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from pi2.engine import flash_io
-from pi2.errors import UsageError
+from pi2.errors import FileError, UsageError
 
 VERSION = 1
 BLOCKS = (4096, 8192, 16384, 32768, 65536, 131072, 524288)
@@ -34,7 +34,7 @@ def device_key(path: str | os.PathLike) -> str:
     try:
         st, vfs = os.stat(path), os.statvfs(path)
     except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        raise FileError(f"cannot read {path}: {e.strerror}") from None
     return f"dev{os.major(st.st_dev)}-{os.minor(st.st_dev)}-fs{vfs.f_fsid:x}"
 
 
@@ -49,9 +49,9 @@ def measure(path: str | os.PathLike, io: str = "auto", seconds: float = SECONDS,
     try:
         size = path.stat().st_size
     except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+        raise FileError(f"cannot read {path}: {e.strerror}") from None
     if size < 4096:
-        raise UsageError(f"{path} is smaller than one 4 KiB block: nothing to measure")
+        raise FileError(f"{path} is smaller than one 4 KiB block: nothing to measure")
     backend, probe = flash_io.resolve(io, path)
     points = []
     with flash_io.FlashFile(path, backend, queue_depth=max(depths), direct=True, drop_cache=True) as f:
@@ -98,7 +98,7 @@ def load_or_measure(path: str | os.PathLike, *, refresh: bool = False, io: str =
         tmp.write_text(json.dumps(prof, indent=1) + "\n")
         os.replace(tmp, cf)
     except OSError as e:
-        raise UsageError(f"cannot write the device profile {cf}: {e.strerror}") from None
+        raise FileError(f"cannot write the device profile {cf}: {e.strerror}") from None
     return prof, False
 
 

@@ -107,11 +107,14 @@ class ReferenceWeights:
 class ReferenceContext:
     """A sequence being evaluated: the F16 KV cache and the position of the next token."""
 
-    def __init__(self, model: Model, n_ctx: int, rule=None, weights: ReferenceWeights | None = None):
+    def __init__(self, model: Model, n_ctx: int, rule=None, weights: ReferenceWeights | None = None,
+                 ctx_shift: bool = False, n_keep: int = 0):
         """rule: the run's runtime.ffn_rule.FFNRule (which neurons each token computes); None: the file's own rule,
-        choose_rule(model)."""
+        choose_rule(model). ctx_shift: a decode that would fill the context first drops half of the positions
+        after the first n_keep (shift())."""
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
+        self.ctx_shift, self.n_keep = ctx_shift, n_keep
         self.w = weights or ReferenceWeights(model)
         self.ffn = sparse.SparseFFN(model, self.w.layers, choose_rule(model) if rule is None else rule)
         self.k = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
@@ -136,6 +139,10 @@ class ReferenceContext:
         n = len(tokens)
         if n == 0:
             raise UsageError("nothing to decode")
+        if self.ctx_shift and self.n_past + n >= self.n_ctx:     # llama-completion's test, before the decode
+            n_discard = (self.n_past - self.n_keep) // 2
+            if n_discard > 0 and self.n_past - n_discard + n <= self.n_ctx:
+                self.shift(self.n_keep, n_discard)
         if self.n_past + n > self.n_ctx:
             raise UsageError(f"context full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}")
         pos = np.arange(self.n_past, self.n_past + n)
@@ -156,6 +163,24 @@ class ReferenceContext:
         self._cb("result_output", -1, logits)
         self.w.model.file.check_io()    # no logits from pages of the file that failed (read as zeros)
         return logits if all_logits else logits[0]
+
+    def shift(self, n_keep: int, n_discard: int) -> None:
+        """llama.cpp's context shift (llama_memory_seq_rm + seq_add): positions n_keep .. n_keep+n_discard-1 are
+        dropped, the later ones move down by n_discard, their keys rotated by RoPE at position -n_discard (the F16
+        values rotated in float, rounded to F16, as ggml_rope_ext on the F16 cache). The cache stays in position
+        order (llama.cpp leaves the moved cells in place and fills the freed ones next)."""
+        cfg, n_past = self.cfg, self.n_past
+        if not (0 <= n_keep and 0 < n_discard <= n_past - n_keep):
+            raise UsageError(f"cannot shift the context: keep {n_keep}, discard {n_discard} of {n_past}")
+        src, dst = slice(n_keep + n_discard, n_past), slice(n_keep, n_past - n_discard)
+        m = n_past - n_keep - n_discard
+        for il in range(cfg.n_layer):
+            cos, sin = rope_cache(np.array([-n_discard]), cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale,
+                                  self.w.rope_freqs)
+            k = self.k[il, src].astype(np.float32)
+            self.k[il, dst] = rope(k, np.repeat(cos, m, 0), np.repeat(sin, m, 0), cfg.n_rot, cfg.rope_neox).astype(F16)
+            self.v[il, dst] = self.v[il, src].copy()
+        self.n_past = n_past - n_discard
 
     def _layer(self, il: int, L: dict, x: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
         cfg = self.cfg

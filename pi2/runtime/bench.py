@@ -75,6 +75,9 @@ def parse_int_range(s: str, flag: str) -> list:
         first = int(m[1])
         last = int(m[2]) if m[2] else first
         op, step = m[3] or "+", int(m[4]) if m[4] else 1
+        if last < first:
+            raise UsageError(f"invalid range '{m[0].rstrip(',')}' for {flag}: it ends below where it starts",
+                             hint=f"write it from low to high, like {last}-{first}")
         i = first
         while i <= last:
             out.append(i)

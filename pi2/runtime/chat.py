@@ -2,27 +2,57 @@
 across turns (only the text after what it holds is evaluated), and the turn's end evaluated so the next one
 continues from it.
 
-Owns: the template choice (the file's, else ChatML as llama.cpp does), the cached text and when it is dropped (the
-template rewrote history), and when the context is full. Does not: read input or print (pi2/cli/commands.py).
+Owns: the template choice (--chat-template's built-in name or Jinja text; else the file's; else the built-in its
+architecture and vocabulary imply; else ChatML, as llama.cpp falls back), the cached text and when it is dropped (the
+template rewrote history, a reply was interrupted), /clear and /regen, and when the context is full. Does not: read
+input or print (pi2/cli/commands.py).
 """
 from __future__ import annotations
 
-from pi2.model.chat import render_chat, select_template
+from pi2.errors import UsageError
+from pi2.model.chat import CHATML_TEMPLATE, model_template, render_chat
+from pi2.model.chat_builtin import BUILTINS, detect, detect_from_vocab
 from pi2.runtime.generate import Generation, Timings, check_prompt, generate, timed_decode
 from pi2.runtime.sampling import Sampler
+
+
+def choose_template(kv: dict, tokens, arch: str, override: str | None = None) -> tuple:
+    """(name, source or None, fallback): a built-in's name with no source, or "jinja" and the Jinja source.
+    fallback is True when nothing chose a template and ChatML is used, as llama.cpp does (with a warning)."""
+    if override:
+        if override in BUILTINS:
+            return override, None, False
+        if "{{" in override or "{%" in override:
+            return "jinja", override, False
+        raise UsageError(f"unknown chat template {override!r}", hint="built-in names: " + ", ".join(BUILTINS))
+    t = model_template(kv) or model_template(kv, "tool_use")
+    if t is not None:
+        return "jinja", t, False
+    name = detect_from_vocab(arch, tokens)
+    return (name, None, False) if name else ("chatml", CHATML_TEMPLATE, True)
 
 
 class Chat:
     """Messages so far ([{"role", "content"}]) and the text whose tokens the session's cache holds."""
 
-    def __init__(self, session, system: str | None = None):
+    def __init__(self, session, system: str | None = None, template: str | None = None):
         self.session, self.tok = session, session.model.tokenizer
-        self.template, self.fallback = select_template(session.model.file.kv)   # fallback: ChatML, no template
+        m = session.model
+        self.template_name, self.template, self.fallback = choose_template(m.file.kv, self.tok.tokens,
+                                                                           m.config.arch, template)
+        if self.template_name == "jinja" and detect(self.template) is not None:
+            self.template_name = f"jinja ({detect(self.template)})"
         tok = self.tok
         self.bos = tok.token_to_piece(tok.bos_id).decode("utf-8", "replace") if tok.bos_id is not None else ""
         self.eos = tok.token_to_piece(tok.eos_id).decode("utf-8", "replace") if tok.eos_id is not None else ""
+        self.system = system
         self.messages = [{"role": "system", "content": system}] if system else []
         self.cached = ""
+
+    def render(self, messages: list, add_assistant: bool = True) -> str:
+        if self.template is None:
+            return BUILTINS[self.template_name](messages, add_assistant)
+        return render_chat(self.template, messages, add_assistant, self.bos, self.eos)
 
     @property
     def full(self) -> bool:
@@ -30,22 +60,52 @@ class Chat:
         s = self.session
         return s.n_past + 1 >= s.n_ctx
 
-    def reply(self, user: str, n_predict: int, sampler: Sampler, timings: Timings, on_text=None) -> Generation | None:
-        """The assistant's reply to `user` (streamed to on_text); None when the context cannot hold the message."""
+    def clear(self) -> None:
+        """/clear: the conversation forgotten (the system message kept), the cache emptied."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.session.reset()
+        self.cached = ""
+
+    def last_user(self) -> str | None:
+        """/regen: drop the last reply and return the message it answered (None when there is none)."""
+        while self.messages and self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+        if not self.messages or self.messages[-1]["role"] != "user":
+            return None
+        return self.messages.pop()["content"]
+
+    def reply(self, user: str, n_predict: int, sampler: Sampler, timings: Timings, on_text=None,
+              stop=()) -> Generation | None:
+        """The assistant's reply to `user` (streamed to on_text); None when the context cannot hold the message.
+        Ctrl-C stops the reply: what was said so far is kept as the reply, the cache starts over next turn."""
         s, tok = self.session, self.tok
         self.messages.append({"role": "user", "content": user})
-        full = render_chat(self.template, self.messages, True, self.bos, self.eos)
+        full = self.render(self.messages, True)
         if not full.startswith(self.cached):     # the template rewrote history: start the cache over
             s.reset()
             self.cached = ""
         new_tokens = tok.encode(full[len(self.cached):], add_special=(self.cached == ""), parse_special=True)
         if self.cached and len(new_tokens) > s.n_ctx - s.n_past - 4:
+            self.messages.pop()
             return None
         check_prompt(new_tokens, s.n_ctx - s.n_past)
-        gen = generate(s.ctx, tok, new_tokens, n_predict, sampler, timings, on_text=on_text, special=False)
+        said: list = []
+
+        def text(piece: str) -> None:
+            said.append(piece)
+            if on_text:
+                on_text(piece)
+        try:
+            gen = generate(s.ctx, tok, new_tokens, n_predict, sampler, timings, on_text=text, special=False,
+                           stop=stop)
+        except KeyboardInterrupt:
+            self.messages.append({"role": "assistant", "content": "".join(said)})
+            s.reset()
+            self.cached = ""
+            raise
         self.messages.append({"role": "assistant", "content": gen.text})
         self.cached = full + gen.text
-        if gen.stop_reason == "length" and gen.tokens and s.n_past < s.n_ctx:
+        if gen.stop_reason in ("length", "reverse") and gen.tokens and s.n_past < s.n_ctx:
             timed_decode(s.ctx, gen.tokens[-1:], timings)     # the last reply token was sampled, not evaluated
         if gen.eog_token is not None and s.n_past < s.n_ctx:
             timed_decode(s.ctx, [gen.eog_token], timings)

@@ -8,6 +8,7 @@ stays fast.
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -61,6 +62,9 @@ class RunConfig:
     npu: str = "auto"                   # --npu: auto | nnapi | off
     nnapi_lib: str | None = None        # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
     npu_gbps: float | None = None       # --npu-gbps: the NPU's throughput to plan with (None = measured)
+    n_batch: int = 512                  # -b / -ub: tokens of a prompt computed in one pass
+    ctx_shift: bool = False             # --context-shift: a full context drops half of what follows n_keep
+    n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
     repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
 
     def __post_init__(self):
@@ -79,19 +83,111 @@ class RunConfig:
         elif self.memory_budget is not None and self.memory_budget <= 0:
             raise UsageError(f"invalid --memory-budget {self.memory_budget}: it must be positive")
         object.__setattr__(self, "io", parse_io(self.io))
+        if self.n_keep < 0:
+            raise UsageError(f"invalid --keep-tokens {self.n_keep}: it must be >= 0")
+        if not 1 <= self.n_batch <= 65536:
+            raise UsageError(f"invalid batch size {self.n_batch}: it must be in [1, 65536]")
         if self.n_threads < 0:
             object.__setattr__(self, "n_threads", 0)
 
 
+SAMPLER_NAMES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+_SAMPLER_ALIASES = {"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "typical-p": "typ_p", "typical": "typ_p",
+                    "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature", "top-n-sigma": "top_n_sigma"}
+_SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                  "m": "min_p", "x": "xtc", "t": "temperature"}
+
+
+def parse_samplers(text: str) -> tuple:
+    """`--samplers` (names separated by ';', as llama.cpp; ',' too) or `--sampling-seq` letters (e.g. 'edskypmxt')."""
+    parts = [t.strip() for t in re.split(r"[;,]", text) if t.strip()]
+    if len(parts) == 1 and parts[0] not in SAMPLER_NAMES and parts[0] not in _SAMPLER_ALIASES and \
+            all(ch in _SAMPLER_CHARS for ch in parts[0]):
+        return tuple(_SAMPLER_CHARS[ch] for ch in parts[0])
+    out = []
+    for t in parts:
+        name = _SAMPLER_ALIASES.get(t.lower(), t.lower())
+        if name not in SAMPLER_NAMES:
+            raise UsageError(f"unknown sampler {t!r} in --samplers", hint="choose from " + ";".join(SAMPLER_NAMES))
+        out.append(name)
+    return tuple(out)
+
+
+def _finite(flag: str, v, lo=None, hi=None, lo_open=False, hi_open=False, what=""):
+    """A usage error unless v is a finite number in [lo, hi] (open ends where asked)."""
+    bad = not math.isfinite(v) or (lo is not None and (v <= lo if lo_open else v < lo)) or \
+        (hi is not None and (v >= hi if hi_open else v > hi))
+    if bad:
+        rng = what or f"{'(' if lo_open else '['}{lo if lo is not None else '-inf'}, " \
+                      f"{hi if hi is not None else 'inf'}{')' if hi_open else ']'}"
+        raise UsageError(f"invalid {flag} {v:g}: it must be {rng}")
+
+
 @dataclass(frozen=True, **_KW)
 class SamplerParams:
-    """llama.cpp's default sampler chain (pi2/runtime/sampling.py): penalties -> top-k -> top-p -> min-p -> temp."""
+    """llama.cpp's sampler chain (pi2/runtime/sampling.py): the stages of `samplers` in order, then the draw; with
+    mirostat 1 or 2, temperature then mirostat instead. Defaults are llama.cpp's (common/common.h)."""
     temp: float = 0.8                   # --temp: <= 0 is greedy
     top_k: int = 40                     # --top-k: 0 = off
     top_p: float = 0.95                 # --top-p: 1.0 = off
     min_p: float = 0.05                 # --min-p: 0 = off
     repeat_penalty: float = 1.0         # --repeat-penalty: 1.0 = off
     repeat_last_n: int = 64             # --repeat-last-n: 0 = off, -1 = the context size
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0      # --frequency-penalty: 0 = off
+    presence_penalty: float = 0.0       # --presence-penalty: 0 = off
     seed: int = -1                      # -s: -1 = a random seed
+    typ_p: float = 1.0                  # --typical: locally typical sampling, 1.0 = off
+    top_n_sigma: float = -1.0           # --top-nsigma: keep logits within n standard deviations of the max, <= 0 off
+    xtc_probability: float = 0.0        # --xtc-probability: chance of removing the top tokens, 0 = off
+    xtc_threshold: float = 0.1          # --xtc-threshold: tokens above it are removed (all but the last), > 0.5 off
+    dynatemp_range: float = 0.0         # --dynatemp-range: temperature in temp +- range by entropy, 0 = off
+    dynatemp_exponent: float = 1.0      # --dynatemp-exp
+    mirostat: int = 0                   # --mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces the chain)
+    mirostat_tau: float = 5.0           # --mirostat-ent: target entropy
+    mirostat_eta: float = 0.1           # --mirostat-lr: learning rate
+    dry_multiplier: float = 0.0         # --dry-multiplier: 0 = off
+    dry_base: float = 1.75              # --dry-base
+    dry_allowed_length: int = 2         # --dry-allowed-length
+    dry_penalty_last_n: int = -1        # --dry-penalty-last-n: 0 = off, -1 = the context size
+    dry_sequence_breakers: tuple = ("\n", ":", "\"", "*")   # --dry-sequence-breaker
+    samplers: tuple = SAMPLER_NAMES     # --samplers: the stages in order
+    min_keep: int = 0                   # --min-keep: stages keep at least this many tokens (0 = off)
+
+    def __post_init__(self):
+        if isinstance(self.samplers, str):
+            object.__setattr__(self, "samplers", parse_samplers(self.samplers))
+        else:
+            object.__setattr__(self, "samplers", tuple(self.samplers))
+        for name in self.samplers:
+            if name not in SAMPLER_NAMES:
+                raise UsageError(f"unknown sampler {name!r}", hint="choose from " + ";".join(SAMPLER_NAMES))
+        object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
+        _finite("--temp", self.temp)
+        _finite("--top-p", self.top_p, 0.0, 1.0)
+        _finite("--min-p", self.min_p, 0.0, 1.0)
+        _finite("--typical", self.typ_p, 0.0, 1.0)
+        _finite("--repeat-penalty", self.repeat_penalty, 0.0, lo_open=True, what="positive (1.0 = off)")
+        _finite("--frequency-penalty", self.frequency_penalty)
+        _finite("--presence-penalty", self.presence_penalty)
+        _finite("--top-nsigma", self.top_n_sigma)
+        _finite("--xtc-probability", self.xtc_probability, 0.0, 1.0)
+        _finite("--xtc-threshold", self.xtc_threshold, 0.0, 1.0)
+        _finite("--dynatemp-range", self.dynatemp_range, 0.0)
+        _finite("--dynatemp-exp", self.dynatemp_exponent)
+        _finite("--mirostat-ent", self.mirostat_tau, 0.0)
+        _finite("--mirostat-lr", self.mirostat_eta, 0.0)
+        _finite("--dry-multiplier", self.dry_multiplier, 0.0)
+        _finite("--dry-base", self.dry_base, 1.0, what=">= 1")
+        if self.top_k < 0:
+            raise UsageError(f"invalid --top-k {self.top_k}: it must be >= 0 (0 = off)")
+        if self.mirostat not in (0, 1, 2):
+            raise UsageError(f"invalid --mirostat {self.mirostat}: 0 (off), 1 or 2")
+        if self.repeat_last_n < -1:
+            raise UsageError(f"invalid --repeat-last-n {self.repeat_last_n}: -1 (context size), 0 (off) or positive")
+        if self.dry_penalty_last_n < -1:
+            raise UsageError(f"invalid --dry-penalty-last-n {self.dry_penalty_last_n}: -1 (context size), 0 (off) "
+                             "or positive")
+        if self.dry_allowed_length < 0:
+            raise UsageError(f"invalid --dry-allowed-length {self.dry_allowed_length}: it must be >= 0")
+        if self.min_keep < 0:
+            raise UsageError(f"invalid --min-keep {self.min_keep}: it must be >= 0")

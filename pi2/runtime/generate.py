@@ -83,15 +83,19 @@ class Generation:
 def check_prompt(prompt_tokens: list, n_ctx: int) -> None:
     if not prompt_tokens:
         raise UsageError("the prompt is empty", hint="pass text with -p or -f")
+    if n_ctx - 4 < 1:
+        raise UsageError(f"no room for a prompt: {n_ctx} tokens of context left", hint="raise -c")
     if len(prompt_tokens) > n_ctx - 4:
         raise UsageError(f"prompt is too long ({len(prompt_tokens)} tokens, max {n_ctx - 4})",
                          hint="raise -c or shorten the prompt")
 
 
 def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: Sampler,
-             timings: Timings, ignore_eos: bool = False, on_text=None, special: bool = True) -> Generation:
+             timings: Timings, ignore_eos: bool = False, on_text=None, special: bool = True,
+             stop=()) -> Generation:
     """Evaluate the prompt (continuing ctx's cache) and generate up to n_predict tokens (-1: until an
-    end-of-generation token or a full context). `on_text(str)` receives text as it completes."""
+    end-of-generation token or a full context), or until the text ends with one of `stop` (-r, llama.cpp's
+    reverse prompts; stop_reason "reverse"). `on_text(str)` receives text as it completes."""
     gen = Generation(list(prompt_tokens))
     stream = StreamDecoder(tok, special=special)
     for t in prompt_tokens:
@@ -114,11 +118,14 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         gen.text += piece
         if on_text and piece:
             on_text(piece)
+        if stop and piece and any(gen.text[-len(r) - len(piece):].find(r) >= 0 for r in stop if r):
+            gen.stop_reason = "reverse"
+            break
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
             break
-        if ctx.n_past + 1 >= ctx.n_ctx:     # llama-completion: stop when n_past + 1 >= n_ctx
-            gen.stop_reason = "context"
+        if ctx.n_past + 1 >= ctx.n_ctx and not getattr(ctx, "ctx_shift", False):
+            gen.stop_reason = "context"     # llama-completion without --context-shift: stop when n_past + 1 >= n_ctx
             break
         logits = timed_decode(ctx, [token], timings)
     rest = stream.flush()

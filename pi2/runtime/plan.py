@@ -11,6 +11,7 @@ Does not: create the context (pi2/runtime/session.py) or print (the notes it col
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 
 from pi2.engine import CModel, default_threads, flash_io
@@ -67,6 +68,9 @@ def c_engine_gap(model: Model) -> str:
     return ""
 
 
+_WARNED: set = set()
+
+
 def resolve_ctx(model: Model, n_ctx: int) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given."""
     if n_ctx < 0:
@@ -74,6 +78,10 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     train = model.config.n_ctx_train
     n = train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
     check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "")
+    if n > train > 0 and ("ctx", n) not in _WARNED:
+        _WARNED.add(("ctx", n))     # as llama.cpp: once, and run anyway
+        print(f"pi2: warning: -c {n} is larger than the model's training context ({train}): "
+              "quality may fall beyond it", file=sys.stderr)
     return n
 
 

@@ -1,8 +1,12 @@
-"""sampling.py — llama.cpp's default sampler chain (penalties -> top-k -> top-p -> min-p -> temp -> dist) in numpy.
+"""sampling.py — llama.cpp's sampler chain in numpy: the stages of `--samplers` (penalties, dry, top_n_sigma, top_k,
+typ_p, top_p, min_p, xtc, temperature) in the order given, then a seeded draw (dist), or temp then mirostat 1 / 2.
 
-Semantics follow llama.cpp's src/llama-sampling.cpp and common/sampling.cpp (chain order, float32 logit
-arithmetic, "?name" for samplers that are no-ops, the "sampler params:" banner). The final draw uses numpy's
-PCG64 generator, not std::mt19937: a given seed reproduces pi2's own runs, not llama.cpp's token choices.
+Semantics and float32 arithmetic follow llama.cpp's src/llama-sampler.cpp and the chain common/sampling.cpp builds
+from the same parameters: candidate order, when a stage sorts, "?name" for stages that do nothing, the banner. The
+draws use std::mt19937 and libstdc++'s distributions (pi2/runtime/rng.py), so a seed gives llama.cpp's tokens on
+the same logits (tests/test_samplers_llamacpp.py checks this against libllama's output). DRY is in
+pi2/runtime/sampling_dry.py. No numpy warning reaches the terminal: -inf logits and zero probabilities are expected.
+Just over 400 lines: one class holds the chain so that every stage shares the candidates' order and sorted flag.
 """
 from __future__ import annotations
 
@@ -13,12 +17,12 @@ import numpy as np
 
 from pi2.errors import UsageError
 from pi2.runtime.config import SamplerParams
+from pi2.runtime.rng import Mt19937
+from pi2.runtime.sampling_dry import Dry, breaker_sequences
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # a seed of -1 wraps to this; both mean "pick a random seed"
-
-# top-p: when the candidates are not sorted yet, first try the 256 most likely ones, as llama.cpp does.
-_TOP_P_GUESS = 256
-_TOP_P_GUESS_MIN_SIZE = 1024
+_TOP_P_GUESS, _TOP_P_GUESS_MIN_SIZE = 256, 1024   # top-p on unsorted candidates: the 256 most likely first
+_F = np.float32
 
 
 def resolve_seed(seed: int) -> int:
@@ -30,15 +34,17 @@ def resolve_seed(seed: int) -> int:
 
 
 class _Candidates:
-    """llama_token_data_array: token ids with their (float32) logits, and whether they are sorted by logit."""
+    """llama_token_data_array: token ids with their float32 logits, probabilities when a stage computed them, and
+    whether they are sorted by logit (largest first)."""
 
-    __slots__ = ("ids", "logits", "sorted")
+    __slots__ = ("ids", "logits", "p", "sorted")
 
     def __init__(self, ids: np.ndarray, logits: np.ndarray, is_sorted: bool):
-        self.ids, self.logits, self.sorted = ids, logits, is_sorted
+        self.ids, self.logits, self.p, self.sorted = ids, logits, None, is_sorted
 
-    def take(self, order: np.ndarray, is_sorted: bool) -> None:
+    def take(self, order, is_sorted: bool) -> None:
         self.ids, self.logits, self.sorted = self.ids[order], self.logits[order], is_sorted
+        self.p = None if self.p is None else self.p[order]
 
 
 def _descending(logits: np.ndarray) -> np.ndarray:
@@ -47,97 +53,126 @@ def _descending(logits: np.ndarray) -> np.ndarray:
 
 
 def _top_k_order(logits: np.ndarray, k: int) -> np.ndarray:
-    """Indices of exactly k largest logits, sorted descending. Ties at the cut go to the lowest index.
-
-    llama.cpp also keeps exactly k, but which of several tied tokens survive at the cut depends on
-    std::partial_sort; pi2 fixes that choice to the lowest token ids.
-    """
+    """Indices of exactly k largest logits, sorted descending; ties at the cut go to the lowest index (llama.cpp's
+    std::partial_sort leaves that choice unspecified)."""
     n = logits.shape[0]
     if k >= n:
         return _descending(logits)
     part = np.argpartition(logits, n - k)[n - k:]
     thr = logits[part].min()
-    n_eq_part = int(np.count_nonzero(logits[part] == thr))
-    if n_eq_part != int(np.count_nonzero(logits == thr)):
+    if int(np.count_nonzero(logits[part] == thr)) != int(np.count_nonzero(logits == thr)):
         above = np.flatnonzero(logits > thr)
-        tied = np.flatnonzero(logits == thr)[: k - above.shape[0]]
-        part = np.concatenate([above, tied])
+        part = np.concatenate([above, np.flatnonzero(logits == thr)[: k - above.shape[0]]])
     else:
-        part.sort()  # index order, so the stable sort below breaks ties by lowest index
+        part.sort()
     return part[_descending(logits[part])]
 
 
-def _softmax_f32(logits: np.ndarray) -> np.ndarray:
-    """llama_sampler_softmax_impl: float32 expf(l - max), float32 running sum, in the current order."""
-    e = np.exp(logits - logits.max(), dtype=np.float32)
-    return e / np.cumsum(e, dtype=np.float32)[-1]
+def _seq_sum(x: np.ndarray, dtype=np.float32):
+    """A running sum in index order (C's for loop), not numpy's pairwise sum."""
+    return np.cumsum(x, dtype=dtype)[-1] if x.shape[0] else dtype(0)
+
+
+def _softmax(c: _Candidates, do_sort: bool = True) -> None:
+    """llama_sampler_softmax_impl: sort if asked, float32 expf(l - max), float32 running sum, divide."""
+    if do_sort and not c.sorted:
+        c.take(_descending(c.logits), True)
+    e = np.exp(c.logits - (c.logits[0] if c.sorted else c.logits.max()), dtype=np.float32)
+    c.p = e / _seq_sum(e)
+
+
+def _temp(c: _Candidates, temp) -> None:
+    """llama_sampler_temp_impl: divide by temp; temp <= 0 keeps only the first largest logit (others -inf)."""
+    if c.logits.shape[0] == 0:
+        return
+    if temp <= 0:
+        keep = int(np.argmax(c.logits))
+        out = np.full_like(c.logits, -np.inf)
+        out[keep] = c.logits[keep]
+        c.logits = out
+        return
+    c.logits = (c.logits / _F(temp)).astype(np.float32)
 
 
 class Sampler:
-    """The default llama-completion sampler chain over one vocabulary.
+    """llama-completion's sampler chain over one vocabulary.
 
-    accept() every token the context sees, prompt tokens included (llama-completion pushes the prompt into
-    the sampler so the repeat penalty covers it), then sample() the next token from a row of logits.
-    """
+    accept() every token the context sees, prompt tokens included (llama-completion pushes the prompt into the
+    sampler so the penalties cover it), then sample() the next token from a row of logits. `tokenizer` is needed
+    only for DRY's sequence breakers (text to tokens)."""
 
-    def __init__(self, params: SamplerParams, n_vocab: int, n_ctx: int):
+    def __init__(self, params: SamplerParams, n_vocab: int, n_ctx: int, tokenizer=None):
         if n_vocab <= 0:
             raise UsageError(f"sampler needs a positive vocabulary size, got {n_vocab}")
-        if params.repeat_last_n < -1:
-            raise UsageError(f"--repeat-last-n must be -1 (context size), 0 (off) or positive, "
-                             f"got {params.repeat_last_n}")
-        self.params = params
-        self.n_vocab = n_vocab
-        self.n_ctx = n_ctx
+        self.params, self.n_vocab, self.n_ctx = params, n_vocab, n_ctx
         # common_init_from_params turns -1 into the context size before the chain is built
         self.repeat_last_n = n_ctx if params.repeat_last_n == -1 else params.repeat_last_n
-        self.seed = resolve_seed(params.seed)
-        self._rng = np.random.Generator(np.random.PCG64(self.seed))
-        self._prev: deque[int] = deque()
-        self._count: dict[int, int] = {}
-        f32 = np.float32
-        self._repeat, self._freq, self._present = f32(params.repeat_penalty), f32(params.frequency_penalty), \
-            f32(params.presence_penalty)
-        self._f_temp, self._f_top_p, self._f_min_p = f32(params.temp), f32(params.top_p), f32(params.min_p)
+        self.dry_last_n = n_ctx if params.dry_penalty_last_n == -1 else params.dry_penalty_last_n
+        self._prev: deque = deque()
+        self._count: dict = {}
+        self._repeat, self._freq, self._present = _F(params.repeat_penalty), _F(params.frequency_penalty), \
+            _F(params.presence_penalty)
+        self._dry = None
+        if self.dry_active:
+            brk = breaker_sequences(tokenizer, params.dry_sequence_breakers) if tokenizer is not None else {}
+            self._dry = Dry(params.dry_multiplier, params.dry_base, params.dry_allowed_length, self.dry_last_n, brk)
+        self.reset(history=False)
 
     # -- which stages do anything (llama.cpp names a no-op stage "?name") --------------------------------
 
     @property
     def penalties_active(self) -> bool:
         p = self.params
-        return self.repeat_last_n > 0 and not (
+        return self.repeat_last_n != 0 and not (
             p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0)
 
-    def _stage_names(self) -> list[str]:
+    @property
+    def dry_active(self) -> bool:
         p = self.params
-        on = [("penalties", self.penalties_active), ("dry", False), ("top-n-sigma", False),
-              ("top-k", p.top_k > 0), ("typical", False), ("top-p", p.top_p < 1.0), ("min-p", p.min_p > 0.0),
-              ("xtc", False), ("temp-ext", p.temp != 1.0), ("dist", True)]
-        return [name if active else "?" + name for name, active in on]
+        return p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and self.dry_last_n != 0
+
+    def _active(self, name: str) -> bool:
+        p = self.params
+        return {"penalties": self.penalties_active, "dry": self.dry_active, "top_n_sigma": p.top_n_sigma > 0,
+                "top_k": p.top_k > 0, "typ_p": p.typ_p < 1.0, "top_p": p.top_p < 1.0, "min_p": p.min_p > 0.0,
+                "xtc": p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5,
+                "temperature": p.temp != 1.0 or p.dynatemp_range > 0}[name]
+
+    _LABEL = {"penalties": "penalties", "dry": "dry", "top_n_sigma": "top-n-sigma", "top_k": "top-k",
+              "typ_p": "typical", "top_p": "top-p", "min_p": "min-p", "xtc": "xtc", "temperature": "temp-ext"}
+
+    def _stage_names(self) -> list:
+        p = self.params
+        if p.mirostat:
+            return ["temp", "mirostat" if p.mirostat == 1 else "mirostat-v2"]
+        return [self._LABEL[s] if self._active(s) else "?" + self._LABEL[s] for s in p.samplers] + ["dist"]
 
     def describe(self) -> str:
         """The sampler banner llama-completion logs before generating (common_params_sampling::print)."""
         p = self.params
-        lines = [
+        return "\n".join([
             f"sampler seed: {self.seed}",
             "sampler params: ",
             f"\trepeat_last_n = {self.repeat_last_n}, repeat_penalty = {p.repeat_penalty:.3f}, "
             f"frequency_penalty = {p.frequency_penalty:.3f}, presence_penalty = {p.presence_penalty:.3f}",
-            f"\tdry_multiplier = 0.000, dry_base = 1.750, dry_allowed_length = 2, dry_penalty_last_n = {self.n_ctx}",
-            f"\ttop_k = {p.top_k}, top_p = {p.top_p:.3f}, min_p = {p.min_p:.3f}, xtc_probability = 0.000, "
-            f"xtc_threshold = 0.100, typical_p = 1.000, top_n_sigma = -1.000, temp = {p.temp:.3f}",
-            "\tmirostat = 0, mirostat_lr = 0.100, mirostat_ent = 5.000",
+            f"\tdry_multiplier = {p.dry_multiplier:.3f}, dry_base = {p.dry_base:.3f}, dry_allowed_length = "
+            f"{p.dry_allowed_length}, dry_penalty_last_n = {self.dry_last_n}",
+            f"\ttop_k = {p.top_k}, top_p = {p.top_p:.3f}, min_p = {p.min_p:.3f}, xtc_probability = "
+            f"{p.xtc_probability:.3f}, xtc_threshold = {p.xtc_threshold:.3f}, typical_p = {p.typ_p:.3f}, "
+            f"top_n_sigma = {p.top_n_sigma:.3f}, temp = {p.temp:.3f}",
+            f"\tmirostat = {p.mirostat}, mirostat_lr = {p.mirostat_eta:.3f}, mirostat_ent = {p.mirostat_tau:.3f}",
             "sampler chain: logits " + "".join(f"-> {n} " for n in self._stage_names()),
-        ]
-        return "\n".join(lines)
+        ])
 
     # -- history -------------------------------------------------------------------------------------
 
     def accept(self, token: int) -> None:
-        """Record a token (prompt or generated) in the repeat-penalty window of the last repeat_last_n."""
+        """Record a token (prompt or generated): the penalties' window and DRY's."""
+        token = int(token)
+        if self._dry is not None:
+            self._dry.accept(token)
         if self.repeat_last_n <= 0:
             return
-        token = int(token)
         self._prev.append(token)
         self._count[token] = self._count.get(token, 0) + 1
         if len(self._prev) > self.repeat_last_n:
@@ -148,104 +183,225 @@ class Sampler:
             else:
                 del self._count[old]
 
-    def reset(self) -> None:
-        """llama_sampler_reset: forget the history and re-seed (a new random seed when the seed is -1)."""
-        self._prev.clear()
-        self._count.clear()
-        self.seed = resolve_seed(self.params.seed)
-        self._rng = np.random.Generator(np.random.PCG64(self.seed))
+    def reset(self, history: bool = True) -> None:
+        """llama_sampler_reset: forget the history, re-seed every stage that draws (a new seed when it is -1)."""
+        if history:
+            self._prev.clear()
+            self._count.clear()
+            if self._dry is not None:
+                self._dry.reset()
+        p = self.params
+        self.seed = resolve_seed(p.seed)
+        self._rng_dist, self._rng_xtc = Mt19937(self.seed), Mt19937(self.seed)
+        self._mu = _F(2.0) * _F(p.mirostat_tau)
 
-    # -- the chain -----------------------------------------------------------------------------------
+    # -- the stages ----------------------------------------------------------------------------------
 
     def apply_penalties(self, logits: np.ndarray) -> np.ndarray:
         """llama_sampler_penalties_apply on a float32 copy: each distinct token in the window once."""
         x = np.array(logits, dtype=np.float32, copy=True)
         if x.shape != (self.n_vocab,):
             raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
-        if not self.penalties_active or not self._count:
-            return x
-        ids = np.fromiter(self._count.keys(), dtype=np.int64, count=len(self._count))
-        cnt = np.fromiter(self._count.values(), dtype=np.float32, count=len(self._count))
-        ids_ok = (ids >= 0) & (ids < self.n_vocab)
-        ids, cnt = ids[ids_ok], cnt[ids_ok]
-        lv = x[ids]
-        lv = np.where(lv <= 0, lv * self._repeat, lv / self._repeat).astype(np.float32)
-        lv -= cnt * self._freq + np.float32(1.0) * self._present
-        x[ids] = lv
+        self._penalties(x, None)
         return x
 
-    def _top_k(self, c: _Candidates) -> None:
-        k = self.params.top_k
-        if k <= 0:
+    def _penalties(self, x: np.ndarray, ids) -> None:
+        if not self.penalties_active or not self._count:
             return
-        c.take(_top_k_order(c.logits, min(k, c.logits.shape[0])), True)
+        tok = np.fromiter(self._count.keys(), dtype=np.int64, count=len(self._count))
+        cnt = np.fromiter(self._count.values(), dtype=np.float32, count=len(self._count))
+        ok = (tok >= 0) & (tok < self.n_vocab)
+        tok, cnt = tok[ok], cnt[ok]
+        if ids is not None:      # the candidates, in their order: find each penalised token's place
+            where = np.full(self.n_vocab, -1, dtype=np.int64)
+            where[ids] = np.arange(ids.shape[0])
+            j = where[tok]
+            cnt, pos = cnt[j >= 0], j[j >= 0]
+        else:
+            pos = tok
+        lv = x[pos]
+        lv = np.where(lv <= 0, lv * self._repeat, lv / self._repeat).astype(np.float32)
+        x[pos] = lv - (cnt * self._freq + _F(1.0) * self._present)
+
+    def _stage(self, name: str, c: _Candidates) -> None:
+        p = self.params
+        if name == "penalties":
+            if self.penalties_active:
+                self._penalties(c.logits, c.ids)
+                c.sorted = False
+        elif name == "dry":
+            if self._dry is not None:
+                self._dry.apply(c.ids, c.logits)
+                c.sorted = False
+        elif name == "top_k":
+            if p.top_k > 0:
+                k = min(p.top_k, c.logits.shape[0])
+                c.take(np.arange(k) if c.sorted else _top_k_order(c.logits, k), True)
+        elif name == "top_p":
+            self._top_p(c)
+        elif name == "min_p":
+            self._min_p(c)
+        elif name == "typ_p":
+            self._typical(c)
+        elif name == "top_n_sigma":
+            self._top_n_sigma(c)
+        elif name == "xtc":
+            self._xtc(c)
+        elif name == "temperature":
+            self._temp_ext(c)
 
     def _top_p(self, c: _Candidates) -> None:
-        if self.params.top_p >= 1.0:
+        p = _F(self.params.top_p)
+        if self.params.top_p >= 1.0 or c.logits.shape[0] == 0:
             return
-        probs = _softmax_f32(c.logits)
-        n = probs.shape[0]
+        _softmax(c, do_sort=False)
+        n = c.logits.shape[0]
         if c.sorted:
-            order = None
-            cum = np.cumsum(probs, dtype=np.float32)
-        else:
-            # like llama.cpp, try the most likely 256 first; widen (x16 here, to all there) if they fall short
+            order, cum = None, np.cumsum(c.p, dtype=np.float32)
+        else:   # like llama.cpp, try the most likely 256 first; widen if they fall short
             k = _TOP_P_GUESS if n > _TOP_P_GUESS_MIN_SIZE else n
             while True:
                 order = _top_k_order(c.logits, k) if k < n else _descending(c.logits)
-                cum = np.cumsum(probs[order], dtype=np.float32)
-                if k >= n or cum[-1] >= self._f_top_p:
+                cum = np.cumsum(c.p[order], dtype=np.float32)
+                if k >= n or cum[-1] >= p:
                     break
                 k = min(16 * k, n)
-        hit = np.flatnonzero(cum >= self._f_top_p)
+        hit = np.flatnonzero((cum >= p) & (np.arange(1, cum.shape[0] + 1) >= self.params.min_keep))
         last = int(hit[0]) + 1 if hit.shape[0] else n
-        if order is None:
-            c.take(np.arange(last), True)
-        else:
-            c.take(order[:last], True)
+        c.take(np.arange(last) if order is None else order[:last], True)
 
     def _min_p(self, c: _Candidates) -> None:
         if self.params.min_p <= 0.0 or c.logits.shape[0] == 0:
             return
-        log_p = np.float32(np.log(self._f_min_p))
+        log_p = _F(np.log(_F(self.params.min_p)))
         if not c.sorted:
             keep = np.flatnonzero(c.logits >= c.logits.max() + log_p)
-            if keep.shape[0]:
+            if keep.shape[0] and keep.shape[0] >= self.params.min_keep:
                 c.take(keep, False)
                 return
             c.take(_descending(c.logits), True)
-        below = np.flatnonzero(c.logits[1:] < c.logits[0] + log_p)  # the first token always stays
-        last = int(below[0]) + 1 if below.shape[0] else c.logits.shape[0]
-        c.take(np.arange(last), True)
+        below = 1 + np.flatnonzero(c.logits[1:] < c.logits[0] + log_p)  # the first token always stays
+        below = below[below >= self.params.min_keep]
+        c.take(np.arange(int(below[0]) if below.shape[0] else c.logits.shape[0]), True)
+
+    def _typical(self, c: _Candidates) -> None:
+        """llama_sampler_typical_apply: keep the tokens whose surprise is nearest the entropy, up to mass p."""
+        p = self.params
+        if p.typ_p >= 1.0 or c.logits.shape[0] == 0:
+            return
+        _softmax(c)
+        logp = np.log(c.p)
+        entropy = _seq_sum((-c.p * logp).astype(np.float32))
+        shifted = np.abs(-logp - entropy).astype(np.float32)
+        order = np.argsort(shifted, kind="stable")
+        cum = np.cumsum(c.p[order], dtype=np.float32)
+        idx = np.arange(order.shape[0])
+        ok = (cum > _F(p.typ_p)) & ((p.min_keep == 0) | (idx >= p.min_keep - 1))
+        hit = np.flatnonzero(ok)
+        c.take(order[: int(hit[0]) + 1 if hit.shape[0] else order.shape[0]], False)
+
+    def _top_n_sigma(self, c: _Candidates) -> None:
+        """llama_sampler_top_n_sigma_apply: logits below max - n * std (of the finite ones) become -inf."""
+        n = _F(self.params.top_n_sigma)
+        if n <= 0 or c.logits.shape[0] <= 1:
+            return
+        finite = c.logits[c.logits != -np.inf]
+        mx = max(c.logits[0], finite.max()) if finite.shape[0] else c.logits[0]
+        mean = _F(_seq_sum(finite) / _F(finite.shape[0])) if finite.shape[0] else _F(0)
+        acc = _F(np.sum(np.float64((finite - mean).astype(np.float32)) ** 2))
+        std = _F(np.sqrt(acc / _F(finite.shape[0]))) if finite.shape[0] else _F(0)
+        c.logits = np.where(c.logits < mx - n * std, _F(-np.inf), c.logits).astype(np.float32)
+
+    def _xtc(self, c: _Candidates) -> None:
+        """llama_sample_xtc_apply: with probability p, drop every token above the threshold but the least likely."""
+        p = self.params
+        if not self._active("xtc") or c.logits.shape[0] < 2:
+            return
+        if self._rng_xtc.uniform_float() > _F(p.xtc_probability):
+            return
+        _softmax(c)
+        above = np.flatnonzero(c.p < _F(p.xtc_threshold))
+        pos_last = (int(above[0]) if above.shape[0] else c.p.shape[0]) - 1
+        if pos_last > 0 and c.p.shape[0] - pos_last >= p.min_keep:
+            c.take(np.arange(pos_last, c.p.shape[0]), c.sorted)
+
+    def _temp_ext(self, c: _Candidates) -> None:
+        """llama_sampler_temp_ext_apply: temperature, or with --dynatemp-range one from the normalised entropy."""
+        p = self.params
+        if p.dynatemp_range <= 0:
+            _temp(c, p.temp)
+            return
+        if c.logits.shape[0] <= 1:
+            return
+        t, d = _F(p.temp), _F(p.dynatemp_range)
+        lo, hi = max(_F(0), t - d), t + d
+        max_entropy = -np.log(_F(1) / _F(c.logits.shape[0]))
+        _softmax(c)
+        pp = c.p[c.p > 0]
+        entropy = -_seq_sum((pp * np.log(pp)).astype(np.float32))
+        # llama.cpp's build contracts a + b * c into one fused multiply-add: one rounding, as in float64 here
+        dyn = _F(np.float64(lo) + np.float64(hi - lo) * np.float64(np.power(_F(entropy / max_entropy),
+                                                                             _F(p.dynatemp_exponent))))
+        _temp(c, dyn)
+        e = np.exp(c.logits.astype(np.float64) - np.float64(c.logits[0]))
+        c.p = (e / np.cumsum(e)[-1]).astype(np.float32)
 
     def _dist(self, c: _Candidates) -> int:
-        """llama_sampler_dist_apply: float32 softmax, double running sum, first index reaching sum*U[0,1)."""
+        """llama_sampler_dist_apply: float32 expf(l - max), double running sum, the first index reaching
+        sum * U[0, 1) (one draw even for a single candidate, as llama.cpp keeps its RNG aligned)."""
+        u = self._rng_dist.uniform_double()
         if c.ids.shape[0] == 1:
             return int(c.ids[0])
-        e = np.exp(c.logits - c.logits.max(), dtype=np.float32)
+        e = np.exp(c.logits - (c.logits[0] if c.sorted else c.logits.max()), dtype=np.float32)
         cum = np.cumsum(e, dtype=np.float64)
-        target = cum[-1] * self._rng.random()
-        i = min(int(np.searchsorted(cum, target, side="left")), c.ids.shape[0] - 1)
+        i = min(int(np.searchsorted(cum, cum[-1] * u, side="left")), c.ids.shape[0] - 1)
         return int(c.ids[i])
 
-    def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids and float32 logits left after penalties, top-k, top-p, min-p and temp (before the draw)."""
-        x = self.apply_penalties(logits)
-        c = _Candidates(np.arange(self.n_vocab), x, False)
-        self._top_k(c)
-        self._top_p(c)
-        self._min_p(c)
-        if self.params.temp > 0 and self.params.temp != 1.0:
-            c.logits = c.logits / self._f_temp
+    def _mirostat(self, c: _Candidates) -> int:
+        """Mirostat 1 (m = 100) or 2 after the plain temperature: truncate by surprise, draw, adapt mu."""
+        p = self.params
+        _temp(c, p.temp)
+        _softmax(c)
+        if p.mirostat == 1:
+            m = min(99, c.p.shape[0] - 1)
+            i = np.arange(m, dtype=np.float32)
+            t = np.log((i + _F(2)) / (i + _F(1))).astype(np.float32)
+            b = np.log(c.p[:m] / c.p[1:m + 1]).astype(np.float32)
+            s_hat = _seq_sum((t * b).astype(np.float32)) / _seq_sum((t * t).astype(np.float32)) if m > 0 else _F(np.nan)
+            eps = _F(s_hat - _F(1))
+            k = np.power(_F(eps * np.power(_F(2), self._mu)) / _F(_F(1) - np.power(_F(self.n_vocab), -eps)),
+                         _F(_F(1) / _F(s_hat)))
+            kk = int(k) if np.isfinite(k) and -2**31 <= k < 2**31 else -2**31    # x86's int() of NaN / inf
+            c.take(np.arange(min(max(kk, 1), c.p.shape[0])), True)
+        else:
+            over = np.flatnonzero(-np.log2(c.p) > self._mu)
+            c.take(np.arange(max(int(over[0]) if over.shape[0] else c.p.shape[0], 1)), True)
+        _softmax(c)
+        idx = self._rng_dist.discrete(c.p)
+        self._mu = _F(self._mu - _F(p.mirostat_eta) * _F(-np.log2(c.p[idx]) - _F(p.mirostat_tau)))
+        return int(c.ids[idx])
+
+    # -- the chain -----------------------------------------------------------------------------------
+
+    def candidates(self, logits: np.ndarray) -> tuple:
+        """Token ids and float32 logits left after the chain's stages (before the draw)."""
+        with np.errstate(all="ignore"):
+            c = self._run(logits)
         return c.ids, c.logits
 
-    def sample(self, logits: np.ndarray) -> int:
-        """One token from a row of n_vocab logits. temp <= 0 is greedy: argmax after penalties, lowest id on ties.
+    def _run(self, logits: np.ndarray) -> _Candidates:
+        x = np.array(logits, dtype=np.float32, copy=True)
+        if x.shape != (self.n_vocab,):
+            raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
+        c = _Candidates(np.arange(self.n_vocab), x, False)
+        if not self.params.mirostat:
+            for name in self.params.samplers:
+                self._stage(name, c)
+        return c
 
-        Does not accept() the token; the caller does, as with common_sampler_sample/accept.
-        """
-        if self.params.temp <= 0:
-            # top-k/top-p/min-p always keep the most likely token, so greedy is argmax after penalties
-            return int(np.argmax(self.apply_penalties(logits)))
-        ids, lv = self.candidates(logits)
-        return self._dist(_Candidates(ids, lv, True))
+    def sample(self, logits: np.ndarray) -> int:
+        """One token from a row of n_vocab logits. Does not accept() it; the caller does, as with
+        common_sampler_sample / common_sampler_accept."""
+        with np.errstate(all="ignore"):
+            c = self._run(logits)
+            return self._mirostat(c) if self.params.mirostat else self._dist(c)

@@ -85,11 +85,13 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     p = cfg if isinstance(cfg, RunPlan) else plan_run(model, cfg)
     for text in take_notes(p):
         print(f"pi2: note: {text}", file=sys.stderr)
+    n_keep = p.cfg.n_keep + int(bool(model.tokenizer.add_bos))    # llama-completion keeps the BOS too
     if p.engine == "reference":
         npu.attach(None, p.npu)
-        ref = MoEContext(model, p.n_ctx) if model.config.moe_family else ReferenceContext(model, p.n_ctx, p.rule)
+        ref = MoEContext(model, p.n_ctx) if model.config.moe_family else \
+            ReferenceContext(model, p.n_ctx, p.rule, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep)
         return Session(model, p, ref, p.npu)
-    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads)
+    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep)
     ctx.set_ffn(p.rule)
     npu.attach(ctx, p.npu)      # first: whether the NPU took the hot prefix decides the cache split in force
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu

@@ -116,6 +116,15 @@ void pi2_ctx_reset(pi2_ctx *c) {
 
 int32_t pi2_ctx_n_past(const pi2_ctx *c) { return c->n_past; }
 
+pi2_status pi2_ctx_truncate(pi2_ctx *c, int32_t n_keep) {
+    if (n_keep < 0 || n_keep > c->n_past)
+        return pi2_set_error(PI2_ERR_INVALID, "cannot keep %d of %d cached positions", n_keep, c->n_past);
+    if (atomic_exchange(&c->busy, 1)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
+    c->n_past = n_keep;      /* positions from n_keep on are overwritten by the next decode */
+    atomic_store(&c->busy, 0);
+    return PI2_OK;
+}
+
 void pi2_abort(pi2_ctx *c) { atomic_store(&c->abort, 1); }
 
 void pi2_set_trace(pi2_ctx *c, pi2_trace_fn fn, void *user) {

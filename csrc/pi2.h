@@ -194,6 +194,9 @@ pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, flo
 /* Forget the cache (n_past = 0). */
 void pi2_ctx_reset(pi2_ctx *ctx);
 int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
+/* Keep the first n_keep cached positions and forget the rest (n_past = n_keep): a prompt cache reuses the
+ * prefix it shares with the next prompt. PI2_ERR_INVALID: n_keep outside 0..n_past, or a decode is running. */
+pi2_status pi2_ctx_truncate(pi2_ctx *ctx, int32_t n_keep);
 /* Ask the running decode to stop at its next layer boundary (each decode clears the flag when it
  * starts). Safe from any thread or a signal handler. */
 void pi2_abort(pi2_ctx *ctx);

@@ -17,6 +17,10 @@ class UsageError(Pi2Error, ValueError):
     exit_code = 2
 
 
+class ContextFullError(UsageError):
+    """A prompt (or a conversation) longer than the context holds."""
+
+
 class ModelFormatError(Pi2Error, ValueError):
     """A model file that is not GGUF, is truncated or corrupted, or is inconsistent."""
 

@@ -93,10 +93,22 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
     """Evaluate the prompt (continuing ctx's cache) and generate up to n_predict tokens (-1: until an
     end-of-generation token or a full context). `on_text(str)` receives text as it completes."""
     gen = Generation(list(prompt_tokens))
+    for _token, piece in generate_steps(ctx, tok, gen, n_predict, sampler, timings, ignore_eos, special):
+        if on_text and piece:
+            on_text(piece)
+    return gen
+
+
+def generate_steps(ctx, tok: Tokenizer, gen: Generation, n_predict: int, sampler: Sampler, timings: Timings,
+                   ignore_eos: bool = False, special: bool = True, n_cached: int = 0):
+    """generate() one token at a time: yields (token, text it completes) per generated token, then
+    (None, the decoder's rest) once; fills `gen`. n_cached: the prompt's first tokens the context's cache already
+    holds (ctx.n_past == n_cached < len(prompt)); the sampler still sees the whole prompt. The caller may stop
+    iterating at any yield (gen then says what was generated so far)."""
     stream = StreamDecoder(tok, special=special)
-    for t in prompt_tokens:
+    for t in gen.prompt_tokens:
         sampler.accept(t)
-    logits = timed_decode(ctx, prompt_tokens, timings)
+    logits = timed_decode(ctx, gen.prompt_tokens[n_cached:], timings)
     while True:
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
@@ -112,8 +124,7 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         gen.tokens.append(token)
         piece = stream.push(token)
         gen.text += piece
-        if on_text and piece:
-            on_text(piece)
+        yield token, piece
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
             break
@@ -123,6 +134,4 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         logits = timed_decode(ctx, [token], timings)
     rest = stream.flush()
     gen.text += rest
-    if on_text and rest:
-        on_text(rest)
-    return gen
+    yield None, rest

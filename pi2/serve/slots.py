@@ -1,0 +1,145 @@
+"""slots.py — pi2 serve's slots: `--parallel N` sequences of one model (each its own context and prompt cache), a
+queue of requests beyond them, and the one engine thread that advances every busy slot a token at a time.
+
+Owns: which slot a request gets (the idle one whose cache shares the longest prefix with its prompt, as
+llama-server does), the queue's bound, cancellation (a request whose client went away is closed at its next
+token and its slot freed), and handing each piece to the request's callback. Does not: speak HTTP
+(pi2/serve/app.py) or generate (pi2.api.Sequence.stream).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+from pi2.api import Model, Sequence, Stream
+from pi2.errors import Pi2Error
+from pi2.runtime.config import SamplerParams
+
+
+class QueueFull(Pi2Error):
+    """Every slot is busy and the queue is full."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: its prompt and how to generate, and `emit(kind, value)` called from the engine thread with
+    ("piece", Piece), then ("done", Completion) or ("error", exception)."""
+    tokens: List[int]
+    max_tokens: int
+    sampling: SamplerParams
+    emit: Callable
+    stop: List[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    cancelled: bool = False
+    slot: Optional[int] = None
+
+
+class Slot:
+    def __init__(self, index: int, seq: Sequence):
+        self.index, self.seq = index, seq
+        self.job: Optional[Job] = None
+        self.stream: Optional[Stream] = None
+
+
+class Slots:
+    """The slots of one model and the engine thread that runs them (start() / stop())."""
+
+    def __init__(self, model: Model, n_parallel: int = 1, max_queue: int = 64):
+        self.model = model
+        self.slots = [Slot(i, model.sequence()) for i in range(n_parallel)]
+        self.max_queue = max_queue
+        self.pending: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="pi2-serve-engine", daemon=True)
+
+    def start(self) -> "Slots":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if len(self.pending) >= self.max_queue:
+                raise QueueFull(f"the server is busy: {len(self.slots)} slots busy and {len(self.pending)} "
+                                f"requests queued")
+            self.pending.append(job)
+            self._cond.notify_all()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: drop the job from the queue, or stop it at its next token."""
+        with self._cond:
+            job.cancelled = True
+            if job in self.pending:
+                self.pending.remove(job)
+            self._cond.notify_all()
+
+    def status(self) -> dict:
+        with self._cond:
+            busy = sum(s.job is not None for s in self.slots)
+            return {"slots_idle": len(self.slots) - busy, "slots_processing": busy, "queued": len(self.pending)}
+
+    # -- the engine thread --------------------------------------------------------------------------------
+
+    def _assign(self) -> None:
+        """Queued jobs to idle slots, first come first served; each to the idle slot sharing its longest prefix
+        (the least recently filled one on ties: the first)."""
+        while self.pending:
+            idle = [s for s in self.slots if s.job is None]
+            if not idle:
+                return
+            job = self.pending.popleft()
+            best = max(idle, key=lambda s: s.seq.common_prefix(job.tokens))
+            best.job, job.slot = job, best.index
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self.pending and all(s.job is None for s in self.slots):
+                    self._cond.wait()
+                if self._stopping:
+                    for s in self.slots:
+                        if s.stream is not None:
+                            s.stream.close()
+                    return
+                self._assign()
+                busy = [s for s in self.slots if s.job is not None]
+            for s in busy:
+                self._step(s)
+
+    def _free(self, s: Slot) -> None:
+        with self._cond:
+            s.job, s.stream = None, None
+
+    def _step(self, s: Slot) -> None:
+        """One token of the slot's job (the prompt and the first token when it starts)."""
+        job = s.job
+        try:
+            if job.cancelled:
+                if s.stream is not None:
+                    s.stream.close()
+                self._free(s)
+                return
+            if s.stream is None:
+                s.stream = s.seq.stream(job.tokens, max_tokens=job.max_tokens, sampling=job.sampling,
+                                        stop=job.stop, ignore_eos=job.ignore_eos)
+            piece = next(s.stream)
+            job.emit("piece", piece)
+            if s.stream.completion is not None:
+                job.emit("done", s.stream.completion)
+                self._free(s)
+        except Exception as e:     # noqa: BLE001 — the request fails, the server keeps serving
+            if s.stream is not None and s.stream.completion is None:
+                try:
+                    s.stream.close()
+                except Exception:   # noqa: BLE001
+                    pass
+            job.emit("error", e)
+            self._free(s)

@@ -67,7 +67,8 @@ class Slots:
 
     def submit(self, job: Job) -> None:
         with self._cond:
-            if len(self.pending) >= self.max_queue:
+            idle = sum(s.job is None for s in self.slots)
+            if len(self.pending) >= self.max_queue + idle:
                 raise QueueFull(f"the server is busy: {len(self.slots)} slots busy and {len(self.pending)} "
                                 f"requests queued")
             self.pending.append(job)

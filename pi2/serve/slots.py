@@ -41,6 +41,7 @@ class Slot:
         self.index, self.seq = index, seq
         self.job: Optional[Job] = None
         self.stream: Optional[Stream] = None
+        self.used = 0           # when it last took a job (Slots._uses)
 
 
 class Slots:
@@ -50,6 +51,7 @@ class Slots:
         self.model = model
         self.slots = [Slot(i, model.sequence()) for i in range(n_parallel)]
         self.max_queue = max_queue
+        self._uses = 0
         self.pending: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -91,14 +93,15 @@ class Slots:
 
     def _assign(self) -> None:
         """Queued jobs to idle slots, first come first served; each to the idle slot sharing its longest prefix
-        (the least recently filled one on ties: the first)."""
+        (the least recently used one on ties)."""
         while self.pending:
             idle = [s for s in self.slots if s.job is None]
             if not idle:
                 return
             job = self.pending.popleft()
-            best = max(idle, key=lambda s: s.seq.common_prefix(job.tokens))
-            best.job, job.slot = job, best.index
+            best = max(idle, key=lambda s: (s.seq.common_prefix(job.tokens), -s.used))
+            self._uses += 1
+            best.job, job.slot, best.used = job, best.index, self._uses
 
     def _loop(self) -> None:
         while True:

@@ -194,6 +194,14 @@ pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, flo
 /* Forget the cache (n_past = 0). */
 void pi2_ctx_reset(pi2_ctx *ctx);
 int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
+/* One token of each of n contexts of the same model in one step (a server's slots): the matrix products of the
+ * n tokens share one pass over the weights, each token attends to its own context's cache at its n_past, and each
+ * context's n_past advances by one. logits: n * n_vocab floats, row t equal bit for bit to what pi2_decode of
+ * tokens[t] on ctxs[t] gives. The contexts must be distinct, not full, on the dense FFN without streaming, NNAPI's
+ * hot prefix or a trace hook, and n <= the first context's n_batch (PI2_ERR_INVALID otherwise; PI2_ERR_UNSUPPORTED
+ * for a model storing ffn_down as rows). PI2_ERR_ABORTED if pi2_abort() was called on any of them (nothing
+ * advances). The first context's threads and scratch do the work. */
+pi2_status pi2_decode_multi(pi2_ctx *const *ctxs, const int32_t *tokens, int32_t n, float *logits);
 /* Keep the first n_keep cached positions and forget the rest (n_past = n_keep): a prompt cache reuses the
  * prefix it shares with the next prompt. PI2_ERR_INVALID: n_keep outside 0..n_past, or a decode is running. */
 pi2_status pi2_ctx_truncate(pi2_ctx *ctx, int32_t n_keep);

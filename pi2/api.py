@@ -119,15 +119,26 @@ class Stream:
         self._timings, self._stop, self._n_cached = timings, stop, n_cached
         self.completion: Optional[Completion] = None
         self.text = ""
+        self._pending: Optional[int] = None
 
     def __iter__(self) -> Iterator[Piece]:
         return self
 
     def __next__(self) -> Piece:
+        return self.advance()
+
+    @property
+    def pending_token(self) -> Optional[int]:
+        """The token last yielded, which the next step decodes (None before the first and after the last)."""
+        return self._pending
+
+    def advance(self, decoded=None) -> Piece:
+        """The next piece; decoded = (logits, ms) when the caller decoded pending_token itself (batched)."""
         if self.completion is not None:
             raise StopIteration
+        self._pending = None
         try:
-            token, piece = next(self._steps)
+            token, piece = next(self._steps) if decoded is None else self._steps.send(decoded)
         except StopIteration:
             return self._finish(self._stop.buf if not self._stop.hit else "", None)
         except BaseException:
@@ -140,6 +151,7 @@ class Stream:
         if token is None:    # the decoder's rest: the generation ended
             return self._finish(out + self._stop.buf, None)
         self.text += out
+        self._pending = token
         return Piece(out, token)
 
     def _finish(self, text: str, token, reason: str = "") -> Piece:
@@ -182,6 +194,14 @@ class Sequence:
     @property
     def n_ctx(self) -> int:
         return self.session.n_ctx
+
+    @property
+    def batchable(self) -> bool:
+        """Whether its decodes may join others in one step (pi2.engine.decode_multi): the C engine's dense FFN,
+        not streamed, no NNAPI hot prefix, and ffn_down stored as a matrix."""
+        s = self.session
+        return (s.engine == "c" and s.cache is None and s.plan.rule.rule == "dense" and s.npu.state != "nnapi"
+                and not s.model.config.ffn_down_t and not s.model.config.pi2)
 
     def _sync(self, gen) -> None:
         self.tokens = (list(gen.prompt_tokens) + list(gen.tokens))[:self.session.n_past]

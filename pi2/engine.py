@@ -531,3 +531,27 @@ class CContext:
         if stop:
             raise KeyboardInterrupt
         return result[0]
+
+
+def decode_multi(ctxs, tokens) -> np.ndarray:
+    """One token of each of several CContexts of one model in one step (pi2_decode_multi): the matrix products
+    share one pass over the weights, each token attends to its own context. Logits (n, n_vocab), row t equal to
+    ctxs[t].decode([tokens[t]]). For dense, unstreamed contexts; the first context's threads do the work."""
+    n = len(ctxs)
+    toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64).reshape(-1).astype(np.int32))
+    if n == 0 or toks.size != n:
+        raise UsageError("decode_multi needs one token per context")
+    out = np.empty((n, ctxs[0].cfg.n_vocab), np.float32)
+    handles = ffi.new("pi2_ctx *[]", [c._h for c in ctxs])
+    t0 = time.perf_counter()
+    status = lib.pi2_decode_multi(handles, ffi.from_buffer("int32_t[]", toks), n,
+                                  ffi.from_buffer("float[]", out, require_writable=True))
+    dt = (time.perf_counter() - t0) / n
+    for c in ctxs:
+        c._decode_s = getattr(c, "_decode_s", 0.0) + dt
+        c._decoded = getattr(c, "_decoded", 0) + 1
+    if status == lib.PI2_ERR_ABORTED:
+        raise KeyboardInterrupt
+    if status < 0:
+        raise _ERRORS.get(status, EngineError)(ffi.string(lib.pi2_last_error()).decode("utf-8", "replace"))
+    return out

@@ -5,7 +5,7 @@ and a free port. Passes when no request failed, every client's output equals the
 first, one client at a time), and the server's RSS grew by at most --max-rss-growth (5 %) from the end of the
 warm-up to the end. Reports the aggregate tokens/s of the 4 clients against one client alone. Exit 1 on failure.
 
-    python3 scripts/soak_server.py MODEL [--seconds 300] [-t 2] [--clients 4] [-n 48]
+    python3 scripts/soak_server.py MODEL [--seconds 300] [-t 2] [--clients 4] [-n 48] [--no-batch]
 """
 from __future__ import annotations
 
@@ -65,9 +65,10 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("-n", type=int, default=48, help="tokens per request")
     ap.add_argument("--max-rss-growth", type=float, default=0.05)
+    ap.add_argument("--no-batch", action="store_true", help="the server decodes each slot alone")
     a = ap.parse_args()
     proc = subprocess.Popen([sys.executable, "-m", "pi2", "serve", a.model, "--port", "0", "-t", str(a.threads),
-                             "-c", "1024", "-np", str(a.clients)], stderr=subprocess.PIPE, text=True)
+                             "-c", "1024", "-np", str(a.clients)] + (["--no-batch"] if a.no_batch else []), stderr=subprocess.PIPE, text=True)
     port = None
     for line in proc.stderr:
         m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
@@ -120,7 +121,7 @@ def main() -> int:
             code = None
     total = sum(st["tokens"] for st in stats)
     growth = (rss1 - rss0) / rss0
-    out = {"model": os.path.basename(a.model), "threads": a.threads, "clients": a.clients, "seconds": round(elapsed, 1),
+    out = {"model": os.path.basename(a.model), "threads": a.threads, "clients": a.clients, "batched": not a.no_batch, "seconds": round(elapsed, 1),
            "requests": sum(st["requests"] for st in stats), "failed": sum(len(st["failures"]) for st in stats),
            "mismatched_outputs": sum(st["mismatches"] for st in stats),
            "aggregate_tokens_per_s": round(total / elapsed, 2), "one_client_tokens_per_s": round(one_client_ts, 2),

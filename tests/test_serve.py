@@ -217,3 +217,23 @@ def test_full_queue_is_503_and_ctrl_c_exits_130(path):
     finally:
         code, log = s.stop()
     assert code == 130 and "Traceback" not in log and "interrupted" in log, log
+
+
+def test_serve_usage_errors_are_one_line(path, tmp_path):
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "pi2", "serve", str(path), "--port", str(port)],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith(f"pi2: error: cannot listen on 127.0.0.1:{port}"), r.stderr
+    for args, code in ((["-np", "0"], 2), (["--port", "70000"], 2), (["--max-body", "lots"], 2)):
+        r = subprocess.run([sys.executable, "-m", "pi2", "serve", str(path), *args], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == code and r.stderr.startswith("pi2: error:") and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "pi2", "serve", str(tmp_path / "none.gguf"), "--port", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.startswith("pi2: error:") and "Traceback" not in r.stderr, r.stderr

@@ -104,7 +104,8 @@ def generate_steps(ctx, tok: Tokenizer, gen: Generation, n_predict: int, sampler
     """generate() one token at a time: yields (token, text it completes) per generated token, then
     (None, the decoder's rest) once; fills `gen`. n_cached: the prompt's first tokens the context's cache already
     holds (ctx.n_past == n_cached < len(prompt)); the sampler still sees the whole prompt. The caller may stop
-    iterating at any yield (gen then says what was generated so far)."""
+    iterating at any yield (gen then says what was generated so far), or send (logits, ms) of the token just yielded,
+    decoded by the caller (pi2.engine.decode_multi: several sequences in one step), instead of next()."""
     stream = StreamDecoder(tok, special=special)
     for t in gen.prompt_tokens:
         sampler.accept(t)
@@ -124,14 +125,18 @@ def generate_steps(ctx, tok: Tokenizer, gen: Generation, n_predict: int, sampler
         gen.tokens.append(token)
         piece = stream.push(token)
         gen.text += piece
-        yield token, piece
+        done = yield token, piece         # (logits, ms): the caller decoded `token` already (batched with others)
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
             break
         if ctx.n_past + 1 >= ctx.n_ctx:     # llama-completion: stop when n_past + 1 >= n_ctx
             gen.stop_reason = "context"
             break
-        logits = timed_decode(ctx, [token], timings)
+        if done is None:
+            logits = timed_decode(ctx, [token], timings)
+        else:
+            logits = done[0]
+            timings.record_decode(1, done[1])
     rest = stream.flush()
     gen.text += rest
     yield None, rest

@@ -37,7 +37,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(model_path, *, host: str = "127.0.0.1", port: int = 8080, api_key: Optional[str] = None,
           n_parallel: int = 1, max_queue: int = 64, max_body: int = 8 << 20, chat_template: Optional[str] = None,
-          **options) -> None:
+          batched: bool = True, **options) -> None:
     """Serve `model_path` until interrupted (KeyboardInterrupt propagates: the CLI exits 130). options: pi2.load's."""
     if n_parallel < 1:
         raise UsageError(f"invalid --parallel {n_parallel}: at least 1 slot")
@@ -46,7 +46,10 @@ def serve(model_path, *, host: str = "127.0.0.1", port: int = 8080, api_key: Opt
     sock = bind(host, port)
     try:
         model = load(model_path, chat_template=chat_template, **options)
-        slots = Slots(model, n_parallel, max_queue).start()
+        if model.template_fallback:     # llama-server's behaviour: warn, then use ChatML
+            print("pi2: warning: the model has no chat template (tokenizer.chat_template); chat uses ChatML",
+                  file=sys.stderr)
+        slots = Slots(model, n_parallel, max_queue, batched).start()
         server = Server(slots, api_key, max_body)
         config = uvicorn.Config(server.app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                                 lifespan="off")

@@ -3,17 +3,20 @@ queue of requests beyond them, and the one engine thread that advances every bus
 
 Owns: which slot a request gets (the idle one whose cache shares the longest prefix with its prompt, as
 llama-server does), the queue's bound, cancellation (a request whose client went away is closed at its next
-token and its slot freed), and handing each piece to the request's callback. Does not: speak HTTP
+token and its slot freed), handing each piece to the request's callback, and decoding the busy slots' next
+tokens in one batched step (pi2.engine.decode_multi: one pass over the weights for all) where the engine can. Does not: speak HTTP
 (pi2/serve/app.py) or generate (pi2.api.Sequence.stream).
 """
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from pi2.api import Model, Sequence, Stream
+from pi2.engine import decode_multi
 from pi2.errors import Pi2Error
 from pi2.runtime.config import SamplerParams
 
@@ -47,8 +50,9 @@ class Slot:
 class Slots:
     """The slots of one model and the engine thread that runs them (start() / stop())."""
 
-    def __init__(self, model: Model, n_parallel: int = 1, max_queue: int = 64):
+    def __init__(self, model: Model, n_parallel: int = 1, max_queue: int = 64, batched: bool = True):
         self.model = model
+        self.batched = batched      # decode the slots' tokens in one step (pi2_decode_multi) where the engine can
         self.slots = [Slot(i, model.sequence()) for i in range(n_parallel)]
         self.max_queue = max_queue
         self._uses = 0
@@ -115,15 +119,36 @@ class Slots:
                     return
                 self._assign()
                 busy = [s for s in self.slots if s.job is not None]
+            batch = [s for s in busy if self._batchable(s)] if self.batched else []
+            done = self._decode_batch(batch) if len(batch) > 1 else {}
             for s in busy:
-                self._step(s)
+                self._step(s, done.get(s.index))
+
+    def _batchable(self, s: Slot) -> bool:
+        """A slot whose next step decodes one token it has sampled (not a prompt), on a dense C context."""
+        st = s.stream
+        return (st is not None and st.pending_token is not None and not s.job.cancelled and s.seq.batchable
+                and s.seq.session.n_past + 1 < s.seq.n_ctx)
+
+    def _decode_batch(self, batch: list) -> dict:
+        """Their pending tokens decoded in one step: {slot index: (logits, ms)}; {} when the engine refuses (each
+        slot then decodes alone)."""
+        t0 = time.perf_counter()
+        try:
+            logits = decode_multi([s.seq.session.ctx for s in batch], [s.stream.pending_token for s in batch])
+        except Pi2Error:
+            self.batched = False     # e.g. a model whose FFN the batched step does not compute: stop trying
+            return {}
+        ms = (time.perf_counter() - t0) * 1e3 / len(batch)
+        return {s.index: (row, ms) for s, row in zip(batch, logits)}
 
     def _free(self, s: Slot) -> None:
         with self._cond:
             s.job, s.stream = None, None
 
-    def _step(self, s: Slot) -> None:
-        """One token of the slot's job (the prompt and the first token when it starts)."""
+    def _step(self, s: Slot, decoded=None) -> None:
+        """One token of the slot's job (the prompt and the first token when it starts); decoded: its pending
+        token's (logits, ms) from a batched step."""
         job = s.job
         try:
             if job.cancelled:
@@ -134,7 +159,7 @@ class Slots:
             if s.stream is None:
                 s.stream = s.seq.stream(job.tokens, max_tokens=job.max_tokens, sampling=job.sampling,
                                         stop=job.stop, ignore_eos=job.ignore_eos)
-            piece = next(s.stream)
+            piece = s.stream.advance(decoded)
             job.emit("piece", piece)
             if s.stream.completion is not None:
                 job.emit("done", s.stream.completion)

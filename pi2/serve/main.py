@@ -14,6 +14,11 @@ from pi2.errors import Pi2Error, UsageError
 from pi2.serve.app import Server
 from pi2.serve.slots import Slots
 
+# The engine thread wants the GIL back the moment a decode returns; Python's default switch interval (5 ms) lets
+# the HTTP thread hold it for up to most of a small model's token. 0.5 ms: +6 % streamed tokens/s on SmolLM2
+# (two interleaved A/B rounds, -t 2, AMD EPYC, 2 cores).
+SWITCH_S = 0.0005
+
 
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, or a one-line error (address in use, no such host)."""
@@ -43,6 +48,7 @@ def serve(model_path, *, host: str = "127.0.0.1", port: int = 8080, api_key: Opt
         raise UsageError(f"invalid --parallel {n_parallel}: at least 1 slot")
     if max_queue < 0:
         raise UsageError(f"invalid --queue {max_queue}")
+    sys.setswitchinterval(SWITCH_S)
     sock = bind(host, port)
     try:
         model = load(model_path, chat_template=chat_template, **options)

@@ -8,6 +8,7 @@
  *       matrix products of the tokens share one pass over the weights, each token attends to its own cache.
  * Does not: allocate (context.c sized everything) or choose kernels (traits table). Every split
  *       (here, matmul.c, ops.c) gives each thread whole output elements, so any thread count agrees. */
+#include "io/io.h"
 #include "context.h"
 #include "ffn_predict.h"
 #include "ffn_sparse.h"
@@ -250,6 +251,7 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
         float *out = all_logits ? logits + (size_t)i * n_vocab : i + n == n_tokens ? logits : NULL;
         if (!(s = step(c, tokens + i, n, out, all_logits))) c->n_past += n;
     }
+    if (!s) s = io_map_guard_check(c->m->map_guard);   /* the file failed under its mapping: no logits from zeros */
     if (s || atomic_exchange(&c->abort, 0)) {
         c->n_past = start;
         atomic_store(&c->busy, 0);

@@ -8,12 +8,14 @@
  * Determinism: every out[t][r] is one vec_dot of fixed inputs, whichever thread computes it; which
  *       float order (vec_dot or vec_dot_batch) depends on the batch size and t as in ggml. */
 #include "matmul.h"
+#include "kernels/pack.h"
 #include "kernels/traits.h"
 
 #define MAX_GROUP 4
 #define TASKS_PER_THREAD 8   /* enough tasks to balance a busy core, few enough to keep the counter cold */
 #define MIN_ROWS 8
 #define TILE_TOK 16
+#define PACK_TOK 256         /* tokens per unpacking of a packed group (its 8 rows stay in L1 for them) */
 
 typedef struct {
     const pi2_mm *mm;
@@ -28,6 +30,7 @@ typedef struct {
     size_t xw_row[MAX_GROUP];
     pi2_act_prep_fn prep[MAX_GROUP];  /* fills xw from xq, in mm[i]'s first user of that type; or NULL */
     pi2_vec_dot_rows4_fn rows4[MAX_GROUP]; /* four rows x one token (used when n_tok == 1), or NULL */
+    pi2_vec_dot_pack_fn pack[MAX_GROUP];   /* mm[i].w->packed's kernel, or NULL: the mapped rows */
     const uint8_t *xq[MAX_GROUP];     /* quantized x for mm[i] */
     size_t xq_row[MAX_GROUP];         /* bytes per quantized row */
     int32_t first_task[MAX_GROUP + 1];
@@ -84,61 +87,94 @@ static void quantize_task(void *arg, int32_t t, int32_t thread) {
         if (j->prep[i]) j->prep[i](j->xq[i] + (size_t)t * j->xq_row[i], (uint8_t *)j->xw[i] + (size_t)t * j->xw_row[i], j->n_in);
 }
 
+/* Rows [r0, r1) of mm[i] for tokens [t0, t1); row r at base + (r - rbase)·row_bytes (the mapped rows, or one
+ * packed group unpacked). Four or two rows at a time where the type has such kernels, the batch orders as ggml. */
+static void tile_rows(const mm_job *j, int32_t i, const uint8_t *base, int64_t rbase, int64_t r0, int64_t r1,
+                      int32_t t0, int32_t t1) {
+    const pi2_weight *w = j->mm[i].w;
+    const pi2_type_traits *tr = j->tr[i];
+    float *out = j->mm[i].out;
+#define ROW(r) (base + (size_t)((r) - rbase) * w->row_bytes)
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = ROW(r);
+        const int rows = j->dot4x4[i] && r + 3 < r1 ? 4 : j->dot4x2[i] && r + 1 < r1 ? 2 : 1;
+        if (rows > 1 && t1 - t0 >= 4) {   /* rows r .. r+rows-1: same orders as vec_dot */
+            const pi2_vec_dot4x2_fn fn = rows == 4 ? j->dot4x4[i] : j->dot4x2[i];
+            int32_t t = t0;
+            if (rows == 4 && j->dot8x4[i])
+                for (; t + 8 <= t1; t += 8)
+                    j->dot8x4[i](w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
+                                 w->row_bytes, j->xw[i] + (size_t)t * j->xw_row[i], j->xw_row[i]);
+            for (; t + 4 <= t1; t += 4)
+                fn(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
+                   w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
+            for (; t < t1; t++)
+                for (int64_t k = r; k < r + rows; k++)
+                    tr->vec_dot(w->n_in, &out[(size_t)t * w->n_out + k], ROW(k), j->xq[i] + (size_t)t * j->xq_row[i]);
+            r += rows - 1;
+            continue;
+        }
+        for (int32_t t = t0; t < t1; t++) {
+            float *o = &out[(size_t)t * w->n_out + r];
+            const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
+            const int batch = uses_batch(j, tr, t);
+            const pi2_vec_dot4_fn dot4 = batch ? tr->vec_dot_batch4 : tr->vec_dot4;
+            if (batch && j->batch8[i] && t + 8 <= t1 && uses_batch(j, tr, t + 7)) {
+                j->batch8[i](w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+7, same orders */
+                t += 7;
+            } else if (dot4 && t + 4 <= t1 && uses_batch(j, tr, t + 3) == batch) {
+                dot4(w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+3, same orders */
+                t += 3;
+            } else
+                (uses_batch(j, tr, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, o, row, xq);
+        }
+    }
+#undef ROW
+}
+
+/* Packed rows [r0, r1) (whole groups): one token, eight rows per call; a batch, each group unpacked once per
+ * PACK_TOK tokens into a stack buffer and computed as plain rows (the same kernels, the same results). */
+static void packed_rows(const mm_job *j, int32_t i, int64_t r0, int64_t r1) {
+    const pi2_weight *w = j->mm[i].w;
+    if (j->n_tok == 1) {
+        for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS)
+            j->pack[i](w->n_in, &j->mm[i].out[r], w->packed + (size_t)r * w->row_bytes, j->xq[i]);
+        return;
+    }
+    uint8_t buf[PI2_PACK_ROWS * PI2_PACK_MAX_ROW_BYTES];
+    const int64_t nb = w->n_in / j->tr[i]->block_size;
+    for (int32_t s0 = 0; s0 < j->n_tok; s0 += PACK_TOK) {
+        const int32_t s1 = s0 + PACK_TOK < j->n_tok ? s0 + PACK_TOK : j->n_tok;
+        for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
+            pi2_unpack_group(w->type, w->packed + (size_t)r * w->row_bytes, nb, buf, w->row_bytes);
+            for (int32_t t0 = s0; t0 < s1; t0 += TILE_TOK)
+                tile_rows(j, i, buf, r, r, r + PI2_PACK_ROWS, t0, t0 + TILE_TOK < s1 ? t0 + TILE_TOK : s1);
+        }
+    }
+}
+
 static void dot_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     mm_job *j = arg;
     int32_t i = 0;
     while (task >= j->first_task[i + 1]) i++;
     const pi2_weight *w = j->mm[i].w;
-    const pi2_type_traits *tr = j->tr[i];
     const int64_t r0 = (int64_t)(task - j->first_task[i]) * j->rows_per_task;
     const int64_t r1 = r0 + j->rows_per_task < w->n_out ? r0 + j->rows_per_task : w->n_out;
     float *out = j->mm[i].out;
+    if (j->pack[i]) {
+        packed_rows(j, i, r0, r1);
+        return;
+    }
     if (j->n_tok == 1 && j->rows4[i]) {   /* one token: four rows at a time, vec_dot's order per row */
         int64_t r = r0;
         for (; r + 4 <= r1; r += 4)
             j->rows4[i](w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, w->row_bytes, j->xq[i]);
-        for (; r < r1; r++) tr->vec_dot(w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, j->xq[i]);
+        for (; r < r1; r++) j->tr[i]->vec_dot(w->n_in, &out[r], w->data + (size_t)r * w->row_bytes, j->xq[i]);
         return;
     }
-    for (int32_t t0 = 0; t0 < j->n_tok; t0 += TILE_TOK) {
-        const int32_t t1 = t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-            const int rows = j->dot4x4[i] && r + 3 < r1 ? 4 : j->dot4x2[i] && r + 1 < r1 ? 2 : 1;
-            if (rows > 1 && t1 - t0 >= 4) {   /* rows r .. r+rows-1: same orders as vec_dot */
-                const pi2_vec_dot4x2_fn fn = rows == 4 ? j->dot4x4[i] : j->dot4x2[i];
-                int32_t t = t0;
-                if (rows == 4 && j->dot8x4[i])
-                    for (; t + 8 <= t1; t += 8)
-                        j->dot8x4[i](w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
-                                     w->row_bytes, j->xw[i] + (size_t)t * j->xw_row[i], j->xw_row[i]);
-                for (; t + 4 <= t1; t += 4)
-                    fn(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, row,
-                       w->row_bytes, j->xq[i] + (size_t)t * j->xq_row[i], j->xq_row[i]);
-                for (; t < t1; t++)
-                    for (int64_t k = r; k < r + rows; k++)
-                        tr->vec_dot(w->n_in, &out[(size_t)t * w->n_out + k], w->data + (size_t)k * w->row_bytes,
-                                    j->xq[i] + (size_t)t * j->xq_row[i]);
-                r += rows - 1;
-                continue;
-            }
-            for (int32_t t = t0; t < t1; t++) {
-                float *o = &out[(size_t)t * w->n_out + r];
-                const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
-                const int batch = uses_batch(j, tr, t);
-                const pi2_vec_dot4_fn dot4 = batch ? tr->vec_dot_batch4 : tr->vec_dot4;
-                if (batch && j->batch8[i] && t + 8 <= t1 && uses_batch(j, tr, t + 7)) {
-                    j->batch8[i](w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+7, same orders */
-                    t += 7;
-                } else if (dot4 && t + 4 <= t1 && uses_batch(j, tr, t + 3) == batch) {
-                    dot4(w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+3, same orders */
-                    t += 3;
-                } else
-                    (uses_batch(j, tr, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, o, row, xq);
-            }
-        }
-    }
+    for (int32_t t0 = 0; t0 < j->n_tok; t0 += TILE_TOK)
+        tile_rows(j, i, w->data, 0, r0, r1, t0, t0 + TILE_TOK < j->n_tok ? t0 + TILE_TOK : j->n_tok);
 }
 
 void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
@@ -159,6 +195,7 @@ void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const 
         j.dot8x4[i] = j.dot4x4[i] && n_tok >= 8 ? pi2_kernels_dot8x4(mm[i].w->type, env->impl) : NULL;
         j.batch8[i] = j.tr[i]->vec_dot_batch4 ? pi2_kernels_batch8(mm[i].w->type, env->impl) : NULL;
         j.rows4[i] = pi2_kernels_dot_rows4(mm[i].w->type, env->impl);
+        j.pack[i] = mm[i].w->packed ? j.tr[i]->vec_dot_pack : NULL;
         j.xq_row[i] = act_row_bytes(j.tr[i], j.n_in, env->impl);
         int32_t f = 0;
         while (f < j.n_formats && j.qtr[f]->vec_dot_type != j.tr[i]->vec_dot_type) f++;

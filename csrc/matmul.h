@@ -14,6 +14,8 @@ typedef struct {
     int32_t type;          /* ggml type id */
     int64_t n_in, n_out;   /* values per row, rows */
     size_t row_bytes;
+    const uint8_t *packed; /* the same rows in the x8 layout (kernels/pack.h), or NULL; used where the table has
+                              the type's vec_dot_pack (dense products), the mapped rows everywhere else */
 } pi2_weight;
 
 /* One product of a group sharing the input: out [n_tok][w->n_out]. */

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "model.h"
 #include "internal.h"
+#include "io/io.h"
 #include "kernels/lowbit.h"
 #include "ops.h"
 
@@ -144,7 +145,7 @@ static pi2_weight weight_view(const pi2_model *m, const pi2_tensor_desc *d) {
     const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
     const int32_t bits = pi2_lowbit_bits(d->type);
     const size_t row = bits ? pi2_lowbit_row_bytes(bits, d->ne[0]) : (size_t)(d->ne[0] / t->block_size) * (size_t)t->type_size;
-    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1], d->row_stride ? (size_t)d->row_stride : row};
+    return (pi2_weight){m->map + d->offset, d->type, d->ne[0], d->ne[1], d->row_stride ? (size_t)d->row_stride : row, NULL};
 }
 
 static void place(pi2_model *m, const pi2_tensor_desc *d) {
@@ -190,7 +191,7 @@ static pi2_status map_file(pi2_model *m, const char *path) {
     } else {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) s = pi2_set_error(PI2_ERR_IO, "cannot map %s: %s", path, strerror(errno));
-        else { m->map = p; m->map_size = (size_t)st.st_size; }
+        else { m->map = p; m->map_size = (size_t)st.st_size; m->map_guard = io_map_guard_add(p, m->map_size, path, fd); }
     }
     close(fd);
     return s;
@@ -205,6 +206,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
     pi2_status s = check_params(params);
     if (s) return s;
     pi2_model *m = calloc(1, sizeof *m);
+    if (m) m->map_guard = -1;
     const size_t n_seen = (size_t)PI2_TENSOR_COUNT * ((size_t)params->n_layer + 1);
     uint8_t *seen = calloc(n_seen, 1);
     if (!m || !seen || !(m->layers = calloc((size_t)params->n_layer, sizeof *m->layers))) {
@@ -269,8 +271,11 @@ fail:
 
 void pi2_model_free(pi2_model *m) {
     if (!m) return;
+    io_map_guard_remove(m->map_guard);
     if (m->map) munmap((void *)m->map, m->map_size);
     free(m->gelu_table);
+    free(m->packs[0]);
+    free(m->packs[1]);
     free(m->layers);
     free(m);
 }

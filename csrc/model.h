@@ -30,12 +30,15 @@ struct pi2_model {
     pi2_model_params hp;
     const uint8_t *map;          /* the whole file, PROT_READ */
     size_t map_size;
+    int map_guard;               /* io_map_guard id of map (-1: none) */
     pi2_weight token_embd;       /* [n_vocab] rows of n_embd */
     pi2_weight output;           /* [n_vocab] rows of n_embd (token_embd's bytes when tied) */
     const float *output_norm;    /* [n_embd] */
     const float *rope_freqs;     /* [n_rot/2] or NULL */
     pi2_layer *layers;           /* [n_layer] */
     pi2_fp16 *gelu_table;        /* [65536] when ffn_act is GELU, else NULL */
+    void *packs[2];              /* pi2_model_repack's copies (attention and output; FFN), or NULL */
+    int64_t packed_bytes;        /* their size */
 };
 
 #endif

@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#define PI2_ABI_VERSION 9u
+#define PI2_ABI_VERSION 10u
 
 static _Thread_local char last_error[512];
 

@@ -24,6 +24,14 @@ uint32_t pi2_abi_version(void);
 /* The message of the last error on this thread ("" when none). */
 const char *pi2_last_error(void);
 
+/* Guard a read-only file mapping the caller made (Python's map of a model file): a SIGBUS inside it (the file
+ * truncated, a device error) maps a zero page there instead of killing the process, and pi2_map_guard_check then
+ * fails with PI2_ERR_IO naming `path`, the offset and the errno (also when the file `fd` (-1: unknown) has shrunk).
+ * Returns an id; -1 when nothing is guarded (every call takes -1). pi2 guards its own mappings itself. */
+int32_t pi2_map_guard_add(const void *base, uint64_t size, const char *path, int32_t fd);
+void pi2_map_guard_remove(int32_t id);
+pi2_status pi2_map_guard_check(int32_t id);
+
 /* ---- kernels: ggml block types, dequantization, activation quantization, matvec ----
  * Types are ggml type ids (formats.md §2). Known: F32 0, F16 1, Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7,
  * Q8_0 8, Q8_1 9, Q4_K 12, Q5_K 13, Q6_K 14, Q8_K 15, BF16 30 (Q8_1 and Q8_K are activation-only).
@@ -76,6 +84,21 @@ pi2_status pi2_quantize_act(int32_t vdt, const float *x, int64_t n, void *out);
  * impl selects the kernels (pi2_impl). Errors as pi2_dequantize_rows; also activation-only type. */
 pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_rows, int64_t n_cols,
                       const void *x_q, float *out, int32_t impl);
+
+/* The CPU variant the PI2_IMPL_AUTO kernels were chosen for (CPUID vendor/family/model on x86-64, HWCAP and
+ * MIDR on aarch64): a short name ("zen4-zmm", "intel-zmm", "intel-skx-ymm", "avx2", "neon-dotprod") and, in
+ * *why when why is not NULL, the CPU it saw and the reason. */
+const char *pi2_kernel_variant(const char **why);
+
+/* The x8 repacked layout (kernels/pack.h: groups of 8 rows, each block column's fields of the 8 rows side by
+ * side): dst = src's n_rows plain rows packed (unpack 0) or src's packed rows unpacked (1). n_rows a multiple
+ * of 8; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0. PI2_ERR_UNSUPPORTED: other types; PI2_ERR_INVALID: shapes, NULL. */
+pi2_status pi2_repack_rows(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, void *dst, int32_t unpack);
+
+/* pi2_matvec on packed rows (pi2_repack_rows) with the packed kernels of `impl`, which return the plain
+ * kernels' bits. PI2_ERR_UNSUPPORTED: the table has no packed kernel for the type; else as pi2_matvec. */
+pi2_status pi2_matvec_packed(int32_t type, const void *packed, int64_t n_rows, int64_t n_cols, const void *x_q,
+                             float *out, int32_t impl);
 
 /* ---- models, contexts and the forward pass ----
  * Python reads the GGUF metadata and describes every tensor the forward pass uses with a flat
@@ -167,6 +190,12 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params,
                           const pi2_tensor_desc *tensors, int32_t n_tensors, pi2_model **out);
 /* Unmap and free (NULL is fine). Free every context of the model first. */
 void pi2_model_free(pi2_model *model);
+/* Repack at load (csrc/model_pack.c): copy the matrices the dense products read into the x8 layout for the
+ * packed kernels of table `impl` — attention and output, and with ffn != 0 the FFN's gate, up and down too —
+ * where that table has a packed kernel for their type; the mapped pages they replace are released. Results
+ * stay bit-identical. Call before any decode; again with ffn = 1 to add the FFN. *bytes (may be NULL) = the
+ * bytes the copies hold. PI2_ERR_NOMEM; PI2_ERR_INVALID: NULL model, bad impl. */
+pi2_status pi2_model_repack(pi2_model *model, int32_t impl, int32_t ffn, int64_t *bytes);
 
 typedef struct {
     int32_t n_ctx;      /* positions in the KV cache */

@@ -18,7 +18,7 @@ import numpy as np
 
 from pi2.errors import EngineError, ModelFormatError, UnsupportedError, UsageError
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 try:
     from pi2._pi2 import ffi, lib
@@ -38,6 +38,21 @@ def check(status: int) -> int:
         msg = ffi.string(lib.pi2_last_error()).decode("utf-8", "replace") or f"C core error {status}"
         raise _ERRORS.get(status, EngineError)(msg)
     return status
+
+
+def guard_mapping(buf, path: str, fd: int = -1) -> int:
+    """Guard a read-only mapping (an mmap.mmap): a page of it that fails (SIGBUS) reads as zeros and check_mapping
+    raises instead of the process dying. Returns the guard's id (-1: not guarded)."""
+    return int(lib.pi2_map_guard_add(ffi.from_buffer(buf), len(buf), str(path).encode(), fd))
+
+
+def check_mapping(gid: int) -> None:
+    """Raise EngineError when the guarded mapping `gid` failed (or its file shrank)."""
+    check(lib.pi2_map_guard_check(gid))
+
+
+def unguard_mapping(gid: int) -> None:
+    lib.pi2_map_guard_remove(gid)
 
 
 # ---- kernels ----------------------------------------------------------------------------------
@@ -81,7 +96,17 @@ def kernel_info() -> dict:
     for tid in (0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14):
         info = {impl: type_info(tid, impl) for impl in IMPLS}
         types[info["ref"].name] = {impl: ti.vec_dot_impl for impl, ti in info.items()}
-    return {"isa": [n for bit, n in _ISA_NAMES.items() if isa & bit], "vec_dot": types}
+    why = ffi.new("const char **")
+    variant = ffi.string(lib.pi2_kernel_variant(why)).decode()
+    packed = [n for n, tid in (("Q4_1", 3), ("Q5_0", 6), ("Q8_0", 8)) if _has_packed(tid)]
+    return {"isa": [n for bit, n in _ISA_NAMES.items() if isa & bit], "vec_dot": types,
+            "variant": variant, "variant_why": ffi.string(why[0]).decode(), "packed": packed}
+
+
+def _has_packed(tid: int) -> bool:
+    """Whether the auto table has a packed kernel for ggml type tid (8 zero rows of one block each)."""
+    w, x, out = ffi.new("uint8_t[]", 8 * 64), ffi.new("uint8_t[]", 64), ffi.new("float[]", 8)
+    return lib.pi2_matvec_packed(tid, w, 8, 32, x, out, 0) == 0
 
 
 def _rows(raw: np.ndarray, qtype: int, ti: TypeInfo, n_cols: int, impl: str) -> np.ndarray:
@@ -130,6 +155,25 @@ def matvec(raw: np.ndarray, qtype: int, n_cols: int, x: np.ndarray, impl: str = 
     check(lib.pi2_matvec(int(qtype), ffi.from_buffer(rows), rows.shape[1], rows.shape[0], n_cols,
                          ffi.from_buffer(np.ascontiguousarray(xq)),
                          ffi.from_buffer("float[]", out, require_writable=True), _impl(impl)))
+    return out
+
+
+def repack_rows(raw: np.ndarray, qtype: int, n_cols: int, unpack: bool = False) -> np.ndarray:
+    """pi2_repack_rows: raw's rows (a multiple of 8) in the x8 packed layout, or back with unpack."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    out = np.empty_like(raw)
+    check(lib.pi2_repack_rows(int(qtype), ffi.from_buffer(raw), raw.shape[0], n_cols,
+                              ffi.from_buffer(out, require_writable=True), int(unpack)))
+    return out
+
+
+def matvec_packed(packed: np.ndarray, qtype: int, n_cols: int, xq: np.ndarray, impl: str = "auto") -> np.ndarray:
+    """pi2_matvec_packed: float32 (rows,) of packed rows (repack_rows) · xq (bytes from quantize_act)."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    out = np.empty(packed.shape[0], dtype=np.float32)
+    check(lib.pi2_matvec_packed(int(qtype), ffi.from_buffer(packed), packed.shape[0], n_cols,
+                                ffi.from_buffer(np.ascontiguousarray(xq)),
+                                ffi.from_buffer("float[]", out, require_writable=True), _impl(impl)))
     return out
 
 
@@ -272,6 +316,14 @@ class CModel:
         cm.model = model     # the file's tables: FFN rules and byte counts
         return cm
 
+    def repack(self, ffn: bool = False, impl: str = "auto") -> int:
+        """pi2_model_repack: the dense matrices (attention and output; the FFN too with ffn) copied into the
+        packed kernels' layout, where table `impl` has packed kernels; the bytes all copies hold."""
+        out = ffi.new("int64_t *")
+        check(lib.pi2_model_repack(self._h, _impl(impl), int(ffn), out))
+        self.repacked = int(out[0])
+        return self.repacked
+
 
 def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -> dict:
     """pi2_stream_query: slot_bytes, min_slots, and layer's hot_bytes (n_hot neurons), bundle_bytes, layer_bytes; the
@@ -372,8 +424,10 @@ class CContext:
 
     def bench_stats(self) -> dict:
         """Mean keep-fraction over (token, layer) and FFN weight bytes read per token (as SparseFFN.stats); for a
-        streamed context also the neuron cache's figures since the previous call (stream_stats)."""
-        return {**self._ffn_stats(), **self.stream_stats()}
+        streamed context also the neuron cache's figures since the previous call (stream_stats); the kernels' CPU
+        variant and the bytes of repacked weights."""
+        return {**self._ffn_stats(), **self.stream_stats(), "kernel_variant": kernel_info()["variant"],
+                "repacked_bytes": getattr(self.cmodel, "repacked", 0)}
 
     def stream_stats(self) -> dict:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes
@@ -493,6 +547,7 @@ class CContext:
             raise KeyboardInterrupt
         if status < 0:
             raise _ERRORS.get(status, EngineError)(msg or f"C core error {status}")
+        self.cmodel.model.file.check_io()     # what Python read of the file (thresholds, tables) was whole
         return out if all_logits else out.copy()
 
     def _interruptible(self, args, long: bool) -> tuple:

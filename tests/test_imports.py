@@ -18,6 +18,8 @@ LOCAL_IMPORTS = {
     ("pi2.model.chat", "jinja2"): "Jinja (0.1 s to import) only when a chat template is rendered",
     ("pi2.model.chat", "jinja2.ext"): "the same",
     ("pi2.model.chat", "jinja2.sandbox"): "the same",
+    ("pi2.model.gguf_file", "pi2.engine"): "the C core guards a map against SIGBUS when it is built; the GGUF "
+                                           "reader also serves tools that run without it",
     ("pi2.reference.quants", "gguf.quants"): "gguf's quantizers (0.5 s to import) only when weights are quantized",
     ("pi2.reference.quants", "gguf.constants"): "the same",
     # the engine binding's: flash_io restates the backend ids the compiled module has, which ties engine.py and

@@ -234,4 +234,4 @@ def test_bad_vocabularies():
     with pytest.raises(ModelFormatError):
         Tokenizer.from_kv({})
     with pytest.raises(UnsupportedError):
-        Tokenizer.from_kv({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
+        Tokenizer.from_kv({"tokenizer.ggml.model": "t5", "tokenizer.ggml.tokens": ["a"]})

@@ -62,6 +62,15 @@ void io_finish(pi2_io *io, int32_t slot, int64_t res);
 /* mmap backend: drop the mapping's pages from this process, so the page cache can let them go. */
 void io_mmap_release(pi2_io *io);
 
+/* map_guard.c: a SIGBUS on a guarded read-only mapping (file truncated, device error) patches in a zero page and is
+ * counted instead of killing the process. add returns an id (-1: not guarded; every call below takes -1); fd is
+ * duplicated (its size tells truncation from EIO); check sets the error naming the file once the mapping faulted. */
+int io_map_guard_add(const void *base, size_t size, const char *path, int fd);
+void io_map_guard_remove(int id);
+int io_map_guard_faults(int id);
+int io_map_guard_shrunk(int id);   /* 1: the file is now shorter than its mapping */
+pi2_status io_map_guard_check(int id);
+
 /* Set by a probe that ran io_uring in a child and saw it work; pi2_io_open refuses uring before. */
 int io_uring_cleared(void);
 void io_uring_set_cleared(void);

@@ -1,7 +1,7 @@
 /* io/mmap.c — the mmap read backend: the file mapped read-only with MADV_RANDOM (no readahead), each
  * request's range asked for with MADV_WILLNEED (one read for the range instead of a fault per page) and
  * copied out of the mapping in the submitting thread, so requests never overlap; requests past the mapped end are not touched (ENODATA by io.c's rules).
- * Does not: survive a file truncated under it (SIGBUS, as for any mapping). */
+ * A file truncated under the mapping, or a device error, faults (SIGBUS): map_guard.c turns that into -EIO. */
 #define _GNU_SOURCE
 #include "io.h"
 #include "../internal.h"
@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-typedef struct { void *base; size_t size, page; } mapping;
+typedef struct { void *base; size_t size, page; int guard; } mapping;
 
 static pi2_status init(pi2_io *io) {
     mapping *m = calloc(1, sizeof *m);
@@ -28,6 +28,7 @@ static pi2_status init(pi2_io *io) {
         }
         madvise(m->base, m->size, MADV_RANDOM);
     }
+    m->guard = io_map_guard_add(m->base, m->size, "the model file", io->fd);
     io->be = m;
     return PI2_OK;
 }
@@ -41,8 +42,10 @@ static int32_t start(pi2_io *io, const int32_t *slots, int32_t n) {
             size_t k = m->size - r->offset < r->length ? m->size - r->offset : r->length;
             size_t lo = r->offset / m->page * m->page;
             if (k > PI2_IO_ALIGN) madvise((char *)m->base + lo, r->offset + k - lo, MADV_WILLNEED);
+            const int faults = io_map_guard_faults(m->guard);
             memcpy(r->dest, (const char *)m->base + r->offset, k);
-            res = (int64_t)k;
+            res = io_map_guard_faults(m->guard) != faults ? -EIO                 /* SIGBUS: truncated or EIO */
+                  : io_map_guard_shrunk(m->guard) ? -ENODATA : (int64_t)k;     /* past a new end: zeros */
         }
         io_finish(io, slots[i], res);
     }
@@ -57,6 +60,7 @@ static pi2_status wait_done(pi2_io *io, int32_t min) {
 static void fini(pi2_io *io) {
     mapping *m = io->be;
     if (!m) return;
+    io_map_guard_remove(m->guard);
     if (m->size) munmap(m->base, m->size);
     free(m);
     io->be = NULL;

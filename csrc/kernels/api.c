@@ -4,6 +4,7 @@
  * Does not: contain kernels or choose them (traits.c), use threads (a forward pass will split
  *       rows between its own threads and call the traits table directly). */
 #include "../internal.h"
+#include "pack.h"
 #include "traits.h"
 
 uint32_t pi2_kernel_isa(void) { return pi2_kernels_isa(); }
@@ -76,5 +77,53 @@ pi2_status pi2_matvec(int32_t type, const void *w, size_t row_bytes, int64_t n_r
     if ((!w || !x_q || !out) && n_rows) return pi2_set_error(PI2_ERR_INVALID, "NULL buffer");
     for (int64_t r = 0; r < n_rows; r++)
         t->vec_dot(n_cols, &out[r], (const uint8_t *)w + (size_t)r * row_bytes, x_q);
+    return PI2_OK;
+}
+
+const char *pi2_kernel_variant(const char **why) {
+    const pi2_cpu_variant *v = pi2_kernels_variant();
+    if (why) *why = v->why;
+    return v->name;
+}
+
+static pi2_status pack_shape(int32_t type, int64_t n_rows, int64_t n_cols, const pi2_type_traits **t) {
+    int32_t f[4];
+    pi2_status st = lookup(type, PI2_IMPL_REF, t);
+    if (st) return st;
+    if (!pi2_pack_fields(type, f))
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "%s rows have no packed layout", (*t)->name);
+    if ((st = check_shape(*t, (size_t)-1, n_rows, n_cols))) return st;
+    if (n_rows % PI2_PACK_ROWS)
+        return pi2_set_error(PI2_ERR_INVALID, "packed rows come in groups of %d, got %lld rows", PI2_PACK_ROWS,
+                             (long long)n_rows);
+    return PI2_OK;
+}
+
+pi2_status pi2_repack_rows(int32_t type, const void *src, int64_t n_rows, int64_t n_cols, void *dst, int32_t unpack) {
+    const pi2_type_traits *t;
+    pi2_status st = pack_shape(type, n_rows, n_cols, &t);
+    if (st) return st;
+    if ((!src || !dst) && n_rows) return pi2_set_error(PI2_ERR_INVALID, "NULL buffer");
+    const int64_t nb = n_cols / t->block_size;
+    const size_t rb = (size_t)nb * (size_t)t->type_size;
+    if (!unpack) pi2_pack_rows(type, src, n_rows, nb, dst);
+    else
+        for (int64_t g = 0; g < n_rows / PI2_PACK_ROWS; g++)
+            pi2_unpack_group(type, (const uint8_t *)src + (size_t)g * PI2_PACK_ROWS * rb, nb,
+                             (uint8_t *)dst + (size_t)g * PI2_PACK_ROWS * rb, rb);
+    return PI2_OK;
+}
+
+pi2_status pi2_matvec_packed(int32_t type, const void *packed, int64_t n_rows, int64_t n_cols, const void *x_q,
+                             float *out, int32_t impl) {
+    const pi2_type_traits *t;
+    pi2_status st = pack_shape(type, n_rows, n_cols, &t);
+    if (st || (st = lookup(type, impl, &t))) return st;
+    if (!t->vec_dot_pack)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "no packed %s kernel in this table (%s)", t->name, t->vec_dot_impl);
+    if ((!packed || !x_q || !out) && n_rows) return pi2_set_error(PI2_ERR_INVALID, "NULL buffer");
+    const size_t rb = (size_t)(n_cols / t->block_size) * (size_t)t->type_size;
+    for (int64_t g = 0; g < n_rows / PI2_PACK_ROWS; g++)
+        t->vec_dot_pack(n_cols, out + g * PI2_PACK_ROWS, (const uint8_t *)packed + (size_t)g * PI2_PACK_ROWS * rb, x_q);
     return PI2_OK;
 }

@@ -9,7 +9,10 @@
  * AVX2 kernels as two float32x4_t, the same int32 lane contents, fused FMAs and hsum_float_8's
  * order; Q4_K and Q6_K also in their batch orders (vec_dot_batch). F32/F16 too. Q5_K and BF16 run
  * the reference on both. No four-token kernels yet (matmul.c then calls these per token). */
+#include "pack.h"
 #include "traits.h"
+
+#include <stdio.h>
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -23,6 +26,7 @@
 #define NEON_FN(name) name##_neon
 #define NEON_DOTPROD 0
 #include "neon_body.h"
+#include "neon_pack_body.h"
 #undef NEON_TARGET
 #undef NEON_FN
 #undef NEON_DOTPROD
@@ -35,10 +39,32 @@
 #define NEON_FN(name) name##_dotprod
 #define NEON_DOTPROD 1
 #include "neon_body.h"
+#include "neon_pack_body.h"
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char *impl) {
     t[type].vec_dot = fn;
     t[type].vec_dot_impl = impl;
+}
+
+#ifndef HWCAP_CPUID
+#define HWCAP_CPUID (1UL << 11)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1UL << 13)
+#endif
+
+/* The variant: SDOT or not (HWCAP), and the core's implementer and part from MIDR_EL1 where the kernel
+ * lets user space read it (HWCAP_CPUID), so a report names the core (0x41/0xd0b: Cortex-A76). */
+int pi2_kernels_variant_neon(pi2_cpu_variant *v) {
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    unsigned long midr = 0;
+    if (hw & HWCAP_CPUID) __asm__("mrs %0, MIDR_EL1" : "=r"(midr));
+    const int dp = (hw & HWCAP_ASIMDDP) != 0;
+    snprintf(v->name, sizeof v->name, "%s", dp ? "neon-dotprod" : "neon");
+    snprintf(v->why, sizeof v->why, "implementer %#lx part %#lx%s: %s", (midr >> 24) & 0xFF, (midr >> 4) & 0xFFF,
+             hw2 & HWCAP2_I8MM ? " (i8mm)" : "", dp ? "SDOT kernels, x8 packed rows" : "NEON kernels, x8 packed rows");
+    v->prefetch = 0;
+    return 1;
 }
 
 #define SET(T, fn) set_dot(t, T, dp ? fn##_dotprod : fn##_neon, dp ? "dotprod" : "neon")
@@ -54,12 +80,20 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
     SET(PI2_T_Q6_K, q6_K_vec_dot);
     SET(PI2_T_F32, f32_vec_dot);
     SET(PI2_T_F16, f16_vec_dot);
+    t[PI2_T_Q4_1].vec_dot_pack = dp ? q4_1_dot_pack_dotprod : q4_1_dot_pack_neon;   /* the x8 layout (pack.h) */
+    t[PI2_T_Q5_0].vec_dot_pack = dp ? q5_0_dot_pack_dotprod : q5_0_dot_pack_neon;
+    t[PI2_T_Q8_0].vec_dot_pack = dp ? q8_0_dot_pack_dotprod : q8_0_dot_pack_neon;
     t[PI2_T_Q4_K].vec_dot_batch = dp ? q4_K_gemm_dot_dotprod : q4_K_gemm_dot_neon;
     t[PI2_T_Q6_K].vec_dot_batch = dp ? q6_K_tiled_dot_dotprod : q6_K_tiled_dot_neon;
     return PI2_K_NEON | (dp ? PI2_K_DOTPROD : 0);
 }
 
 #else
+
+int pi2_kernels_variant_neon(pi2_cpu_variant *v) {
+    (void)v;
+    return 0;
+}
 
 uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
     (void)t; (void)allow_ext;

@@ -253,5 +253,4 @@ static NEON_TARGET void NEON_FN(f16_vec_dot)(int64_t n, float *s, const void *w,
     *s = (float)sum;
 }
 
-#undef NEON_BLOCK32
-#undef S8
+/* NEON_BLOCK32 and S8 stay defined for neon_pack_body.h, which undefines them. */

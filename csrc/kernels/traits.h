@@ -62,6 +62,8 @@ typedef void (*pi2_vec_dot_rows4_fn)(int64_t n, float *s, const void *w, size_t 
  * I8 rows sum differently: an int8 weight per row and exact integer sums, k ≤ 64 (axpy_i8.c). */
 typedef void (*pi2_axpy_group_fn)(int64_t n, float *y, const void *rows, size_t row_bytes, const int32_t *idx,
                                   const float *h, int32_t k);
+/* s[r] = row r of one x8 packed group (pack.h) · x_q for r < 8, each bit for bit vec_dot's result on that row. */
+typedef void (*pi2_vec_dot_pack_fn)(int64_t n, float *s, const void *group, const void *x_q);
 /* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
 typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
 
@@ -78,6 +80,7 @@ typedef struct {
     pi2_vec_dot4_fn vec_dot_batch4;/* vec_dot_batch on 4 tokens at once (NULL: none) */
     pi2_vec_dot4_fn vec_dot4;      /* vec_dot on 4 tokens at once (NULL: none) */
     pi2_axpy_group_fn axpy_group;  /* NULL for activation-only types */
+    pi2_vec_dot_pack_fn vec_dot_pack; /* rows in the x8 layout of pack.h (NULL: this table reads plain rows only) */
 } pi2_type_traits;
 
 /* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in

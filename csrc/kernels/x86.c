@@ -5,17 +5,24 @@
  * Does not: quantize or dequantize (the reference does that, bit-exact); run on other CPUs
  *       (everything but a stub compiles away off x86-64).
  * Each kernel's reference twin is the function of the same name in ref.c. */
+#include "pack.h"
 #include "traits.h"
+
+#include <stdio.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+
+/* Software prefetch distance of the packed kernels in bytes (0: none): set once by pi2_kernels_install_x86. */
+static int32_t pk_prefetch;
 
 #define X86_TARGET __attribute__((target("avx2,fma,f16c")))
 #define X86_FN(name) name##_avx2
 #define X86_VNNI 0
 #include "x86_body.h"
 #include "x86_tile_body.h"
+#include "x86_pack_body.h"
 #undef X86_TARGET
 #undef X86_FN
 #undef X86_VNNI
@@ -26,6 +33,7 @@
 #include "x86_body.h"
 #include "x86_tile_body.h"
 #include "x86_rows_body.h"
+#include "x86_pack_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
@@ -77,6 +85,64 @@ static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot
     t[type].vec_dot_impl = impl;
 }
 
+/* The CPU's vendor, family and model from CPUID leaves 0 and 1 (family and model with their extended fields). */
+static void cpu_id(char vendor[13], unsigned *family, unsigned *model) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __get_cpuid(0, &a, &b, &c, &d);
+    memcpy(vendor, &b, 4); memcpy(vendor + 4, &d, 4); memcpy(vendor + 8, &c, 4);
+    vendor[12] = 0;
+    __get_cpuid(1, &a, &b, &c, &d);
+    const unsigned base = (a >> 8) & 0xF;
+    *family = base + (base == 0xF ? (a >> 20) & 0xFF : 0);
+    *model = ((a >> 4) & 0xF) | (base >= 6 ? ((a >> 16) & 0xF) << 4 : 0);
+}
+
+/* Which packed kernels and prefetch this CPU gets (the reasons are the `why` strings below):
+ * - AMD Zen 4/5 (family 19h/1Ah with AVX-512): zmm kernels. Zen 4 runs 512-bit ops as two 256-bit halves at
+ *   the full clock, so a zmm kernel issues half the instructions of a ymm one for the same work; its
+ *   stream prefetchers follow the packed groups' single stream across pages: no software prefetch.
+ * - Intel Skylake-SP / Cascade Lake / Cooper Lake (family 6 model 55h): ymm kernels with VNNI. 512-bit
+ *   instructions move these cores to a lower clock licence for every thread of the core.
+ * - Other Intel with AVX-512 VNNI (Ice Lake, Sapphire/Emerald/Granite Rapids): zmm kernels, and software
+ *   prefetch 1 KiB ahead: their L2 streamer stops at each 4 KiB page and restarts slowly, and a matrix
+ *   task is one long stream crossing a page every ~20 block columns.
+ * - Everything else with AVX2: ymm kernels (AVX2, no VNNI). */
+int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    char vendor[13];
+    unsigned fam, mod;
+    cpu_id(vendor, &fam, &mod);
+    const int vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                     __builtin_cpu_supports("avx512bw");
+    const int amd = !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine"), intel = !strcmp(vendor, "GenuineIntel");
+    const char *name, *why;
+    v->prefetch = 0;
+    if (vnni && amd) {
+        name = fam >= 0x1A ? "zen5-zmm" : "zen4-zmm";
+        why = "512-bit ops at full clock: zmm kernels, hardware prefetch";
+    } else if (vnni && intel && fam == 6 && mod == 0x55) {
+        name = "intel-skx-ymm";
+        why = "AVX-512 lowers this core's clock: ymm kernels with VNNI";
+    } else if (vnni) {
+        name = intel ? "intel-zmm" : "zmm";
+        why = intel ? "zmm kernels, software prefetch 1 KiB ahead (the L2 streamer restarts at every 4 KiB page)"
+                    : "zmm kernels";
+        v->prefetch = intel ? 1024 : 0;
+    } else {
+        name = "avx2";
+        why = "ymm kernels (no AVX-512 VNNI)";
+    }
+    snprintf(v->name, sizeof v->name, "%s", name);
+    snprintf(v->why, sizeof v->why, "%s family %Xh model %Xh: %s", vendor, fam, mod, why);
+    return 1;
+}
+
+static int use_zmm(void) {
+    const char *n = pi2_kernels_variant()->name;
+    return strstr(n, "zmm") != NULL;
+}
+
 /* F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"). */
 static int has_f16c(void) {
     unsigned a, b, c, d;
@@ -107,6 +173,12 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, NULL, "avx2");
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");
     }
+    /* The x8 repacked layout (pack.h): eight rows per call, scales converted eight at a time. */
+    const int zmm = vnni && use_zmm();
+    if (allow_ext) pk_prefetch = pi2_kernels_variant()->prefetch;
+    t[PI2_T_Q4_1].vec_dot_pack = zmm ? q4_1_dot_pack_z_vnni : vnni ? q4_1_dot_pack_vnni : q4_1_dot_pack_avx2;
+    t[PI2_T_Q5_0].vec_dot_pack = zmm ? q5_0_dot_pack_z_vnni : vnni ? q5_0_dot_pack_vnni : q5_0_dot_pack_avx2;
+    t[PI2_T_Q8_0].vec_dot_pack = zmm ? q8_0_dot_pack_z_vnni : vnni ? q8_0_dot_pack_vnni : q8_0_dot_pack_avx2;
     /* K-quants scale int16 pair sums: VNNI's vpdpwssd fuses the batch kernels' madd + add, and AVX-512BW
      * halves the instructions of the one-token kernels (x86_rows_body.h). */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
@@ -125,6 +197,11 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
 }
 
 #else
+
+int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
+    (void)v;
+    return 0;
+}
 
 uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     (void)t; (void)allow_ext;

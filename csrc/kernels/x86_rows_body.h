@@ -140,4 +140,3 @@ static X86_TARGET void X86_FN(q6_K_vec_dot512)(int64_t n, float *s, const void *
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     *s = _mm_cvtss_f32(r);
 }
-

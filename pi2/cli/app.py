@@ -190,10 +190,12 @@ def bench(
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, hf: Optional[str] = HfOpt, verbose: bool = VerboseOpt,
+    repack: bool = typer.Option(True, "--repack/--no-repack", help="repack weights at load for the packed kernels "
+                                "(as llama-bench --repack 1; results are the same bits either way)"),
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     cfg = RunConfig(keep=keep, dense=dense, predictor=use_predictor, memory_budget=memory_budget, io=io, npu=npu,
-                    nnapi_lib=nnapi_lib, npu_gbps=npu_gbps)
+                    nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack)
     hf_model = [_model_path(None, None, hf)] if hf else []
     _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
                       engine, warmup=not no_warmup, progress=progress, run=cfg)

@@ -210,7 +210,12 @@ def perplexity(model_path: Path, file: Path, cfg: RunConfig, n_chunks: int, verb
         pending.clear()
         print(out, end="", file=sys.stderr, flush=True)
 
+    scored = getattr(session.ctx, "decode_from", None)     # an engine that computes only the rows scored
+
     def eval_chunk(chunk):
+        if scored is not None:
+            session.reset()
+            return scored(chunk, len(chunk) // 2)
         session.reset()
         return session.ctx.decode(chunk, all_logits=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 from typing import List, Optional
 
@@ -25,15 +26,31 @@ _ABORTS = tuple(c for c in (typer.Abort, getattr(_ce, "Abort", None)) if c is no
 _EXITS = tuple(c for c in (typer.Exit, getattr(_ce, "Exit", None)) if c is not None)
 
 
+_STATUS = [130]      # exit status of an interruption: 128 + the signal (SIGINT unless SIGTERM/SIGHUP came)
+
+
 def _interrupted() -> None:
-    print("\npi2: interrupted", file=sys.stderr)
-    sys.exit(130)
+    print("\npi2: interrupted" if _STATUS[0] == 130 else f"\npi2: terminated (signal {_STATUS[0] - 128})",
+          file=sys.stderr)
+    sys.exit(_STATUS[0])
+
+
+def _on_termination(signum, frame) -> None:
+    """SIGTERM and SIGHUP end a run as Ctrl-C does (the same clean-up: a conversion's temporary file removed,
+    timings printed), with status 128 + signal."""
+    _STATUS[0] = 128 + signum
+    raise KeyboardInterrupt
+
+
+def _one_line(msg: str) -> str:
+    """The error contract is one line: control characters (from a damaged file's strings) are escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
 
 
 def error_line(e: Pi2Error) -> str:
     """The one line of a Pi2Error; an I/O error (an OSError too) adds its errno's name and the file when the
     message does not say them already."""
-    msg = f"pi2: error: {e}"
+    msg = f"pi2: error: {_one_line(str(e))}"
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
         what = [f"{name}: {os.strerror(e.errno)}"] if name and name not in msg else []
@@ -43,6 +60,10 @@ def error_line(e: Pi2Error) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
+    if argv is None:                  # the command itself, not a caller's in-process use
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _on_termination)
     state = CliState()
     try:
         rc = app(args=argv, prog_name="pi2", standalone_mode=False, obj=state)

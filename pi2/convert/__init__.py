@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from pi2.convert import layerwise, layout, predictor, profile
 from pi2.convert.writer import ConvertError, kv_types, write_gguf
-from pi2.errors import UsageError
-from pi2.model.gguf_file import GGML_TYPES
+from pi2.errors import UnsupportedError, UsageError
+from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
 
 PI2_VERSION = 1
@@ -93,6 +93,8 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     f, cfg = model.file, model.config
     if "pi2.version" in f.kv:
         raise UsageError(f"{src} is already a pi2 file")
+    if cfg.moe_family:
+        raise UnsupportedError(f"pi2 convert does not convert {cfg.arch} models yet (run the GGUF as it is)")
     if pred is not None:
         _check_spec(pred, cfg, f)
     chunks, calib_sha, n_tok = profile.calib_tokens(model.tokenizer, calib, calib_tokens)
@@ -184,7 +186,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     secs["layout"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    write_gguf(out, cfg.arch, kvs, tensors, progress)
+    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io)   # no output from a source that failed
     secs["write"] = time.perf_counter() - t3
     secs["total"] = time.perf_counter() - t0
     rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024

@@ -110,9 +110,10 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = True) -> None:
+def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = True, check=None) -> None:
     """kvs: [(key, value, vtype, sub)]; tensors: [(name, array, raw_dtype or None)] with arrays in numpy
-    row order. Writes to a temporary file in out's directory and renames it over `out` at the end."""
+    row order. Writes to a temporary file in out's directory and renames it over `out` at the end, after `check()`
+    (when given) has not raised."""
     out = Path(out)
     remove_stale_temps(out)
     tmp = temp_path(out)
@@ -133,6 +134,8 @@ def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = 
             f.flush()
             os.fsync(f.fileno())
         w.close()
+        if check is not None:       # e.g. the source's pages read whole (a failed one reads as zeros)
+            check()
         os.replace(tmp, out)
     except BaseException as e:
         try:

@@ -1,12 +1,15 @@
-# bpe.py — byte-level BPE (tokenizer.ggml.model = "gpt2") as llama.cpp's llm_tokenizer_bpe_session.
-# Does: pre-tokenize a text fragment, byte-level encode each piece, merge adjacent pairs lowest rank
-#       first (ties: leftmost) with a heap, map symbols to ids; token text -> bytes.
+# bpe.py — BPE vocabularies as llama.cpp's llm_tokenizer_bpe_session: byte-level (tokenizer.ggml.model =
+# "gpt2") and SentencePiece-style on raw UTF-8 with spaces as U+2581 ("gemma4").
+# Does: pre-tokenize a text fragment, byte-level encode each piece (or not), merge adjacent pairs lowest
+#       rank first (ties: leftmost) with a heap, map symbols to ids (unknown symbols fall back to one-byte
+#       tokens: the byte-level character, or <0xXX>); byte-level token text -> bytes.
 # Does not: special tokens, BOS/EOS (tokenizer.py). Caches ids per pre-tokenized piece.
 from __future__ import annotations
 
 import heapq
 
 from pi2.model.pretokenize import CHAR_BYTE, PreTokenizer, byte_encode, split
+from pi2.model.utf8 import llama_text
 
 _CACHE_MAX = 1 << 16
 
@@ -37,11 +40,14 @@ class BPE:
 
     def encode(self, text: str, out: list) -> None:
         """Append the ids of a raw-text fragment (no special tokens in it) to `out`."""
-        cache = self._cache
-        for word in split(text, self.pre):
+        cache, pre = self._cache, self.pre
+        text = llama_text(text)                 # undecodable bytes as llama.cpp reads them
+        if pre.escape_spaces:
+            text = text.replace(" ", "\u2581")
+        for word in split(text, pre):
             if not word:
                 continue
-            enc = byte_encode(word)
+            enc = byte_encode(word) if pre.byte_encode else word
             ids = cache.get(enc)
             if ids is None:
                 ids = self._word(enc)
@@ -53,6 +59,8 @@ class BPE:
         vocab = self.vocab
         if self.pre.ignore_merges and word in vocab:
             return [vocab[word]]
+        if self.pre.newline_tokens and not word.strip("\n") and word in vocab:
+            return [vocab[word]]                # gemma4: a run of newlines is never merged apart
         sym = list(word)
         n = len(sym)
         nxt = list(range(1, n)) + [-1]
@@ -85,6 +93,12 @@ class BPE:
             tid = vocab.get(s)
             if tid is not None:
                 ids.append(tid)
+                continue
+            if not self.pre.byte_encode:      # each UTF-8 byte as a <0xXX> token, where there is one
+                for b in s.encode("utf-8", "surrogatepass"):
+                    tid = vocab.get(f"<0x{b:02X}>")
+                    if tid is not None:
+                        ids.append(tid)
                 continue
             # not a token: llama.cpp looks up each UTF-8 byte as a 1-byte string; only ASCII can match
             for ch in s:

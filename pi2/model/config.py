@@ -9,8 +9,20 @@ import math
 from dataclasses import dataclass
 
 from pi2.errors import ModelFormatError, UnsupportedError
+from pi2.model.config_moe import MOE_ARCHS, is_moe_file, moe_fields
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo")
+SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3", "bamboo") + MOE_ARCHS
+
+
+def layers_in(tensors: dict) -> int:
+    """1 + the highest layer index among the tensors named `blk.N.*` (0 when there are none)."""
+    n = 0
+    for name in tensors:
+        if name.startswith("blk."):
+            idx = name[4:].split(".", 1)[0]
+            if idx.isdigit() and len(idx) < 10:
+                n = max(n, int(idx) + 1)
+    return n
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,25 @@ class ModelConfig:
     ffn_down_t: bool = False       # down stored transposed as ffn_down_t (PowerInfer files)
     pi2: bool = False              # a pi2 file (pi2.version): FFN in bundles, see pi2/model/ffn_layout.py
     ffn_layout: str = ""           # pi2 files: pi2.ffn.layout (bundle-ud | bundle-gud)
+    # Mixture-of-Experts and the other archs of config_moe.py (qwen3, qwen3moe, qwen2moe, olmoe, granitemoe,
+    # smallthinker, llama with experts); reference/moe.py computes them
+    moe_family: bool = False       # the model is run by reference/moe.py
+    n_expert: int = 0              # experts per layer (0: a dense FFN)
+    n_expert_used: int = 0         # experts each token uses (top-k)
+    n_ff_exp: int = 0              # one expert's FFN width
+    n_ff_shexp: int = 0            # the shared expert's FFN width (0: none)
+    shexp_gate: bool = False       # qwen2moe: the shared expert is scaled by sigmoid(ffn_gate_inp_shexp · x)
+    expert_gating: str = ""        # softmax | sigmoid | softmax_weight | sqrt_softplus
+    expert_weights_norm: bool = False   # the k weights are divided by their sum (clamped below at 2^-14)
+    expert_weights_scale: float = 0.0   # the k weights are multiplied by it unless 0 or 1 (none of these archs)
+    expert_act: str = "silu"       # silu (SwiGLU) | relu (ReGLU: smallthinker)
+    router_before_attn: bool = False    # smallthinker: the router reads the layer input, before attn_norm
+    qk_norm_full: bool = False     # olmoe: q and k RMS-normed over the whole projection, not per head
+    residual_scale: float = 0.0    # granitemoe: attention and FFN outputs ×scale before the residual add
+    logit_scale: float = 0.0       # granitemoe: logits ×(1/scale)
+    swa_layers: tuple = ()         # per-layer sliding-window flags (smallthinker); () = swa_period's rule
+    nope_layers: tuple = ()        # per-layer flags: no RoPE on this layer (smallthinker)
+    rope_base_swa: float = 0.0     # smallthinker: RoPE base of the sliding-window layers (0 = rope_base)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -56,9 +87,13 @@ class ModelConfig:
 
     def is_swa_layer(self, il: int) -> bool:
         """True when layer il attends only over the last `sliding_window` positions."""
+        if self.swa_layers:
+            return bool(self.sliding_window) and self.swa_layers[il]
         return bool(self.sliding_window) and bool(self.swa_period) and il % self.swa_period != self.swa_period - 1
 
     def layer_rope_base(self, il: int) -> float:
+        if self.swa_layers:
+            return self.rope_base_swa or self.rope_base if self.is_swa_layer(il) else self.rope_base
         return self.rope_base_local if self.rope_base_local and self.is_swa_layer(il) else self.rope_base
 
     @classmethod
@@ -86,13 +121,17 @@ class ModelConfig:
         if n_embd <= 0 or n_layer <= 0 or n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv:
             raise ModelFormatError(f"inconsistent hyper-parameters: n_embd {n_embd}, n_layer {n_layer}, "
                                    f"n_head {n_head}, n_head_kv {n_head_kv}")
+        n_blk = layers_in(tensors)
+        if n_layer > n_blk:     # checked before anything loops over the layers: 2^31 of them would never end
+            raise ModelFormatError(f"{arch}.block_count is {n_layer} but the file holds tensors for {n_blk} layers")
         head_dim = int(get("attention.key_length", n_embd // n_head))
         head_dim_v = int(get("attention.value_length", head_dim))
         n_rot = int(get("rope.dimension_count", head_dim))
         if n_rot > head_dim or n_rot % 2:
             raise ModelFormatError(f"rope.dimension_count {n_rot} does not fit head_dim {head_dim}")
-        if arch == "llama" and n_rot != head_dim:
-            raise ModelFormatError(f"llama.rope.dimension_count {n_rot} must equal head_dim {head_dim}")
+        moe = is_moe_file(arch, kv)
+        if (arch == "llama" or moe) and n_rot != head_dim:
+            raise ModelFormatError(f"{arch}.rope.dimension_count {n_rot} must equal head_dim {head_dim}")
         emb = tensors.get("token_embd.weight")
         if emb is None:
             raise ModelFormatError("tensor token_embd.weight is missing")
@@ -122,6 +161,8 @@ class ModelConfig:
                       ffn_layout=str(kv.get("pi2.ffn.layout", "bundle-ud")) if is_pi2 else "")
         if is_pi2 and common["ffn_layout"] not in ("bundle-ud", "bundle-gud"):
             raise UnsupportedError(f"pi2.ffn.layout '{common['ffn_layout']}' is not supported (bundle-ud, bundle-gud)")
+        if moe:
+            return cls(moe_family=True, **{**common, **moe_fields(arch, kv, get, common)})
         if arch in ("llama", "bamboo"):
             act = ("drelu" if pwri else "relu") if arch == "bamboo" else ("relu" if pwri else "silu")
             return cls(rope_neox=False, ffn_act=act, **common)

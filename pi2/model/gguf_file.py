@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,33 @@ _SCALARS = {0: ("<u1", "<B"), 1: ("<i1", "<b"), 2: ("<u2", "<H"), 3: ("<i2", "<h
             10: ("<u8", "<Q"), 11: ("<i8", "<q"), 12: ("<f8", "<d")}
 _MAX_DIMS = 4
 _MAX_NAME = 64
+_MAX_KEY = 256
+
+
+def _is_name(s: str, max_bytes: int) -> bool:
+    """A key or tensor name pi2 can print on one line: printable and not too long (garbage from a damaged
+    header would otherwise flood or break the one-line error that names it)."""
+    return 0 < len(s.encode()) <= max_bytes and s.isprintable()
+
+
+def _shown(s: str) -> str:
+    return repr(s[:40] + ("..." if len(s) > 40 else ""))
+
+
+def _guard(mm, path: str, fd: int) -> int:
+    """Have the C core guard the map (a failing page would otherwise kill the process with SIGBUS); -1 when the
+    compiled core is not there (pure-Python uses of the reader)."""
+    try:
+        from pi2.engine import guard_mapping
+    except ImportError:
+        return -1
+    return guard_mapping(mm, path, fd)
+
+
+def _unguard(gid: int) -> None:
+    if gid >= 0:
+        from pi2.engine import unguard_mapping
+        unguard_mapping(gid)
 
 
 @dataclass(frozen=True)
@@ -163,6 +191,9 @@ class GGUFFile:
             self._f.close()
             raise ModelFormatError(f"{self.path}: not a GGUF file (only {self.file_size} bytes)")
         self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._guard = _guard(self._mm, self.path, self._f.fileno())
+        # given back when this object goes, even unclosed: a stale guard could claim a later mapping's address
+        self._unguard = weakref.finalize(self, _unguard, self._guard)
         try:
             self._parse()
         except Exception:
@@ -190,8 +221,8 @@ class GGUFFile:
         self.kv: dict = {}
         for i in range(n_kv):
             key = cur.string(f"key #{i}")
-            if not key or key in self.kv:
-                raise ModelFormatError(f"{self.path}: empty or duplicate key {key!r}")
+            if not key or key in self.kv or not _is_name(key, _MAX_KEY):
+                raise ModelFormatError(f"{self.path}: key #{i} {_shown(key)} is empty, repeated or not a name")
             vtype = cur.unpack("<I", key)
             self.kv[key] = cur.value(vtype, key)
         align = self.kv.get("general.alignment", 32)
@@ -201,6 +232,9 @@ class GGUFFile:
         infos = []
         for i in range(n_tensors):
             name = cur.string(f"tensor #{i} name")
+            if not _is_name(name, _MAX_NAME - 1):
+                raise ModelFormatError(f"{self.path}: tensor #{i}'s name {_shown(name)} is empty, longer than "
+                                       f"{_MAX_NAME - 1} bytes or not printable")
             n_dims = cur.unpack("<I", name)
             if n_dims > _MAX_DIMS:
                 raise ModelFormatError(f"{self.path}: tensor '{name}' has {n_dims} dimensions (at most 4)")
@@ -261,12 +295,22 @@ class GGUFFile:
             except (OSError, ValueError):
                 pass
 
+    def check_io(self) -> None:
+        """Raise if a page of the map failed since it was opened (the file truncated, a device error: the C core
+        turned the SIGBUS into a page of zeros), so nothing computed from it goes out."""
+        if self._guard >= 0:
+            from pi2.engine import check_mapping
+            check_mapping(self._guard)
+
     def close(self) -> None:
         # numpy views may still reference the map; closing it then would fault, so leave that to GC
         try:
             self._mm.close()
         except BufferError:
             pass
+        else:
+            self._unguard()
+            self._guard = -1
         self._f.close()
 
     def __enter__(self):

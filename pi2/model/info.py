@@ -10,10 +10,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from pi2.errors import ModelFormatError
 from pi2.model.gguf_file import GGML_TYPES
+from pi2.model.info_moe import GROUPS, moe_rows
 from pi2.model.loader import load_model
 
-_GROUPS = [("embedding", r"^token_embd\."), ("output", r"^output\."), ("attention", r"\.attn_(q|k|v|output|qkv)\."),
+_GROUPS = [*GROUPS, ("embedding", r"^token_embd\."), ("output", r"^output\."), ("attention", r"\.attn_(q|k|v|output|qkv)\."),
            ("ffn", r"\.ffn_(gate|up|down|down_t|bundle|down_scale|down_colscale)\."),
            ("pi2 statistics", r"\.ffn_(perm|freq|thresh|err)\."),
            ("predictor", r"\.(fc[12]|ffn_gate_pred|ffn_pred_margin)\."), ("norms", r"norm"),
@@ -44,6 +46,8 @@ def _pi2_rows(m) -> list:
     keep10, hot80 = [], []
     for il in range(m.config.n_layer):
         err = f.raw(f"blk.{il}.ffn_err.weight").view(np.float32).ravel()
+        if err.size != grid.size:
+            raise ModelFormatError(f"{m.path}: blk.{il}.ffn_err needs {grid.size} values (pi2.ffn.keep_grid)")
         ok = np.nonzero(err <= 0.10)[0]
         keep10.append(float(grid[ok[0]]) if ok.size else 1.0)
         fr = np.sort(f.raw(f"blk.{il}.ffn_freq.weight").view(np.float32).ravel())[::-1]
@@ -91,13 +95,20 @@ def describe(path, list_tensors: bool = False, console: Console | None = None) -
         ("rope", f"{'neox' if c.rope_neox else 'norm'}, base {c.rope_base:g}, n_rot {c.n_rot}"
                  + (f", local base {c.rope_base_local:g}" if c.rope_base_local else "")
                  + (", rope_freqs" if m.rope_freqs else "")),
-        ("ffn", f"{c.ffn_act}-gated" + (f"; sliding window {c.sliding_window}" if c.sliding_window else "")),
+        ("ffn", ("Mixture-of-Experts" if c.n_expert else f"{c.ffn_act}-gated")
+         + (f"; sliding window {c.sliding_window}" if c.sliding_window else "")),
         ("output", "tied to token_embd" if m.tied_output else "output.weight"),
         ("tokenizer", f"{kv.get('tokenizer.ggml.model')} (pre {kv.get('tokenizer.ggml.pre', '-')}), "
                       f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, add_bos {tok.add_bos}"),
         ("chat template", "yes" if kv.get("tokenizer.chat_template") else "no"),
     ]
-    rows += _pi2_rows(m)
+    rows += moe_rows(m)
+    try:
+        rows += _pi2_rows(m)
+    except (TypeError, ValueError, KeyError, IndexError) as e:   # a damaged value: a key of the wrong type
+        if isinstance(e, ModelFormatError):
+            raise
+        raise ModelFormatError(f"{m.path}: damaged pi2 metadata ({type(e).__name__}: {e})") from None
     for k, v in rows:
         head.add_row(f"[bold]{k}[/]", v)
     console.print(head)

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pi2.errors import ModelFormatError, UnsupportedError
+from pi2.model import pi2_keys
 from pi2.model.config import ModelConfig
+from pi2.model.config_moe import moe_tensors, optional_tensors, output_required
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile, TensorInfo
 from pi2.model.tokenizer import Tokenizer
 
@@ -30,11 +32,13 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple]:
             b + "attn_v.weight": (e, v_out), b + "attn_output.weight": (cfg.n_head * hdv, e),
             b + "ffn_norm.weight": (e,),
         })
-        want.update(_ffn_tensors(cfg, b))
+        want.update(moe_tensors(cfg, b) if cfg.moe_family else _ffn_tensors(cfg, b))
         if cfg.qkv_bias:
             want.update({b + "attn_q.bias": (q_out,), b + "attn_k.bias": (k_out,), b + "attn_v.bias": (v_out,)})
         if cfg.qk_norm:
             want.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+        if cfg.qk_norm_full:      # olmoe: over the whole projection
+            want.update({b + "attn_q_norm.weight": (e,), b + "attn_k_norm.weight": (e,)})
         if cfg.post_norms:
             want.update({b + "post_attention_norm.weight": (e,), b + "post_ffw_norm.weight": (e,)})
     return want
@@ -109,8 +113,15 @@ def load_model(path: str | os.PathLike) -> Model:
     f = GGUFFile(path)
     try:
         cfg = ModelConfig.from_gguf(f.kv, f.tensors, f.magic)
+        if cfg.pi2:
+            pi2_keys.check(f.kv, f.path, cfg.n_layer)
         want = expected_tensors(cfg)
         tied = "output.weight" not in f.tensors
+        if cfg.moe_family:
+            want.update(optional_tensors(cfg, f.tensors))
+            if tied and output_required(cfg.arch):
+                raise ModelFormatError(f"{f.path}: tensor 'output.weight' is missing ({cfg.arch} does not tie it "
+                                       "to token_embd)")
         if not tied:
             want["output.weight"] = (cfg.n_embd, cfg.n_vocab)
         rope_freqs = "rope_freqs.weight" in f.tensors

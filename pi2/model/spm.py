@@ -1,12 +1,14 @@
 # spm.py — SentencePiece vocabularies (tokenizer.ggml.model = "llama") as llama.cpp's
 # llm_tokenizer_spm_session: merge adjacent symbols whose concatenation is a token, highest score
 # first (ties: leftmost), then emit ids, falling back to <0xXX> byte tokens.
+# Text holding undecodable bytes is cut into llama.cpp's byte-run symbols and merged on its raw bytes.
 # Does not: the ' ' -> '▁' escaping and the leading space (tokenizer.py decides per fragment).
 from __future__ import annotations
 
 import heapq
 
 from pi2.errors import ModelFormatError
+from pi2.model.utf8 import has_raw, raw_bytes, utf8_len
 
 _CACHE_MAX = 4096
 
@@ -29,15 +31,26 @@ class SPM:
         """Append the ids of an already escaped fragment to `out`."""
         ids = self._cache.get(text)
         if ids is None:
-            ids = self._encode(text)
+            if has_raw(text):                  # undecodable bytes: llama.cpp's symbols are byte runs
+                ids = self._encode(raw_bytes(text), _byte_runs(raw_bytes(text)), self._lookup_bytes)
+            else:
+                ids = self._encode(text, [1] * len(text), self.vocab.get)
             if len(self._cache) < _CACHE_MAX:
                 self._cache[text] = ids
         out.extend(ids)
 
-    def _encode(self, text: str) -> list:
-        vocab = self.vocab
-        n = len(text)
-        length = [1] * n                       # symbol i always starts at character i
+    def _lookup_bytes(self, b: bytes):
+        try:
+            return self.vocab.get(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+
+    def _encode(self, text, length: list, lookup) -> list:
+        """llm_tokenizer_spm_session::tokenize over `text` (str, or bytes) cut into symbols of `length`."""
+        n = len(length)
+        start = [0] * n
+        for i in range(1, n):
+            start[i] = start[i - 1] + length[i - 1]
         nxt = list(range(1, n)) + [-1]
         prv = list(range(-1, n - 1))
         heap: list = []
@@ -47,7 +60,7 @@ class SPM:
             if left < 0 or right < 0:
                 return
             size = length[left] + length[right]
-            tid = vocab.get(text[left:left + size])
+            tid = lookup(text[start[left]:start[left] + size])
             if tid is not None:
                 heapq.heappush(heap, (-scores[tid], left, right, size))
 
@@ -66,12 +79,13 @@ class SPM:
 
         ids, i = [], 0
         while n and i != -1:
-            piece = text[i:i + length[i]]
-            tid = vocab.get(piece)
+            piece = text[start[i]:start[i] + length[i]]
+            tid = lookup(piece)
             if tid is not None:
                 ids.append(tid)
             else:
-                ids.extend(self.byte_token(b) for b in piece.encode("utf-8", "surrogatepass"))
+                raw = piece if isinstance(piece, bytes) else piece.encode("utf-8", "surrogatepass")
+                ids.extend(self.byte_token(b) for b in raw)
             i = nxt[i]
         return ids
 
@@ -84,3 +98,13 @@ class SPM:
             raise ModelFormatError(f"vocabulary has no byte token <0x{b:02X}> for a character of the input",
                                    hint="this SentencePiece vocabulary lacks byte fallback; llama.cpp fails here too")
         return tid
+
+
+def _byte_runs(raw: bytes) -> list:
+    """llama.cpp's initial SentencePiece symbols: as many bytes as each lead byte announces (clipped)."""
+    out, i = [], 0
+    while i < len(raw):
+        n = min(utf8_len(raw[i]), len(raw) - i)
+        out.append(n)
+        i += n
+    return out

@@ -1,64 +1,45 @@
 # tokenizer.py — the public tokenizer: GGUF vocabulary -> ids and back, as llama.cpp's llama_vocab.
-# Does: load tokens/types/special ids from GGUF metadata (the same defaults, overrides and
-#       text-based detection of EOT/EOG/FIM tokens), split out special tokens, dispatch fragments to
-#       BPE (bpe.py) or SPM (spm.py), token_to_piece / detokenize, streaming UTF-8-safe decoding.
-# Does not: regexes (pretokenize.py), merging (bpe.py, spm.py), chat templates (chat.py).
+# Does: read the tokenizer model and its flags (defaults per model, pre-tokenizer, GGUF overrides), split
+#       out special tokens, dispatch fragments to SPM (spm.py), BPE (bpe.py) or WordPiece (wpm.py),
+#       token_to_piece / detokenize (pieces in detokenize.py).
+# Does not: regexes (pretokenize.py), merging (bpe.py, spm.py), which tokens are special (specials.py),
+#       chat templates (chat.py).
 from __future__ import annotations
 
-import numpy as np
-
 from pi2.errors import ModelFormatError, UnsupportedError, UsageError
-from pi2.model.bpe import BPE, decode_text
+from pi2.model import specials
+from pi2.model.bpe import BPE
+from pi2.model.detokenize import StreamDecoder, clean_spaces, piece
 from pi2.model.pretokenize import pre_tokenizer
+from pi2.model.specials import (BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN,  # noqa: F401
+                                USER_DEFINED, K)
 from pi2.model.spm import SPM
 from pi2.model.vocab_order import map_order
+from pi2.model.wpm import WordPiece
 
-# llama_token_attr bits
-UNDEFINED, UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = 0, 1, 2, 4, 8, 16, 32
-LSTRIP, RSTRIP = 128, 256
-_TYPE_ATTR = np.array([UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE], dtype=np.int32)
+__all__ = ["Tokenizer", "StreamDecoder", "CONTROL", "USER_DEFINED", "UNKNOWN", "NORMAL", "BYTE"]
 
-_K = "tokenizer.ggml."
-_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
-_FIM_TEXTS = {
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-                "<|code_prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-                "<|code_suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-                "<|code_middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-_EOG_TEXTS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-                        "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                        "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>"))
-_ID_KEYS = (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("eot", "eot_token_id"), ("eom", "eom_token_id"),
-            ("unk", "unknown_token_id"), ("sep", "seperator_token_id"), ("pad", "padding_token_id"),
-            ("mask", "mask_token_id"), ("fim_pre", "fim_pre_token_id"), ("fim_suf", "fim_suf_token_id"),
-            ("fim_mid", "fim_mid_token_id"), ("fim_pad", "fim_pad_token_id"), ("fim_rep", "fim_rep_token_id"),
-            ("fim_sep", "fim_sep_token_id"), ("fim_pre", "prefix_token_id"), ("fim_suf", "suffix_token_id"),
-            ("fim_mid", "middle_token_id"))
+MODELS = ("llama", "gpt2", "gemma4", "bert")
 _SPACES = " \t\n\v\f\r"
 
 
 class Tokenizer:
-    """A GGUF vocabulary that tokenizes exactly like llama.cpp (SPM and byte-level BPE)."""
+    """A GGUF vocabulary that tokenizes exactly like llama.cpp: SentencePiece (llama), BPE (gpt2, gemma4)
+    and WordPiece (bert)."""
 
     def __init__(self, kv: dict):
-        model = kv.get(_K + "model")
+        model = kv.get(K + "model")
         if model is None:
             raise ModelFormatError("GGUF has no tokenizer.ggml.model key: no vocabulary to tokenize with")
-        tokens = kv.get(_K + "tokens")
-        if model not in ("llama", "gpt2"):
-            raise UnsupportedError(f"tokenizer '{model}' is not supported", hint="pi2 supports llama (SPM) and gpt2 (BPE)")
+        if model not in MODELS:
+            raise UnsupportedError(f"tokenizer '{model}' is not supported",
+                                   hint="pi2 supports llama (SentencePiece), gpt2 and gemma4 (BPE), bert (WordPiece)")
+        tokens = kv.get(K + "tokens")
         if not isinstance(tokens, list) or not tokens:
             raise ModelFormatError("GGUF has no tokenizer.ggml.tokens array")
         n = len(tokens)
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self.tokens, self.n_vocab, self.kind = tokens, n, ("spm" if model == "llama" else "bpe")
+        self.tokens, self.n_vocab = tokens, n
         self.token_to_id = dict(zip(tokens, range(n)))
         if len(self.token_to_id) != n:
             seen = {}
@@ -66,120 +47,62 @@ class Tokenizer:
                 if t in seen:
                     raise ModelFormatError(f"duplicate token in vocabulary: '{t}' has ids {seen[t]} and {i}")
                 seen[t] = i
-        attrs = self._attrs(kv, n)
-        ids = {k: None for k, _ in _ID_KEYS}
-        self.pre, self._eot_candidates = None, None
-        if self.kind == "spm":
-            ids.update(bos=1, eos=2, unk=0)
-            self.add_space_prefix, self.clean_spaces, self.add_bos, self.add_eos = True, False, True, False
-            scores = kv.get(_K + "scores")
+        attrs = specials.token_attrs(kv, n)
+        self.pre = None
+        self.add_space_prefix, self.add_eos = False, False
+        if model == "llama":
+            self.kind, self.escaped, defaults = "spm", True, dict(bos=1, eos=2, unk=0)
+            self.add_space_prefix, self.clean_spaces, self.add_bos = True, False, True
+            scores = kv.get(K + "scores")
             if scores is not None and len(scores) < n:
                 raise ModelFormatError(f"tokenizer.ggml.scores has {len(scores)} entries for {n} tokens")
             self.model = SPM(self.token_to_id, scores)
+        elif model == "bert":
+            self.kind, self.escaped = "wpm", True
+            defaults = dict(bos=101, unk=100, sep=102, pad=0, mask=103)
+            self.clean_spaces, self.add_bos = True, True
         else:
-            merges = kv.get(_K + "merges")
+            merges = kv.get(K + "merges")
             if not isinstance(merges, list):
                 raise ModelFormatError("cannot find tokenizer merges (tokenizer.ggml.merges) in model file")
-            self.pre = pre_tokenizer(kv.get(_K + "pre"))
-            ids.update(bos=None if self.pre.no_bos else 11, eos=11)
-            self.add_space_prefix, self.clean_spaces = False, self.pre.clean_spaces
-            self.add_bos, self.add_eos = self.pre.add_bos, False
+            # a gemma4 vocabulary always uses the gemma4 pre-tokenizer, whatever tokenizer.ggml.pre says
+            self.pre = pre_tokenizer("gemma4" if model == "gemma4" else kv.get(K + "pre"))
+            self.kind, self.escaped = "bpe", not self.pre.byte_encode
+            defaults = {} if model == "gemma4" else dict(bos=None if self.pre.no_bos else 11, eos=11)
+            self.clean_spaces, self.add_bos = self.pre.clean_spaces, self.pre.add_bos
             self.model = BPE(self.token_to_id, merges, self.pre)
-        if kv.get(_K + "add_space_prefix") is not None:
-            self.add_space_prefix = bool(kv[_K + "add_space_prefix"])
-        for k, _ in _ID_KEYS:                  # defaults outside the vocabulary are disabled
-            if ids[k] is not None and ids[k] >= n:
-                ids[k] = None
-        for k, key in _ID_KEYS:
-            v = kv.get(_K + key)
-            if v is not None and 0 <= int(v) < n:
-                ids[k] = int(v)
+        if kv.get(K + "add_space_prefix") is not None:
+            self.add_space_prefix = bool(kv[K + "add_space_prefix"])
+        ids = specials.special_ids(kv, n, defaults)
         for flag in ("add_bos", "add_eos"):
-            if kv.get(_K + flag + "_token") is not None:
-                setattr(self, flag, bool(kv[_K + flag + "_token"]))
+            if kv.get(K + flag + "_token") is not None:
+                setattr(self, flag, bool(kv[K + flag + "_token"]))
+        if self.pre is not None and self.pre.force_bos:
+            self.add_bos = True
         if self.add_bos and ids["bos"] is None:
             raise ModelFormatError("tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set")
         if self.add_eos and ids["eos"] is None:
             raise ModelFormatError("tokenizer.ggml.add_eos_token is true, but tokenizer.ggml.eos_token_id is not set")
-        eog = self._detect_specials(ids, attrs)
-        self.ids = ids
-        self.bos_id, self.eos_id, self.eom_id = ids["bos"], ids["eos"], ids["eom"]
-        self.eog_ids = frozenset(eog)
-        self._name_attrs(kv, attrs)
-        self.attrs = attrs.tolist()
-        self._pieces: dict = {}
-        self._build_special_index()
+        if self.kind == "wpm":
+            lowercase = bool(kv.get(K + "normalizer.lowercase", True))
+            strip = bool(kv.get(K + "normalizer.strip_accents", lowercase))
+            self.model = WordPiece(self.token_to_id, ids["unk"], lowercase, strip)
+        self._special_attrs_and_eog(kv, ids, attrs)
 
     @classmethod
     def from_kv(cls, kv: dict) -> "Tokenizer":
         return cls(kv)
 
     # --- loading ----------------------------------------------------------------------------------
-    @staticmethod
-    def _attrs(kv, n):
-        types = kv.get(_K + "token_type")
-        if types is None:
-            return np.full(n, NORMAL, dtype=np.int32)
-        types = np.asarray(types, dtype=np.int64)
-        if len(types) < n:
-            raise ModelFormatError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
-        types = types[:n]
-        ok = (types >= 0) & (types < len(_TYPE_ATTR))
-        return np.where(ok, _TYPE_ATTR[np.where(ok, types, 0)], UNDEFINED).astype(np.int32)
-
-    def _detect_specials(self, ids: dict, attrs) -> set:
-        """Text-based detection of EOT/EOM/FIM ids, 'unused' control tokens and the EOG set."""
-        t2i = self.token_to_id
-        present = lambda texts: [t2i[t] for t in texts if t in t2i]   # noqa: E731
-        groups = [("eot", _EOT_TEXTS), ("eom", ("<|eom_id|>",))] + list(_FIM_TEXTS.items())
-        for name, texts in groups:
-            if ids[name] is None:
-                found = present(texts)
-                if len(found) > 1 and name == "eot" and all(self.tokens[i] in _EOG_TEXTS for i in found):
-                    self._eot_candidates = found      # resolved on first use: the choice changes nothing else
-                elif found:
-                    # llama.cpp takes the first hit while iterating its unordered_map
-                    ids[name] = found[0] if len(found) == 1 else map_order(self.tokens, found)[0]
-                    attrs[ids[name]] |= CONTROL
-        for i in np.nonzero(attrs & CONTROL)[0].tolist():
-            if "unused" in self.tokens[i]:
-                attrs[i] |= UNUSED
-        eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
-        for i in present(_EOG_TEXTS):
-            eog.add(i)
-            attrs[i] |= CONTROL
-        for i in present(("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")):
-            attrs[i] = USER_DEFINED
-        eog |= {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None}
-        eog |= set(self._eot_candidates or ())
-        texts = {self.tokens[i]: i for i in eog}
-        has_call = "<|call|>" in texts or "<|calls|>" in texts
-        if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
-            eog.discard(texts["<|end|>"])
-            attrs[texts["<|end|>"]] = USER_DEFINED
-        if "<|tool_response>" in texts and "</s>" in texts:
-            eog.discard(texts["</s>"])
-            attrs[texts["</s>"]] = NORMAL
-        return eog
-
-    def _name_attrs(self, kv, attrs) -> None:
-        name = str(kv.get("general.name", "")).lower()
-        pre, arch = str(kv.get(_K + "pre", "")), str(kv.get("general.architecture", ""))
-        t2i = self.token_to_id
-        if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
-                any(s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
-            if "<mask>" in t2i:
-                attrs[t2i["<mask>"]] |= LSTRIP
-        elif "phi-3" in name or "phi3" in name:
-            special = np.nonzero(attrs & (CONTROL | USER_DEFINED | UNKNOWN))[0]
-            attrs[special] |= RSTRIP
-            if "</s>" in t2i:
-                attrs[t2i["</s>"]] |= RSTRIP
-            for t in ("<unk>", "<s>", "<|endoftext|>"):
-                if t in t2i:
-                    attrs[t2i[t]] &= ~RSTRIP
-        elif "modern-bert" in name and "[MASK]" in t2i:
-            attrs[t2i["[MASK]"]] |= LSTRIP
+    def _special_attrs_and_eog(self, kv, ids, attrs) -> None:
+        eog, self._eot_candidates = specials.detect(self.tokens, self.token_to_id, ids, attrs)
+        self.ids = ids
+        self.bos_id, self.eos_id, self.eom_id = ids["bos"], ids["eos"], ids["eom"]
+        self.eog_ids = frozenset(eog)
+        specials.name_attrs(kv, self.token_to_id, attrs)
+        self.attrs = attrs.tolist()
+        self._pieces: dict = {}
+        self._build_special_index()
 
     def _build_special_index(self) -> None:
         """Special tokens in llama.cpp's matching order (longest first) and a prefix index to find the
@@ -259,9 +182,11 @@ class Tokenizer:
             add_special = self.add_bos
         frags = self._partition(text, parse_special) if text else []
         out: list[int] = []
-        if add_special and self.add_bos:
+        if add_special and (self.add_bos or self.kind == "wpm"):
+            if self.bos_id is None:
+                raise ModelFormatError("the vocabulary has no BOS token to start the text with")
             out.append(self.bos_id)
-        if self.kind == "bpe":
+        if self.kind != "spm":
             for f in frags:
                 if isinstance(f, int):
                     out.append(f)
@@ -278,7 +203,11 @@ class Tokenizer:
                     f = " " + f
                 self.model.encode(f.replace(" ", "\u2581"), out)
                 prev_special = False
-        if add_special and self.add_eos:
+        if add_special and self.kind == "wpm":
+            if self.ids["sep"] is None:
+                raise ModelFormatError("WordPiece vocabulary has no separator token to end the text with")
+            out.append(self.ids["sep"])
+        elif add_special and self.add_eos:
             out.append(self.eos_id)
         return out
 
@@ -288,16 +217,7 @@ class Tokenizer:
         if p is None:
             if not 0 <= id < self.n_vocab:
                 raise UsageError(f"token id {id} is outside the vocabulary (n_vocab = {self.n_vocab})")
-            attr, text = self.attrs[id], self.tokens[id]
-            if attr & (UNKNOWN | CONTROL | USER_DEFINED):
-                p = text.encode("utf-8", "surrogatepass")
-            elif attr & NORMAL:
-                p = text.replace("\u2581", " ").encode("utf-8") if self.kind == "spm" else decode_text(text)
-            elif attr & BYTE:
-                p = bytes([_hex_prefix(text[3:5])])
-            else:
-                p = b""
-            self._pieces[id] = p
+            p = self._pieces[id] = piece(self.tokens[id], self.attrs[id], self.escaped)
         return p
 
     def token_to_piece(self, id: int, special: bool = True) -> bytes:
@@ -323,78 +243,4 @@ class Tokenizer:
                 p = p[1:]
             remove_space = False
             out += p
-        return _clean_spaces(out) if self.clean_spaces else bytes(out)
-
-
-def _hex_prefix(s: str) -> int:
-    """strtol(s, 16) on a two-character string: the leading hex digits, 0 if none."""
-    v = 0
-    for ch in s:
-        if ch not in "0123456789abcdefABCDEF":
-            break
-        v = v * 16 + int(ch, 16)
-    return v & 0xFF
-
-
-def _clean_spaces(t: bytearray) -> bytes:
-    """llama.cpp's clean_up_tokenization_spaces passes, done in place exactly as the C loop does."""
-    n = len(t)
-    total = 1 if n else 0
-    for i in range(1, n):                       # " ?", " !", " .", " ,"
-        x = t[i]
-        if t[i - 1] == 32 and x in b"?!.,":
-            total -= 1
-        t[total] = x
-        total += 1
-    n, total, i = total, (1 if total else 0), 1
-    while i < n:                                # " ' " -> "'"
-        x = t[i]
-        if x == 39 and i + 1 < n and t[i - 1] == 32 and t[i + 1] == 32:
-            total -= 1
-            i += 1
-            t[i] = 0
-        t[total] = x
-        total += 1
-        i += 1
-    n, total = total, (1 if total else 0)
-    for i in range(1, n):                       # " 's", " 'm", " 're", " 've"
-        x = t[i]
-        if t[i - 1] == 32 and x == 39 and i + 1 < n:
-            x1 = t[i + 1]
-            if x1 in b"sm":
-                total -= 1
-            elif x1 not in b"td" and i + 2 < n and (x1, t[i + 2]) in ((114, 101), (118, 101)):
-                total -= 1
-        t[total] = x
-        total += 1
-    return bytes(t[:total])
-
-
-class StreamDecoder:
-    """Token-by-token detokenization that never emits a broken UTF-8 sequence."""
-
-    def __init__(self, tok: Tokenizer, special: bool = True):
-        self.tok, self.special, self._buf = tok, special, b""
-
-    def push(self, id: int) -> str:
-        buf = self._buf + self.tok.token_to_piece(id, self.special)
-        cut = _complete_prefix(buf)
-        self._buf = buf[cut:]
-        return buf[:cut].decode("utf-8", "replace")
-
-    def flush(self) -> str:
-        buf, self._buf = self._buf, b""
-        return buf.decode("utf-8", "replace")
-
-
-def _complete_prefix(buf: bytes) -> int:
-    """Length of `buf` without a trailing, still incomplete UTF-8 sequence."""
-    n = len(buf)
-    for k in range(1, min(4, n) + 1):
-        b = buf[n - k]
-        if b < 0x80:
-            return n
-        if b >= 0xC0:
-            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4 if b < 0xF8 else 1
-            return n - k if need > k else n
-    return n
+        return clean_spaces(out) if self.clean_spaces else bytes(out)

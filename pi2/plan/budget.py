@@ -130,6 +130,8 @@ class Plan:
     n_ff: int = 0
     ffn_bytes: int = 0      # every layer's bundle region
     npu_bytes: int = 0      # the NPU's copies of the hot prefix (npu_plan.copy_bytes), part of `fixed`
+    repacked: int = 0       # part of `fixed`: attention and output copied at load into the packed kernels' layout
+                            # (pi2_model_repack; the copies replace their mapped pages, so `fixed` is unchanged)
     flash_bytes: int = 0    # expected bytes read per token: cold clusters with an active neuron (ffn_freq),
                             # and gate_flash_bytes
     read_mbps: float | None = None   # the device profile's throughput at the slot size and queue depth
@@ -172,7 +174,8 @@ class Plan:
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, embeddings, output"
                 + (", predictor" if self.gate else "" if self.gate_whole else ", gate rows")
-                + (f"; NPU copies {fmt(self.npu_bytes)})" if self.npu_bytes else ")"),
+                + (f"; NPU copies {fmt(self.npu_bytes)}" if self.npu_bytes else "")
+                + (f"; repacked {fmt(self.repacked)}" if self.repacked else "") + ")",
                 f"KV cache           {fmt(self.kv)}",
                 f"scratch + margin   {fmt(self.scratch + self.margin)}",
                 f"FFN bundles        {fmt(self.ffn_bytes)} on flash",

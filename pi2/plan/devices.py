@@ -53,10 +53,12 @@ def cpu_info(cpuinfo: str | None = None) -> dict:
         f = _read(str(cpu / "cpufreq/cpuinfo_max_freq")).strip()
         if f.isdigit():
             clusters[int(f) // 1000] = clusters.get(int(f) // 1000, 0) + 1
+    ki = kernel_info()
     return {"model": model, "cores": os.cpu_count() or 1, "usable_cores": usable,
             "clusters_mhz": {str(k): v for k, v in sorted(clusters.items(), reverse=True)},
             "features": sorted({name for flag, name in _FEATURES.items() if flag in flags}),
-            "kernels": kernel_info()["isa"] or ["ref"]}
+            "kernels": ki["isa"] or ["ref"], "variant": ki["variant"], "variant_why": ki["variant_why"],
+            "packed": ki["packed"]}
 
 
 def cgroup_limit(proc_cgroup: str | None = None, root: str = "/sys/fs/cgroup") -> int | None:
@@ -161,6 +163,7 @@ def format_text(rep: dict) -> str:
              f"cores:     {c['cores']} ({c['usable_cores']} usable); clusters by max frequency: {clusters}",
              f"features:  {', '.join(c['features']) or 'none of neon, dotprod, i8mm, avx2, avx512'}",
              f"kernels:   {', '.join(c['kernels'])}",
+             f"variant:   {c['variant']} ({c['variant_why']}); repacked at load: {', '.join(c['packed']) or 'none'}",
              f"memory:    total {_mib(m['total'])}, available {_mib(m['available'])}, cgroup limit "
              + (_mib(m["cgroup_limit"]) if m["cgroup_limit"] else "none"),
              "io:        " + ", ".join(f"{b['name']} ({b['status']})" for b in rep["io"]["backends"])

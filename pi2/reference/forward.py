@@ -160,6 +160,7 @@ class ReferenceContext:
             c = np.float32(cfg.logit_softcap)
             logits = np.tanh(logits / c) * c
         self._cb("result_output", -1, logits)
+        self.w.model.file.check_io()    # no logits from pages of the file that failed (read as zeros)
         return logits if all_logits else logits[0]
 
     def _layer(self, il: int, L: dict, x: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:

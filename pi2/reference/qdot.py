@@ -137,14 +137,15 @@ def _fma(a, b, c):
     return (a.astype(F64) * b + c).astype(F32)
 
 
-def dot_q4_k_repack(w: Weights, act: tuple) -> np.ndarray:
+def dot_q4_k_repack(w: Weights, act: tuple, gemv_only: bool = False) -> np.ndarray:
     """ggml_gemm/gemv_q4_K_8x8_q8_K (Q4_K weights are repacked on AVX2 machines). Tokens in groups of four go
     through the GEMM, which converts Σ scale·Σ code·q8 of each 64-value pair of sub-blocks to float and
     FMAs it with d_x·d_y (and the mins term likewise with dmin_x·d_y); the last T mod 4 tokens go through
-    the GEMV, which does the same once per 256-block. Result = acc − acc_min."""
+    the GEMV, which does the same once per 256-block. Result = acc − acc_min. gemv_only: every token through
+    the GEMV (the repacked mul_mat_id)."""
     dy, qy, bsums = act
     n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
-    n_gemm = n_tok - n_tok % 4
+    n_gemm = 0 if gemv_only else n_tok - n_tok % 4
     acc = np.zeros((n_tok, n_out), F32)
     accm = np.zeros((n_tok, n_out), F32)
     for b in range(nb):
@@ -165,3 +166,54 @@ def dot_q4_k_repack(w: Weights, act: tuple) -> np.ndarray:
         acc[v] = _fma(isb[:, v].sum(axis=0).astype(F32), dd[v], acc[v])
         accm[v] = _fma(msb[:, v].sum(axis=0).astype(F32), dm[v], accm[v])
     return acc - accm
+
+
+# ---------------------------------------------------------------- Q5_K × Q8_K
+
+def _k5_ints(w: Weights, qy: np.ndarray, b: int):
+    """Per 32-value sub-block s: the exact Σ code·q8 (8, T, R) of block b, as float64."""
+    n_tok = qy.shape[0]
+    ya = qy[:, b].astype(F64).reshape(n_tok, 8, 32).transpose(1, 0, 2)                     # (8, T, 32)
+    return np.matmul(ya, w.q[b].astype(F64).reshape(8, 32, -1))                            # (8, T, R)
+
+
+def dot_q5_k_vec(w: Weights, act: tuple) -> np.ndarray:
+    """ggml_vec_dot_q5_K_q8_K (AVX2), fewer than 8 tokens: int32 lane l sums scale_s·Σ code·q8 over the values
+    4l..4l+3 of every 32-value sub-block s; per block acc = fma(d_y·d_x, float(lane), acc); the mins term
+    summs = fma(−d_y·dmin_x, Σ_s min_s·(bsums[2s] + bsums[2s+1]), summs); result hsum_float_8(acc) + summs."""
+    dy, qy, bsums = act
+    n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
+    acc = np.zeros((8, n_tok, n_out), F32)
+    summs = np.zeros((n_tok, n_out), F32)
+    for b in range(nb):
+        ya = qy[:, b].astype(F64).reshape(n_tok, 8, 8, 4).transpose(2, 1, 0, 3)           # (lane, s, T, 4)
+        qa = w.q[b].astype(F64).reshape(8, 8, 4, n_out).transpose(1, 0, 2, 3)             # (lane, s, 4, R)
+        lane = (np.matmul(ya, qa) * w.sc[b].astype(F64)[None, :, None, :]).sum(axis=1)    # exact integers
+        d = (dy[:, b, None] * w.d[b][None, :]).astype(F32)
+        acc = (lane.astype(F32).astype(F64) * d + acc).astype(F32)
+        bs = bsums[:, b].astype(F64).reshape(n_tok, 8, 2).sum(axis=-1)                    # (T, 8)
+        hs = bs @ w.mn[b].astype(F64)                                                      # (T, R) exact
+        dmin = ((-dy[:, b, None]) * w.m[b][None, :]).astype(F32)
+        summs = (dmin.astype(F64) * hs.astype(F32) + summs).astype(F32)
+    return hsum8(acc) + summs
+
+
+def dot_q5_k_tiled(w: Weights, act: tuple) -> np.ndarray:
+    """ggml's tiled K-quant kernel with mins (AVX-512 VNNI), 8+ tokens: per 256-block s1 = Σ_s scale_s·Σ code·q8
+    and s2 = Σ_s min_s·bsum_s (int32), result = fma(−dmin_x, float(s2), float(s1)·d_x), acc = fma(result, d_y, acc)."""
+    dy, qy, bsums = act
+    n_tok, nb, n_out = qy.shape[0], qy.shape[1], w.q.shape[2]
+    acc = np.zeros((n_tok, n_out), F32)
+    for b in range(nb):
+        s1 = (_k5_ints(w, qy, b) * w.sc[b].astype(F64)[:, None, :]).sum(axis=0)
+        bs = bsums[:, b].astype(F64).reshape(n_tok, 8, 2).sum(axis=-1)
+        s2 = bs @ w.mn[b].astype(F64)
+        f1d = (s1.astype(F32) * w.d[b][None, :]).astype(F32)
+        res = ((-w.m[b][None, :]).astype(F64) * s2.astype(F32) + f1d).astype(F32)
+        acc = (res.astype(F64) * dy[:, b, None] + acc).astype(F32)
+    return acc
+
+
+def dot_q5_k_q8_k(w: Weights, act: tuple) -> np.ndarray:
+    """Q5_K weights: the tiled kernel from 8 tokens on, vec_dot below."""
+    return dot_q5_k_tiled(w, act) if act[1].shape[0] >= 8 else dot_q5_k_vec(w, act)

@@ -2,7 +2,7 @@
 # Does: dequantize ggml blocks (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) bit-exactly;
 #       quantize activations exactly as llama.cpp's x86 AVX2/AVX-512 CPU build does (Q8_0, Q8_1, Q8_K,
 #       F16, BF16); QuantLinear, what ggml's CPU mul_mat computes: bit for bit in the x86 kernels' float order
-#       for Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (qdot.py), up to float32 summation order for the other types;
+#       for Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K (qdot.py), up to float32 summation order for the other types;
 #       quantize_weight for building fixtures (wraps gguf.quants).
 # Does not: read files (model/gguf_file.py) or run the model (reference.py). K-quant blocks live in quants_k.py.
 from __future__ import annotations
@@ -229,9 +229,14 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
         q = q6_k_codes(b).reshape(n_out, -1, 256).transpose(1, 2, 0)
         sc = b[:, 192:208].view(np.int8).reshape(n_out, -1, 16).transpose(1, 2, 0)
         return qdot.Weights(q=np.ascontiguousarray(q), d=col(_fp16(b[:, 208:210])), sc=np.ascontiguousarray(sc))
-    if qtype == Q4_K:
+    if qtype in (Q4_K, Q5_K):
         sc, mn = _scales_mins_k4(b[:, 4:16])
-        q = _nibbles_k(b[:, 16:144]).reshape(n_out, -1, 256).transpose(1, 2, 0)
+        if qtype == Q4_K:
+            q = _nibbles_k(b[:, 16:144]).reshape(n_out, -1, 256).transpose(1, 2, 0)
+        else:   # 5-bit codes: bit j of qh[l] is the 5th bit of value l of sub-block j
+            q = _nibbles_k(b[:, 48:176])
+            q |= np.unpackbits(b[:, 16:48], axis=1, bitorder="little").reshape(-1, 32, 8).transpose(0, 2, 1) << 4
+            q = q.reshape(n_out, -1, 256).transpose(1, 2, 0)
         t8 = lambda a: np.ascontiguousarray(a.reshape(n_out, -1, 8).transpose(1, 2, 0))  # noqa: E731
         return qdot.Weights(q=np.ascontiguousarray(q), d=col(_fp16(b[:, 0:2])), m=col(_fp16(b[:, 2:4])),
                             sc=t8(sc), mn=t8(mn))
@@ -249,7 +254,7 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
 
 
 _EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes, Q6_K: qdot.dot_q6_k_q8_k,
-          Q4_K: qdot.dot_q4_k_repack}
+          Q4_K: qdot.dot_q4_k_repack, Q5_K: qdot.dot_q5_k_q8_k}
 
 
 class QuantLinear:
@@ -321,3 +326,23 @@ def quantize_weight(x: np.ndarray, qtype: int) -> np.ndarray:
     x = np.atleast_2d(np.asarray(x, dtype=np.float32))
     out = np.ascontiguousarray(quantize(x, GGMLQuantizationType(qtype)))
     return out.view(np.uint8).reshape(x.shape[0], -1)
+
+
+# ---------------------------------------------------------------- the x8 repacked layout (csrc/kernels/pack.h)
+
+PACK_ROWS = 8
+# bytes of each field of a block, in order (d, [m], [qh], qs)
+PACK_FIELDS = {Q4_0: (2, 16), Q4_1: (2, 2, 16), Q5_0: (2, 4, 16), Q5_1: (2, 2, 4, 16), Q8_0: (2, 32)}
+
+
+def pack_rows(raw: np.ndarray, qtype: int) -> np.ndarray:
+    """The x8 layout of raw (n_rows, row_bytes) blocks: per group of 8 rows and block column, each field of
+    the 8 rows side by side (the C twin: pi2_repack_rows / pi2_pack_rows). Same shape and bytes, reordered."""
+    fields = PACK_FIELDS[qtype]
+    n, rb = raw.shape
+    ts = sum(fields)
+    blocks = raw.reshape(n // PACK_ROWS, PACK_ROWS, rb // ts, ts)             # group, row, column, byte
+    offs = np.cumsum((0,) + fields)
+    parts = [blocks[..., a:b].transpose(0, 2, 1, 3).reshape(n // PACK_ROWS, rb // ts, -1)
+             for a, b in zip(offs[:-1], offs[1:])]                               # group, column, 8 rows' field
+    return np.concatenate(parts, axis=2).reshape(n, rb)

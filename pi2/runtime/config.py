@@ -61,6 +61,7 @@ class RunConfig:
     npu: str = "auto"                   # --npu: auto | nnapi | off
     nnapi_lib: str | None = None        # --nnapi-lib: libneuralnetworks.so to open (None = the system's)
     npu_gbps: float | None = None       # --npu-gbps: the NPU's throughput to plan with (None = measured)
+    repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
 
     def __post_init__(self):
         if self.engine not in ENGINES:

@@ -73,6 +73,8 @@ def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred:
         return r
     if cfg.sparse and has_pred:
         r.rule = "predictor"
+        for il in range(cfg.n_layer):
+            _check_fc(model, f"blk.{il}.")
     elif relu and (cfg.sparse or cfg.pi2):
         r.rule = "relu"
     elif keep is None:
@@ -80,12 +82,11 @@ def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred:
     elif cfg.pi2:
         r.rule = "threshold"
         grid = np.asarray(kv["pi2.ffn.keep_grid"], np.float64)
-        err = np.stack([model.raw(f"blk.{il}.ffn_err.weight").view(np.float32).reshape(-1)
-                        for il in range(cfg.n_layer)])
-        thr = np.stack([model.raw(f"blk.{il}.ffn_thresh.weight").view(np.float32).reshape(-1)
-                        for il in range(cfg.n_layer)])
-        if err.shape[1] != len(grid) or thr.shape[1] != len(grid):
+        rows = {n: [model.raw(f"blk.{il}.{n}.weight").view(np.float32).reshape(-1) for il in range(cfg.n_layer)]
+                for n in ("ffn_err", "ffn_thresh")}
+        if any(x.size != len(grid) for v in rows.values() for x in v):     # checked before stacking them
             raise ModelFormatError(f"{model.path}: ffn_err/ffn_thresh need {len(grid)} values (pi2.ffn.keep_grid)")
+        err, thr = np.stack(rows["ffn_err"]), np.stack(rows["ffn_thresh"])
         if alloc not in ALLOCATIONS:
             raise UsageError(f"unknown keep allocation '{alloc}' (choose from {', '.join(ALLOCATIONS)})")
         if keep < grid[0]:
@@ -105,6 +106,16 @@ def cut_at(thresh: np.ndarray, margin: np.ndarray, grid, keep: float) -> np.floa
     t = np.float32(np.interp(keep, grid, thresh))
     m = np.float32(np.interp(keep, grid, margin))
     return np.float32(t - m)
+
+
+def _check_fc(model, b: str) -> None:
+    """A predictor fc2·relu(fc1·h) must map n_embd -> r -> n_ff (PowerInfer's, or a pi2-made lowrank one)."""
+    cfg, tensors = model.config, model.file.tensors
+    (i1, o1), (i2, o2) = (tuple(tensors[b + n].ne[:2]) + (0,) * (2 - len(tensors[b + n].ne[:2]))
+                          for n in ("fc1.weight", "fc2.weight"))
+    if i1 != cfg.n_embd or o2 != cfg.n_ff or i2 != o1:
+        raise ModelFormatError(f"{model.path}: {b}fc1/fc2 must map n_embd {cfg.n_embd} -> r -> n_ff "
+                               f"{cfg.n_ff} (got {i1} -> {o1}, {i2} -> {o2})")
 
 
 def _predicted_setup(model, r: FFNRule, thr: np.ndarray, grid: np.ndarray) -> None:
@@ -136,10 +147,7 @@ def _predicted_setup(model, r: FFNRule, thr: np.ndarray, grid: np.ndarray) -> No
                                        f"{lowbit_row_bytes(cfg.n_embd, max(r.pred_bits, 1))} bytes with "
                                        f"pi2.predictor.bits 1 or 2 (got {shape}, bits {r.pred_bits})")
         else:
-            (i1, o1), (i2, o2) = (tensors[b + n].ne[:2] for n in ("fc1.weight", "fc2.weight"))
-            if i1 != cfg.n_embd or o2 != cfg.n_ff or i2 != o1:
-                raise ModelFormatError(f"{model.path}: {b}fc1/fc2 must map n_embd {cfg.n_embd} -> r -> n_ff "
-                                       f"{cfg.n_ff} (got {i1} -> {o1}, {i2} -> {o2})")
+            _check_fc(model, b)
         cuts.append(cut_at(thr[il], margin, grid, r.layer_keep[il]))
     r.cuts = np.array(cuts, np.float32)
 

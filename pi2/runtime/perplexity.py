@@ -51,7 +51,10 @@ def nll_of_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     for r in range(0, x.shape[0], _ROWS_PER_BLOCK):  # bounded temporaries for 150k-token vocabularies
         xb, tb = x[r:r + _ROWS_PER_BLOCK], targets[r:r + _ROWS_PER_BLOCK]
         mx = xb.max(axis=1)
-        sum_exp = np.exp(xb - mx[:, None], dtype=np.float32).sum(axis=1, dtype=np.float64)
+        # llama.cpp: libm expf of each float32 difference, summed in double; exp in double rounded to float32 is
+        # glibc's expf but for its rare 0.502-ulp cases (numpy's float32 exp is further off, enough to move the
+        # 4th decimal of a perplexity in the hundreds)
+        sum_exp = np.exp((xb - mx[:, None]).astype(np.float64)).astype(np.float32).sum(axis=1, dtype=np.float64)
         picked = xb[np.arange(xb.shape[0]), tb] - mx  # float32, as in log_softmax()
         out[r:r + xb.shape[0]] = np.log(sum_exp) - picked.astype(np.float64)
     return out

@@ -24,6 +24,7 @@ from pi2.runtime.config import DEFAULT_CTX, RunConfig
 from pi2.runtime.ffn_rule import FFNRule, choose_rule
 
 C_ARCHS = ("llama", "qwen2", "gemma3", "bamboo")      # what csrc/ runs (model.c's architecture table)
+MAX_CTX = 1 << 24           # the largest n_ctx csrc/context.c takes
 
 _NOTED: set = set()     # notes printed once per process: the engine fallback, a file that does not fit
 
@@ -59,8 +60,11 @@ def is_sparse_run(model: Model, cfg: RunConfig) -> bool:
 def c_engine_gap(model: Model) -> str:
     """Why the C engine cannot run this model ("" when it can). It runs every architecture ModelConfig accepts,
     PowerInfer `PWRI` files (predictor, ffn_down_t, ReGLU and bamboo's dReLU) included."""
-    if model.config.arch not in C_ARCHS:
-        return f"the C engine does not run {model.config.arch} models"
+    c = model.config
+    if c.moe_family:
+        return f"the C engine does not run {c.arch} models yet" + (" (Mixture-of-Experts)" if c.n_expert else "")
+    if c.arch not in C_ARCHS:
+        return f"the C engine does not run {c.arch} models"
     return ""
 
 
@@ -69,9 +73,23 @@ def resolve_ctx(model: Model, n_ctx: int) -> int:
     if n_ctx < 0:
         raise UsageError(f"invalid context size {n_ctx}")
     train = model.config.n_ctx_train
-    if n_ctx == 0:
-        return train
-    return min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    n = train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
+    check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "")
+    return n
+
+
+def check_ctx(model: Model, n_ctx: int, whose: str = "") -> None:
+    """Refuse, before anything is allocated, a context larger than the C engine takes (csrc/context.c) or whose KV
+    cache and buffers exceed the memory this process may use."""
+    what = f"a context of {n_ctx} tokens" + (f" ({whose})" if whose else "")
+    if n_ctx > MAX_CTX:
+        raise UsageError(f"{what} is more than pi2's maximum of {MAX_CTX}", hint="give a smaller -c")
+    limit = devices.memory_limit()
+    need = sum(context_bytes(model.config, n_ctx, 1))
+    if limit is not None and need > limit:
+        fits = max(1, int(n_ctx * limit / need) // 256 * 256)
+        raise UsageError(f"{what} needs {fmt(need)} for its KV cache and buffers, more than the {fmt(limit)} "
+                         "this process may use", hint=f"give -c {fits} or less")
 
 
 def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
@@ -79,7 +97,9 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     model is loaded to size the cache, the device probed for the I/O backend, NNAPI opened to decide the hot
     prefix; `pi2 plan` prints what this returns."""
     n_ctx = resolve_ctx(model, cfg.n_ctx)
-    gap = c_engine_gap(model) if is_sparse_run(model, cfg) else ""
+    gap = c_engine_gap(model) if is_sparse_run(model, cfg) or model.config.moe_family else ""
+    if model.config.moe_family and (cfg.keep is not None or cfg.dense):
+        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
     engine = "reference" if cfg.engine == "reference" or gap else "c"

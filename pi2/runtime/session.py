@@ -17,6 +17,7 @@ from pi2.engine import CContext
 from pi2.model.loader import Model, load_model
 from pi2.plan.budget import Plan
 from pi2.reference.forward import ReferenceContext
+from pi2.reference.moe import MoEContext
 from pi2.runtime import npu
 from pi2.runtime.config import RunConfig
 from pi2.runtime.plan import RunPlan, plan_run, take_notes
@@ -32,7 +33,7 @@ class Session:
     (generate and perplexity take a session or a bare context alike)."""
     model: Model
     plan: RunPlan
-    ctx: CContext | ReferenceContext
+    ctx: CContext | ReferenceContext | MoEContext
     npu: npu.NpuUse
     cache: Plan | None = None      # the neuron cache's split in force (None: everything mapped)
 
@@ -84,11 +85,16 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
         print(f"pi2: note: {text}", file=sys.stderr)
     if p.engine == "reference":
         npu.attach(None, p.npu)
-        return Session(model, p, ReferenceContext(model, p.n_ctx, p.rule), p.npu)
+        ref = MoEContext(model, p.n_ctx) if model.config.moe_family else ReferenceContext(model, p.n_ctx, p.rule)
+        return Session(model, p, ref, p.npu)
     ctx = CContext(p.cmodel, p.n_ctx, p.n_threads)
     ctx.set_ffn(p.rule)
-    npu.attach(ctx, p.npu)
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu
+    if p.cfg.repack:    # attention and output (the FFN too when every neuron is computed in memory) in the packed
+        repacked = p.cmodel.repack(ffn=p.rule.rule == "dense" and cache is None)   # kernels' layout; same bits
+        if cache is not None:
+            cache.repacked = repacked      # the copies replace their mapped pages: the fixed region is unchanged
+    npu.attach(ctx, p.npu)
     if cache is not None:
         ctx.set_stream(**cache.stream_args())
     return Session(model, p, ctx, p.npu, cache)

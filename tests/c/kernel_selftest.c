@@ -26,6 +26,7 @@
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
 #include "../../csrc/kernels/lowbit.h"
+#include "../../csrc/kernels/pack.h"
 #include "../../csrc/kernels/traits.h"
 #include "../../csrc/matmul.h"
 #include "../../csrc/ops.h"
@@ -39,6 +40,7 @@
 static const int SIZES[] = {1, 7, 31, 32, 33, 255, 256, 4096 + 32};
 static void test_axpy(int type, int size);
 static void test_lowbit(int bits, int size);
+static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out);
 static float *rand_floats(int64_t n, float scale);
 #define N_SIZES (int)(sizeof SIZES / sizeof SIZES[0])
 #define K_MAX_BLOCKS 256          /* 256-value block types: at most 256 blocks (65536 values) per row */
@@ -326,7 +328,7 @@ static void test_matmul(int type, pi2_pool *pool, int n_out, int n_tok, int size
     fill_weights(type, w, (n_in / ref->block_size) * n_out, ref->type_size);
     for (int64_t i = 0; i < n_in * n_tok; i++) x[i] = next_f();
     for (int t = 0; t < n_tok; t++) ref->quantize_act(x + t * n_in, xq + t * xrow, n_in);
-    const pi2_weight wt = {w, type, n_in, n_out, row_bytes};
+    const pi2_weight wt = {w, type, n_in, n_out, row_bytes, NULL};
     const pi2_mm mm = {&wt, out};
     for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
         const pi2_type_traits *tr = pi2_traits(type, impl);
@@ -654,6 +656,11 @@ int main(void) {
     for (int s = 0; s < N_SIZES; s++) test_axpy_i8(SIZES[s]);
     for (int bits = 1; bits <= 2; bits++)
         for (int s = 0; s < N_SIZES; s++) test_lowbit(bits, SIZES[s]);
+    if (pi2_pool_create(2, &pool) != PI2_OK) { printf("cannot start a thread pool\n"); return 1; }
+    static const int packed[] = {PI2_T_Q4_0, PI2_T_Q4_1, PI2_T_Q5_0, PI2_T_Q5_1, PI2_T_Q8_0};
+    for (size_t i = 0; i < sizeof packed / sizeof packed[0]; i++)
+        for (int s = 0; s < N_SIZES && SIZES[s] <= 256; s++) test_packed(packed[i], pool, SIZES[s], SIZES[s] < 32 ? 8 : 24);
+    pi2_pool_free(pool);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }
@@ -697,4 +704,45 @@ static void test_lowbit(int bits, int size) {
     free(w);
     free(xq);
     free(x);
+}
+
+/* The x8 layout (kernels/pack.h) of n_out rows of n_blocks blocks: unpack(pack(w)) == w byte for byte; every
+ * table's packed kernel equals that table's vec_dot on the plain rows bit for bit; pi2_matmul on the packed
+ * copy (one token: the packed kernel; batches: groups unpacked) equals pi2_matmul on the plain rows. */
+static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out) {
+    const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
+    const int64_t n = (int64_t)n_blocks * 32;
+    const size_t rb = (size_t)n_blocks * ref->type_size, xrow = act_bytes(ref, n);
+    enum { MAX_TOK = 259 };   /* past PACK_TOK (256): a group unpacked twice */
+    uint8_t *w = malloc(rb * n_out), *pk = malloc(rb * n_out), *back = malloc(rb * n_out), *xq = malloc(xrow * MAX_TOK);
+    float *x = malloc(sizeof(float) * n * MAX_TOK), *a = malloc(sizeof(float) * n_out * MAX_TOK);
+    float *b = malloc(sizeof(float) * n_out * MAX_TOK);
+    fill_weights(type, w, (int64_t)n_blocks * n_out, ref->type_size);
+    for (int64_t i = 0; i < n * MAX_TOK; i++) x[i] = next_f();
+    for (int t = 0; t < MAX_TOK; t++) ref->quantize_act(x + t * n, xq + t * xrow, n);
+    pi2_pack_rows(type, w, n_out, n_blocks, pk);
+    for (int g = 0; g < n_out / PI2_PACK_ROWS; g++) pi2_unpack_group(type, pk + g * PI2_PACK_ROWS * rb, n_blocks, back + g * PI2_PACK_ROWS * rb, rb);
+    check(!memcmp(w, back, rb * n_out), "pack-unpack", ref->name, "-", n_blocks, 0);
+    for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl += 2) {
+        const pi2_type_traits *t = pi2_traits(type, impl);
+        if (!t->vec_dot_pack) continue;
+        for (int g = 0; g < n_out / PI2_PACK_ROWS; g++) {
+            t->vec_dot_pack(n, a + g * PI2_PACK_ROWS, pk + g * PI2_PACK_ROWS * rb, xq);
+            for (int r = 0; r < PI2_PACK_ROWS; r++) t->vec_dot(n, &b[g * PI2_PACK_ROWS + r], w + (g * PI2_PACK_ROWS + r) * rb, xq);
+        }
+        check(same_bits(a, b, n_out), "packed-vs-vec-dot", ref->name, t->vec_dot_impl, n_blocks, nmse(a, b, n_out));
+        static const int toks[] = {1, 9, MAX_TOK};
+        for (int k = 0; k < 3; k++) {
+            const pi2_weight plain = {w, type, n, n_out, rb, NULL}, packed = {w, type, n, n_out, rb, pk};
+            const pi2_mm ma = {&packed, a}, mb = {&plain, b};
+            uint8_t *scratch = malloc(pi2_matmul_scratch(&ma, 1, toks[k], impl));
+            const pi2_matmul_env env = {pool, impl, scratch, NULL, NULL};
+            pi2_matmul(&env, x, toks[k], &ma, 1);
+            pi2_matmul(&env, x, toks[k], &mb, 1);
+            check(same_bits(a, b, (int64_t)n_out * toks[k]), "packed-matmul", ref->name, t->vec_dot_impl, toks[k],
+                  nmse(a, b, (int64_t)n_out * toks[k]));
+            free(scratch);
+        }
+    }
+    free(w); free(pk); free(back); free(xq); free(x); free(a); free(b);
 }

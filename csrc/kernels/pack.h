@@ -1,0 +1,38 @@
+/* pack.h — the repacked weight layout ("x8") and its converters, and the run-time CPU variant.
+ * Layout: a matrix of 32-value blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) whose row count is a multiple of
+ *   PI2_PACK_ROWS is cut into groups of PI2_PACK_ROWS consecutive rows; group g takes the bytes of its rows
+ *   (g·8·row_bytes ..), block column i of the group at offset i·8·type_size holds, field by field in the
+ *   block's own field order, that field of the 8 rows' block i: Q4_1 = d[8] (fp16), m[8], qs[8][16];
+ *   Q5_0 = d[8], qh[8][4], qs[8][16]; Q8_0 = d[8], qs[8][32]. Same bytes as the plain rows, so the same size;
+ *   a kernel converts 8 scales with one instruction and streams one contiguous run per group.
+ * Does: pack and unpack (exact inverses), name the packable types, say which CPU variant runs (x86.c, neon.c).
+ * Does not: compute (the kernels are the traits' vec_dot_pack) or decide what to pack (model.c). */
+#ifndef PI2_KERNELS_PACK_H
+#define PI2_KERNELS_PACK_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define PI2_PACK_ROWS 8
+#define PI2_PACK_MAX_ROW_BYTES 12288   /* wider rows stay plain: a batch unpacks a group on the stack */
+
+/* The byte sizes of the fields of `type`'s block, in order, into f[0..n); n (0: the type is not packable). */
+int pi2_pack_fields(int32_t type, int32_t f[4]);
+/* dst = the x8 layout of n_rows plain rows (n_rows a multiple of 8, row_bytes = n_blocks · type_size). */
+void pi2_pack_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_blocks, uint8_t *dst);
+/* dst = the 8 plain rows (row_bytes apart) of one packed group. */
+void pi2_unpack_group(int32_t type, const uint8_t *group, int64_t n_blocks, uint8_t *dst, size_t row_bytes);
+
+/* The CPU variant the auto table was built for (x86.c / neon.c): a short name ("zen4-zmm", "intel-zmm",
+ * "intel-ymm", "avx2", "dotprod", ...) and a reason line for `pi2 devices`; software prefetch distance in bytes
+ * of the packed kernels (0: none). Filled once with the tables. */
+typedef struct {
+    char name[32];
+    char why[160];
+    int32_t prefetch;
+} pi2_cpu_variant;
+const pi2_cpu_variant *pi2_kernels_variant(void);
+/* Fill v for this CPU (x86.c; neon.c on aarch64); 0 when the file's architecture is not this one. */
+int pi2_kernels_variant_x86(pi2_cpu_variant *v);
+int pi2_kernels_variant_neon(pi2_cpu_variant *v);
+
+#endif

@@ -1,0 +1,82 @@
+/* model_pack.c — pi2_model_repack: the loaded model's dense matrices copied into the x8 layout
+ * (kernels/pack.h) that the packed kernels stream, llama.cpp's CPU_REPACK idea in a layout of pi2's own.
+ * Does: choose the matrices (attention and output; the FFN's gate, up and down when asked: a dense FFN run in
+ *       memory), copy them once into one 64-byte-aligned block, point each weight's `packed` at its copy,
+ *       release the mapped pages the copies replace (MADV_DONTNEED on whole pages: the sparse paths and the
+ *       embeddings read the file's rows again if they need them).
+ * Does not: change any result (each packed kernel returns its plain kernel's bits), pack types or
+ *       tables without a packed kernel, or pack matrices whose rows are not 8-row groups of tight rows. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "kernels/pack.h"
+#include "model.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Whether w can be packed for table impl, and its bytes. */
+static size_t packable(const pi2_weight *w, int32_t impl) {
+    if (!w->data || w->packed || w->n_out % PI2_PACK_ROWS) return 0;
+    const pi2_type_traits *t = pi2_traits(w->type, impl);
+    int32_t f[4];
+    if (!t || !t->vec_dot_pack || !pi2_pack_fields(w->type, f)) return 0;
+    if (w->row_bytes != (size_t)(w->n_in / t->block_size) * (size_t)t->type_size || w->row_bytes > PI2_PACK_MAX_ROW_BYTES)
+        return 0;
+    return (size_t)w->n_out * w->row_bytes;
+}
+
+/* The weights of pass `ffn` (0: attention and output, 1: the FFN), up to 3 per layer + 1. */
+static int32_t list(pi2_model *m, int ffn, pi2_weight **w) {
+    int32_t n = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        pi2_layer *L = &m->layers[il];
+        if (ffn) {
+            w[n++] = &L->gate; w[n++] = &L->up; w[n++] = &L->down;
+        } else {
+            w[n++] = &L->q; w[n++] = &L->k; w[n++] = &L->v; w[n++] = &L->o;
+        }
+    }
+    if (!ffn) w[n++] = &m->output;
+    return n;
+}
+
+static void release_pages(const uint8_t *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) / page * page,
+                    b = ((uintptr_t)p + n) / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *bytes) {
+    if (!m || impl < PI2_IMPL_AUTO || impl > PI2_IMPL_BASE) return pi2_set_error(PI2_ERR_INVALID, "NULL model or unknown impl");
+    for (int pass = 0; pass <= (ffn != 0); pass++) {
+        if (m->packs[pass]) continue;
+        pi2_weight **w = malloc(sizeof *w * (4 * (size_t)m->hp.n_layer + 1));
+        if (!w) return pi2_set_error(PI2_ERR_NOMEM, "out of memory");
+        const int32_t n = list(m, pass, w);
+        size_t total = 0;
+        for (int32_t i = 0; i < n; i++) total += (packable(w[i], impl) + 63) / 64 * 64;
+        uint8_t *arena = total ? aligned_alloc(64, total) : NULL;
+        if (total && !arena) {
+            free(w);
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %zu bytes of repacked weights", total);
+        }
+        size_t off = 0;
+        for (int32_t i = 0; i < n; i++) {
+            const size_t sz = packable(w[i], impl);
+            if (!sz) continue;
+            pi2_pack_rows(w[i]->type, w[i]->data, w[i]->n_out, w[i]->n_in / pi2_traits(w[i]->type, impl)->block_size,
+                          arena + off);
+            w[i]->packed = arena + off;
+            off += (sz + 63) / 64 * 64;
+        }
+        /* the tied output's rows stay mapped: embeddings read a row per token */
+        for (int32_t i = 0; i < n; i++)
+            if (w[i]->packed && w[i]->data != m->token_embd.data) release_pages(w[i]->data, (size_t)w[i]->n_out * w[i]->row_bytes);
+        free(w);
+        m->packs[pass] = arena;
+        m->packed_bytes += (int64_t)total;
+    }
+    if (bytes) *bytes = m->packed_bytes;
+    return PI2_OK;
+}

@@ -1,0 +1,94 @@
+"""faultfs.py — a FUSE file system for the I/O fault tests: it serves one directory read-only and fails its reads
+on command, so every read backend (io_uring, AIO, pread, mmap) meets real kernel errors mid-run: the error comes
+back through the kernel exactly as a failing device's would (an errno for read calls and io_uring/AIO completions,
+SIGBUS for a mapping).
+
+Usage: python -m tests.faults.faultfs SRC_DIR MOUNTPOINT CONTROL_FILE
+CONTROL_FILE holds one JSON object, read again on every request (a test arms a fault by rewriting it):
+  {"mode": "none" | "eio" | "short" | "stall", "after": reads to let through first (default 0),
+   "count": faulty reads at most (default: all after), "stall_s": seconds a stalled read sleeps (default 1)}
+eio fails the read with EIO; short returns half the bytes asked for; stall sleeps, then answers correctly.
+Every request is logged in CONTROL_FILE + ".log" as `offset length ok|MODE`; `reads` counts since the last
+control write are the lines of that log (the test truncates it).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import threading
+import time
+
+import mfusepy as fuse
+
+
+class FaultFS(fuse.Operations):
+    use_ns = True
+
+    def __init__(self, src: str, control: str):
+        self.src, self.control = src, control
+        self.lock = threading.Lock()
+        self.stamp, self.seen, self.hits = None, 0, 0
+
+    def _rule(self) -> dict:
+        try:
+            st = os.stat(self.control)
+            with open(self.control) as f:
+                rule = json.load(f)
+        except (OSError, ValueError):
+            return {"mode": "none"}
+        if (st.st_mtime_ns, st.st_ino) != self.stamp:     # a new rule: count from zero
+            self.stamp, self.seen, self.hits = (st.st_mtime_ns, st.st_ino), 0, 0
+        return rule
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self.src, path.lstrip("/"))
+
+    def getattr(self, path, fh=None):
+        st = os.lstat(self._real(path))
+        d = {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid")}
+        d.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+        d["st_mode"] &= ~0o222
+        return d
+
+    def readdir(self, path, fh):
+        return [".", ".."] + os.listdir(self._real(path))
+
+    def open(self, path, flags):
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise fuse.FuseOSError(errno.EROFS)
+        return os.open(self._real(path), os.O_RDONLY)
+
+    def release(self, path, fh):
+        os.close(fh)
+        return 0
+
+    def read(self, path, size, offset, fh):
+        with self.lock:
+            r = self._rule()
+            mode = r.get("mode", "none")
+            hit = (mode != "none" and self.seen >= int(r.get("after", 0)) and
+                   self.hits < int(r.get("count", 1 << 62)))
+            self.seen += 1
+            self.hits += hit
+            with open(self.control + ".log", "a") as log:
+                log.write(f"{offset} {size} {mode if hit else 'ok'}\n")
+        if hit and mode == "eio":
+            raise fuse.FuseOSError(errno.EIO)
+        if hit and mode == "stall":
+            time.sleep(float(r.get("stall_s", 1.0)))
+        data = os.pread(fh, size, offset)
+        if hit and mode == "short":
+            data = data[:len(data) // 2]
+        return data
+
+
+def main(argv: list) -> None:
+    src, mnt, control = argv
+    fuse.FUSE(FaultFS(os.path.abspath(src), os.path.abspath(control)), mnt, foreground=True, ro=True,
+              default_permissions=True, kernel_cache=False, auto_cache=False, attr_timeout=0, entry_timeout=0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

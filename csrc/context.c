@@ -186,9 +186,14 @@ void pi2_ctx_free(pi2_ctx *c) {
     free(c);
 }
 
-void pi2_ctx_reset(pi2_ctx *c) {
-    c->n_past = 0;
+pi2_status pi2_ctx_truncate(pi2_ctx *c, int32_t n_keep) {
+    if (!c || n_keep < 0 || n_keep > c->n_past)
+        return pi2_set_error(PI2_ERR_INVALID, "cannot keep %d of %d cached positions", n_keep, c ? c->n_past : 0);
+    if (atomic_exchange(&c->busy, 1)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
+    c->n_past = n_keep;      /* positions from n_keep on are overwritten by the next decode */
     atomic_store(&c->abort, 0);
+    atomic_store(&c->busy, 0);
+    return PI2_OK;
 }
 
 void pi2_abort(pi2_ctx *c) { atomic_store(&c->abort, 1); }

@@ -20,6 +20,7 @@
 typedef struct {
     const pi2_mm *mm;
     int32_t n_mm, n_tok;
+    int32_t single_order;             /* pi2_matmul_env's: no batch kernels */
     const pi2_type_traits *tr[MAX_GROUP];
     pi2_vec_dot4x2_fn dot4x2[MAX_GROUP];   /* two rows x four tokens, or NULL */
     pi2_vec_dot4x2_fn dot4x4[MAX_GROUP];   /* four rows x four tokens, or NULL */
@@ -41,6 +42,11 @@ typedef struct {
     uint8_t *qdst[MAX_GROUP];
     int32_t n_formats;
 } mm_job;
+
+/* Whether token t is computed by the type's batch kernel (pi2_uses_batch_dot), never in single order. */
+static inline int uses_batch(const mm_job *j, const pi2_type_traits *tr, int32_t t) {
+    return !j->single_order && pi2_uses_batch_dot(tr, j->n_tok, t);
+}
 
 static size_t act_row_bytes(const pi2_type_traits *w, int64_t n_in, int32_t impl) {
     const pi2_type_traits *a = pi2_traits(w->vec_dot_type, impl);
@@ -111,16 +117,16 @@ static void tile_rows(const mm_job *j, int32_t i, const uint8_t *base, int64_t r
         for (int32_t t = t0; t < t1; t++) {
             float *o = &out[(size_t)t * w->n_out + r];
             const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
-            const int batch = pi2_uses_batch_dot(tr, j->n_tok, t);
+            const int batch = uses_batch(j, tr, t);
             const pi2_vec_dot4_fn dot4 = batch ? tr->vec_dot_batch4 : tr->vec_dot4;
-            if (batch && j->batch8[i] && t + 8 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 7)) {
+            if (batch && j->batch8[i] && t + 8 <= t1 && uses_batch(j, tr, t + 7)) {
                 j->batch8[i](w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+7, same orders */
                 t += 7;
-            } else if (dot4 && t + 4 <= t1 && pi2_uses_batch_dot(tr, j->n_tok, t + 3) == batch) {
+            } else if (dot4 && t + 4 <= t1 && uses_batch(j, tr, t + 3) == batch) {
                 dot4(w->n_in, o, (size_t)w->n_out, row, xq, j->xq_row[i]);   /* t..t+3, same orders */
                 t += 3;
             } else
-                (pi2_uses_batch_dot(tr, j->n_tok, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, o, row, xq);
+                (uses_batch(j, tr, t) ? tr->vec_dot_batch : tr->vec_dot)(w->n_in, o, row, xq);
         }
     }
 #undef ROW
@@ -173,7 +179,8 @@ static void dot_task(void *arg, int32_t task, int32_t thread) {
 
 void pi2_matmul(const pi2_matmul_env *env, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm) {
     if (env->npu && env->npu_matmul(env->npu, x, n_tok, mm, n_mm) == 0) return;   /* the NNAPI delegate did it */
-    mm_job j = {.mm = mm, .n_mm = n_mm, .n_tok = n_tok, .x = x, .n_in = mm[0].w->n_in};
+    mm_job j = {.mm = mm, .n_mm = n_mm, .n_tok = n_tok, .single_order = env->single_order, .x = x,
+                .n_in = mm[0].w->n_in};
     uint8_t *free_xq = env->xq;
     int64_t rows = 0;
     for (int32_t i = 0; i < n_mm; i++) rows += mm[i].w->n_out;

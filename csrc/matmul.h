@@ -31,6 +31,9 @@ typedef struct {
     struct pi2_npu *npu;   /* the NNAPI delegate's prompt-batch graphs (npu.c), or NULL: CPU only */
     /* npu's product (pi2_nnapi_batches_matmul, set with npu so matmul.c links without the delegate): 0 when done */
     int (*npu_matmul)(struct pi2_npu *npu, const float *x, int32_t n_tok, const pi2_mm *mm, int32_t n_mm);
+    /* 1: every token in vec_dot's order, as a one-token product computes it (never ggml's batch kernels): the
+     * rows of a multi-context step (pi2_decode_multi) then equal separate decodes bit for bit */
+    int32_t single_order;
 } pi2_matmul_env;
 
 /* Scratch bytes pi2_matmul needs for this group at n_tok tokens. */

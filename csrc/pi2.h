@@ -271,8 +271,18 @@ PI2_API void pi2_ctx_free(pi2_ctx *ctx);
  * PI2_ERR_IO: a streamed context's read failed (n_past unchanged). */
 PI2_API pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tokens, float *logits,
                               int32_t all_logits);
-/* Forget the cache (n_past = 0; pi2_ctx_stats has n_past). */
-PI2_API void pi2_ctx_reset(pi2_ctx *ctx);
+/* Keep the first n_keep cached positions and forget the rest (n_past = n_keep; 0 forgets the cache; pi2_ctx_stats
+ * has n_past): a prompt cache reuses the prefix it shares with the next prompt. PI2_ERR_INVALID: n_keep outside
+ * 0..n_past, or a decode is running. */
+PI2_API pi2_status pi2_ctx_truncate(pi2_ctx *ctx, int32_t n_keep);
+/* One token of each of n contexts of the same model in one step (a server's slots): the matrix products of the
+ * n tokens share one pass over the weights, each token attends to its own context's cache at its n_past, and each
+ * context's n_past advances by one. logits: n * n_vocab floats, row t equal bit for bit to what pi2_decode of
+ * tokens[t] on ctxs[t] gives. The contexts must be distinct, not full, on the dense FFN without streaming, NNAPI's
+ * hot prefix, a trace hook or experts, and n <= the first context's n_batch (PI2_ERR_INVALID otherwise;
+ * PI2_ERR_UNSUPPORTED for a model storing ffn_down as rows). PI2_ERR_ABORTED if pi2_abort() was called on any of
+ * them (nothing advances). The first context's threads and scratch do the work. */
+PI2_API pi2_status pi2_decode_multi(pi2_ctx *const *ctxs, const int32_t *tokens, int32_t n, float *logits);
 /* Ask the running decode to stop at its next layer boundary (each decode clears the flag when it
  * starts). Safe from any thread or a signal handler. */
 PI2_API void pi2_abort(pi2_ctx *ctx);

@@ -25,6 +25,10 @@ class FileError(Pi2Error, OSError):
         Pi2Error.__init__(self, message, hint)
 
 
+class ContextFullError(UsageError):
+    """A prompt (or a conversation) longer than the context holds."""
+
+
 class ModelFormatError(Pi2Error, ValueError):
     """A model file that is not GGUF, is truncated or corrupted, or is inconsistent."""
 

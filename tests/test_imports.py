@@ -11,6 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent / "pi2"
 # (module, imported module): why it is imported inside a function
 LOCAL_IMPORTS = {
     ("pi2.cli.app", "pi2.cli.commands"): "the commands load numpy and the compiled engine; `pi2 --help` must not",
+    ("pi2", "pi2.api"): "`import pi2` (run by every pi2 module) must not load numpy and the engine: on first use",
+    ("pi2", "pi2.errors"): "the same",
+    ("pi2.cli.net", "pi2.serve.main"): "starlette and uvicorn (an extra) load when pi2 serve runs",
+    ("pi2.hub", "huggingface_hub"): "huggingface_hub (an extra, 0.3 s to import) when pi2 pull or -hf runs",
     ("pi2.model.chat", "jinja2"): "Jinja (0.1 s to import) only when a chat template is rendered",
     ("pi2.model.chat", "jinja2.ext"): "the same",
     ("pi2.model.chat", "jinja2.sandbox"): "the same",

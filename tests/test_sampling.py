@@ -297,3 +297,17 @@ def test_dry_penalises_a_repeat_and_stops_at_a_breaker():
     _, lv = s.candidates(np.zeros(6, dtype=np.float32))
     assert lv.tolist() == [0] * 6
     assert 4 in s._dry.breakers and [] in s._dry.breakers[4]     # "x:" contains the breaker ":"
+
+
+def test_top_k_of_a_large_vocabulary_is_exact_with_ties():
+    """The subset bound (_TOP_K_SUBSET) selects exactly what a full sort does, ties at the cut to the lowest ids."""
+    from pi2.runtime.sampling import _top_k_order
+    rng = np.random.default_rng(7)
+    for trial in range(60):
+        n = int(rng.choice([20000, 49152, 151936]))
+        kind = trial % 3
+        logits = (rng.integers(-5, 6, n) if kind == 0 else np.zeros(n) if kind == 1
+                  else rng.standard_normal(n)).astype(np.float32)
+        k = int(rng.choice([1, 5, 40, 200]))
+        want = np.lexsort((np.arange(n), -logits))[:k]
+        assert (_top_k_order(logits, k) == want).all(), (trial, n, k)

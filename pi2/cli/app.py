@@ -13,6 +13,7 @@ import typer
 
 from pi2.cli.prompt import read_prompt
 from pi2.errors import FileError, UsageError
+from pi2.hub import pull as hub_pull
 from pi2.runtime.config import RunConfig, SamplerParams
 
 RUN, SAMPLE = RunConfig(), SamplerParams()     # the defaults, held by the runtime's objects
@@ -72,7 +73,16 @@ EngineOpt = typer.Option(RUN.engine, "--engine", envvar="PI2_ENGINE", help="auto
 ThreadsOpt = typer.Option(RUN.n_threads, "-t", "--threads", help="threads (<= 0: all cores)")
 
 
-def _model_path(pos: Optional[Path], opt: Optional[Path]) -> Path:
+HfOpt = typer.Option(None, "-hf", "-hfr", "--hf-repo", envvar="PI2_HF_REPO", show_default=False,
+                     help="Hugging Face repository REPO[:QUANT] (or REPO/FILE.gguf): downloaded into the hub's cache "
+                          "when missing, then used as the model (as llama.cpp's -hf)")
+
+
+def _model_path(pos: Optional[Path], opt: Optional[Path], hf: Optional[str] = None) -> Path:
+    if hf:      # -hf: the file pi2/hub.py resolves (and downloads when missing)
+        if pos or opt:
+            raise UsageError("give the model once (MODEL, -m or -hf)")
+        return Path(hub_pull(hf))
     if pos and opt and pos != opt:
         raise UsageError("give the model once (positional MODEL or -m)")
     path = pos or opt
@@ -174,7 +184,7 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
-    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, verbose: bool = VerboseOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, hf: Optional[str] = HfOpt, verbose: bool = VerboseOpt,
 ):
     """Generate text from a prompt (like llama-completion), or chat with -cnv."""
     text = read_prompt(prompt, file, escape and not no_escape)
@@ -198,7 +208,7 @@ def run(
     chat = (conversation or single_turn) and not no_conversation
     interactive = (interactive or interactive_first) and not chat
     cmd = _commands()
-    opts = cmd.RunOptions(model=_model_path(model, model_opt), prompt=text, run=cfg, sampling=sampling,
+    opts = cmd.RunOptions(model=_model_path(model, model_opt, hf), prompt=text, run=cfg, sampling=sampling,
                           n_predict=n_predict, ignore_eos=ignore_eos, display_prompt=display_prompt,
                           json_out=json_out, verbose=_verbose(ctx), system=sys_text, reverse=tuple(reverse or ()),
                           single_turn=single_turn, chat_template=template, special=special, mlock=mlock,
@@ -297,14 +307,15 @@ def bench(
     progress: bool = typer.Option(False, "--progress", help="report each run on stderr"),
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
-    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, verbose: bool = VerboseOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, hf: Optional[str] = HfOpt, verbose: bool = VerboseOpt,
     repack: bool = typer.Option(True, "--repack/--no-repack", help="repack weights at load for the packed kernels "
                                 "(as llama-bench --repack 1; results are the same bits either way)"),
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     cfg = RunConfig(keep=keep, dense=dense, predictor=use_predictor, memory_budget=memory_budget, io=io, npu=npu,
                     nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack)
-    _commands().bench([*(models or []), *(model_opt or [])], n_prompt, n_gen, pg, batch, threads, reps, output,
+    hf_model = [_model_path(None, None, hf)] if hf else []
+    _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
                       engine, warmup=not no_warmup, progress=progress, run=cfg)
 
 

@@ -60,7 +60,11 @@ class CContext:
         return int(st.n_past)
 
     def reset(self) -> None:
-        lib.pi2_ctx_reset(self._h)
+        check(lib.pi2_ctx_truncate(self._h, 0))
+
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first n_keep cached positions (0 <= n_keep <= n_past) and forget the rest."""
+        check(lib.pi2_ctx_truncate(self._h, int(n_keep)))
 
     def set_trace(self, fn) -> None:
         """fn(name, layer, float32 array) at every checkpoint (None: off). For tests; slows decoding."""

@@ -97,10 +97,23 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
     end-of-generation token or a full context), or until the text ends with one of `stop` (-r, llama.cpp's
     reverse prompts; stop_reason "reverse"). `on_text(str)` receives text as it completes."""
     gen = Generation(list(prompt_tokens))
+    for _token, piece in generate_steps(ctx, tok, gen, n_predict, sampler, timings, ignore_eos, special, stop=stop):
+        if on_text and piece:
+            on_text(piece)
+    return gen
+
+
+def generate_steps(ctx, tok: Tokenizer, gen: Generation, n_predict: int, sampler: Sampler, timings: Timings,
+                   ignore_eos: bool = False, special: bool = True, n_cached: int = 0, stop=()):
+    """generate() one token at a time: yields (token, text it completes) per generated token, then
+    (None, the decoder's rest) once; fills `gen`. n_cached: the prompt's first tokens the context's cache already
+    holds (ctx.n_past == n_cached < len(prompt)); the sampler still sees the whole prompt. The caller may stop
+    iterating at any yield (gen then says what was generated so far), or send (logits, ms) of the token just yielded,
+    decoded by the caller (pi2.engine.decode_multi: several sequences in one step), instead of next()."""
     stream = StreamDecoder(tok, special=special)
-    for t in prompt_tokens:
+    for t in gen.prompt_tokens:
         sampler.accept(t)
-    logits = timed_decode(ctx, prompt_tokens, timings)
+    logits = timed_decode(ctx, gen.prompt_tokens[n_cached:], timings)
     while True:
         if n_predict >= 0 and len(gen.tokens) >= n_predict:
             gen.stop_reason = "length"
@@ -116,8 +129,7 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         gen.tokens.append(token)
         piece = stream.push(token)
         gen.text += piece
-        if on_text and piece:
-            on_text(piece)
+        done = yield token, piece         # (logits, ms): the caller decoded `token` already (batched with others)
         if stop and piece and any(gen.text[-len(r) - len(piece):].find(r) >= 0 for r in stop if r):
             gen.stop_reason = "reverse"
             break
@@ -127,9 +139,11 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
         if ctx.n_past + 1 >= ctx.n_ctx and not getattr(ctx, "ctx_shift", False):
             gen.stop_reason = "context"     # llama-completion without --context-shift: stop when n_past + 1 >= n_ctx
             break
-        logits = timed_decode(ctx, [token], timings)
+        if done is None:
+            logits = timed_decode(ctx, [token], timings)
+        else:
+            logits = done[0]
+            timings.record_decode(1, done[1])
     rest = stream.flush()
     gen.text += rest
-    if on_text and rest:
-        on_text(rest)
-    return gen
+    yield None, rest

@@ -1,0 +1,371 @@
+"""api.py — pi2's Python API: `pi2.load(path, **options)` opens a model once; the Model it returns generates (a
+stream of pieces with their token ids, or one Completion), chats with the model's chat template, tokenizes and
+detokenizes. `pi2 serve` (pi2/serve/) is built on it.
+
+Owns: the options of load() and generate() as keywords (RunConfig's and SamplerParams' field names, and the
+OpenAI-style aliases temperature / max_tokens), sequences (a context with its prompt cache: each prompt reuses the
+longest token prefix it shares with what the context holds), stop strings, and usage counts.
+Does not: plan, decode or sample (pi2/runtime/: plan_run, open_session, generate_steps, Sampler).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Sequence as Seq, Union
+
+from pi2.errors import ContextFullError, UsageError
+from pi2.model.chat import render_chat, select_template
+from pi2.runtime.config import RunConfig, SamplerParams
+from pi2.runtime.generate import Generation, Timings, generate_steps
+from pi2.runtime.plan import plan_run
+from pi2.runtime.sampling import Sampler
+from pi2.runtime.session import open_model, open_session
+
+_RUN_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
+_SAMPLE_FIELDS = {f.name: f for f in dataclasses.fields(SamplerParams)}
+SAMPLER_ALIASES = {"temperature": "temp", "repetition_penalty": "repeat_penalty"}   # OpenAI / HF spellings
+_LOAD_ALIASES = {"ctx_size": "n_ctx", "threads": "n_threads"}                       # pi2 run's flag names
+
+
+def sampler_params(base: SamplerParams, **kw) -> SamplerParams:
+    """`base` with the given SamplerParams fields (or their aliases) replaced; every value checked for its type.
+    New fields of SamplerParams are accepted as they appear."""
+    changes = {}
+    for key, value in kw.items():
+        name = SAMPLER_ALIASES.get(key, key)
+        f = _SAMPLE_FIELDS.get(name)
+        if f is None:
+            raise UsageError(f"unknown sampling option {key!r}")
+        if value is None:
+            continue
+        default = getattr(base, name)
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        else:
+            ok = True
+        if not ok:
+            raise UsageError(f"{key} must be a {type(default).__name__}, not {type(value).__name__}")
+        changes[name] = value
+    return dataclasses.replace(base, **changes)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token and the text it completes. text is "" while a UTF-8 character or a possible stop
+    string is still pending (it comes out with a later piece); the last piece of a stream may have token None
+    (text held back until the end)."""
+    text: str
+    token: Optional[int]
+
+
+@dataclass
+class Completion:
+    """A finished generation. finish_reason: "stop" (an end-of-generation token or a stop string), "length"
+    (max_tokens) or "context" (the context is full). n_cached: prompt tokens the prompt cache reused."""
+    text: str
+    tokens: List[int]
+    prompt_tokens: List[int]
+    finish_reason: str
+    n_cached: int = 0
+    seed: int = 0
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.prompt_tokens), "completion_tokens": len(self.tokens),
+                "total_tokens": len(self.prompt_tokens) + len(self.tokens)}
+
+
+class _StopFilter:
+    """Holds back text that may begin a stop string; cuts the text at the first stop string."""
+
+    def __init__(self, stops: Seq[str]):
+        self.stops = [s for s in stops if s]
+        self.buf, self.hit = "", False
+
+    def push(self, text: str) -> str:
+        self.buf += text
+        if not self.stops:
+            out, self.buf = self.buf, ""
+            return out
+        found = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        if found:
+            out, self.buf, self.hit = self.buf[:min(found)], "", True
+            return out
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.buf)), hold, -1):
+                if s.startswith(self.buf[-k:]):
+                    hold = k
+                    break
+        out = self.buf[:len(self.buf) - hold]
+        self.buf = self.buf[len(out):]
+        return out
+
+
+class Stream:
+    """An iterator of Pieces; `completion` is set once it is exhausted. close() stops it early (the sequence keeps
+    what it evaluated so far for its prompt cache)."""
+
+    def __init__(self, seq: "Sequence", steps, gen, sampler, timings, stop: _StopFilter, n_cached: int):
+        self._seq, self._steps, self._gen, self._sampler = seq, steps, gen, sampler
+        self._timings, self._stop, self._n_cached = timings, stop, n_cached
+        self.completion: Optional[Completion] = None
+        self.text = ""
+        self._pending: Optional[int] = None
+
+    def __iter__(self) -> Iterator[Piece]:
+        return self
+
+    def __next__(self) -> Piece:
+        return self.advance()
+
+    @property
+    def pending_token(self) -> Optional[int]:
+        """The token last yielded, which the next step decodes (None before the first and after the last)."""
+        return self._pending
+
+    def advance(self, decoded=None) -> Piece:
+        """The next piece; decoded = (logits, ms) when the caller decoded pending_token itself (batched)."""
+        if self.completion is not None:
+            raise StopIteration
+        self._pending = None
+        try:
+            token, piece = next(self._steps) if decoded is None else self._steps.send(decoded)
+        except StopIteration:
+            return self._finish(self._stop.buf if not self._stop.hit else "", None)
+        except BaseException:
+            self._end("error")
+            raise
+        out = self._stop.push(piece)
+        if self._stop.hit:
+            self._steps.close()
+            return self._finish(out, token, "stop")
+        if token is None:    # the decoder's rest: the generation ended
+            return self._finish(out + self._stop.buf, None)
+        self.text += out
+        self._pending = token
+        return Piece(out, token)
+
+    def _finish(self, text: str, token, reason: str = "") -> Piece:
+        self.text += text
+        if not reason:
+            reason = {"eog": "stop", "length": "length", "context": "context"}.get(self._gen.stop_reason, "stop")
+        self._end(reason)
+        return Piece(text, token)
+
+    def close(self) -> None:
+        """Stop generating (a client went away): completion's finish_reason is then "cancelled"."""
+        if self.completion is None:
+            self._steps.close()
+            self._end("cancelled")
+
+    def _end(self, reason: str) -> None:
+        g = self._gen
+        self.completion = Completion(self.text, list(g.tokens), list(g.prompt_tokens), reason, self._n_cached,
+                                     self._sampler.seed, self._timings.as_dict())
+        self._seq._sync(g)
+        self._seq._busy.release()
+
+    def result(self) -> Completion:
+        """Run to the end and return the Completion."""
+        for _ in self:
+            pass
+        return self.completion
+
+
+class Sequence:
+    """A context of the model with its prompt cache: `tokens` are those its KV cache holds. One generation at a
+    time (a second one raises UsageError until the first is exhausted or closed)."""
+
+    def __init__(self, model: "Model"):
+        self.model = model
+        self.session = open_session(model.model, model.plan)
+        self.tokens: List[int] = []
+        self._busy = threading.Lock()
+
+    @property
+    def n_ctx(self) -> int:
+        return self.session.n_ctx
+
+    @property
+    def batchable(self) -> bool:
+        """Whether its decodes may join others in one step (pi2.engine.decode_multi): the C engine's dense FFN,
+        not streamed, no NNAPI hot prefix, and ffn_down stored as a matrix."""
+        s = self.session
+        return (s.engine == "c" and s.cache is None and s.plan.rule.rule == "dense" and s.npu.state != "nnapi"
+                and not s.model.config.ffn_down_t and not s.model.config.pi2)
+
+    def _sync(self, gen) -> None:
+        self.tokens = (list(gen.prompt_tokens) + list(gen.tokens))[:self.session.n_past]
+
+    def common_prefix(self, tokens: Seq[int]) -> int:
+        n = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def stream(self, prompt_tokens: Seq[int], *, max_tokens: int = -1, sampling: SamplerParams | None = None,
+               stop: Seq[str] = (), ignore_eos: bool = False, special: bool = False) -> Stream:
+        """Generate after `prompt_tokens`, evaluating only what follows their longest prefix already cached."""
+        prompt = [int(t) for t in prompt_tokens]
+        if not prompt:
+            raise UsageError("the prompt is empty")
+        n_vocab = self.model.n_vocab
+        if any(not 0 <= t < n_vocab for t in prompt):
+            raise UsageError(f"token ids must be in [0, {n_vocab})")
+        limit = self.n_ctx - 4
+        if len(prompt) > limit:
+            raise ContextFullError(f"the prompt is too long ({len(prompt)} tokens, the context holds {limit})",
+                                   hint="raise -c or shorten the prompt")
+        if max_tokens < -1:
+            raise UsageError(f"invalid max_tokens {max_tokens}")
+        sampler = Sampler(sampling or self.model.sampling, n_vocab, self.n_ctx)
+        if not self._busy.acquire(blocking=False):
+            raise UsageError("this sequence is already generating")
+        try:
+            n_keep = min(self.common_prefix(prompt), len(prompt) - 1)   # at least one token gives the logits
+            self.session.ctx.truncate(n_keep)
+            self.tokens = self.tokens[:n_keep]
+        except BaseException:
+            self._busy.release()
+            raise
+        gen, timings = Generation(prompt), Timings()
+        steps = generate_steps(self.session.ctx, self.model.tokenizer, gen, max_tokens, sampler, timings,
+                               ignore_eos, special, n_cached=n_keep)
+        return Stream(self, steps, gen, sampler, timings, _StopFilter(list(stop)), n_keep)
+
+
+Messages = List[dict]
+
+
+class Model:
+    """A model opened by load(): its plan (RunConfig), default sampling (SamplerParams), tokenizer and chat
+    template; generate() and chat() run on one default Sequence (more with sequence())."""
+
+    def __init__(self, path: Union[str, os.PathLike], run: RunConfig, sampling: SamplerParams,
+                 chat_template: Optional[str] = None):
+        self.path = os.fspath(path)
+        self.model = open_model(self.path)
+        self.run, self.sampling = run, sampling
+        self.plan = plan_run(self.model, run)
+        self.tokenizer = self.model.tokenizer
+        self.template, self.template_fallback = select_template(self.model.file.kv, chat_template)
+        tok = self.tokenizer
+        piece = lambda i: tok.token_to_piece(i).decode("utf-8", "replace") if i is not None else ""  # noqa: E731
+        self._bos, self._eos = piece(tok.bos_id), piece(tok.eos_id)
+        self._default: Optional[Sequence] = None
+
+    @property
+    def n_ctx(self) -> int:
+        return self.plan.n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self.model.config.n_vocab
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def sequence(self) -> Sequence:
+        """A new context on this model (its own KV cache and prompt cache)."""
+        return Sequence(self)
+
+    @property
+    def default_sequence(self) -> Sequence:
+        if self._default is None:
+            self._default = Sequence(self)
+        return self._default
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> List[int]:
+        """Token ids of `text`; add_special adds BOS/EOS as the model asks."""
+        return self.tokenizer.encode(text, add_special=None if add_special else False, parse_special=parse_special)
+
+    def detokenize(self, tokens: Seq[int], special: bool = True) -> str:
+        """The text of `tokens` (special tokens rendered unless special=False)."""
+        n = self.n_vocab
+        if any(not 0 <= int(t) < n for t in tokens):
+            raise UsageError(f"token ids must be in [0, {n})")
+        return self.tokenizer.decode([int(t) for t in tokens], remove_special=not special).decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> str:
+        return render_chat(self.template, list(messages), add_generation_prompt, self._bos, self._eos)
+
+    def chat_tokens(self, messages: Messages) -> List[int]:
+        """The prompt of a chat: the messages rendered with the chat template, then tokenized (as pi2 run -cnv)."""
+        return self.tokenizer.encode(self.apply_chat_template(messages), add_special=True, parse_special=True)
+
+    def generate(self, prompt: Union[str, Seq[int]], *, max_tokens: int = -1, stream: bool = False,
+                 stop: Union[str, Seq[str], None] = None, ignore_eos: bool = False, special: bool = False,
+                 sequence: Optional[Sequence] = None, **sampling) -> Union[Completion, Stream]:
+        """Generate after `prompt` (text, tokenized as pi2 run does, or token ids). stream=True returns a Stream
+        of Pieces, else the Completion. Sampling options are SamplerParams' fields (temp, top_k, top_p, min_p,
+        repeat_penalty, seed, ...) or temperature; the defaults are load()'s."""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self._run(tokens, max_tokens, stream, stop, ignore_eos, special, sequence, sampling)
+
+    def chat(self, messages: Messages, *, max_tokens: int = -1, stream: bool = False,
+             stop: Union[str, Seq[str], None] = None, sequence: Optional[Sequence] = None,
+             **sampling) -> Union[Completion, Stream]:
+        """The assistant's reply to `messages` ([{"role": "system"|"user"|"assistant", "content": str}]), with
+        the model's chat template. A later call with the conversation extended evaluates only the new tokens."""
+        return self._run(self.chat_tokens(check_messages(messages)), max_tokens, stream, stop, False, False,
+                         sequence, sampling)
+
+    def _run(self, tokens, max_tokens, stream, stop, ignore_eos, special, sequence, sampling):
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        params = sampler_params(self.sampling, **sampling)
+        s = (sequence or self.default_sequence).stream(tokens, max_tokens=max_tokens, sampling=params, stop=stops,
+                                                       ignore_eos=ignore_eos, special=special)
+        return s if stream else s.result()
+
+
+def check_messages(messages) -> Messages:
+    """Chat messages as the template expects them; UsageError for anything else."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise UsageError("messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise UsageError(f"messages[{i}] must be an object with a role")
+        content = m.get("content")
+        if isinstance(content, list):    # OpenAI's content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise UsageError(f"messages[{i}].content: only text parts are supported")
+            content = "".join(p["text"] for p in content)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise UsageError(f"messages[{i}].content must be a string")
+        out.append({**m, "content": content})
+    return out
+
+
+def load(path: Union[str, os.PathLike], *, chat_template: Optional[str] = None, **options) -> Model:
+    """Open a model for generation. options: RunConfig's fields (n_ctx, n_threads, engine, keep, dense,
+    predictor, memory_budget, io, npu, ...; ctx_size and threads as pi2 run spells them) and the default sampling
+    (SamplerParams' fields: temp, top_k, top_p, min_p, repeat_penalty, seed, ...). chat_template: a Jinja
+    template (or "chatml") instead of the model's own."""
+    run, samp = {}, {}
+    for key, value in options.items():
+        name = _LOAD_ALIASES.get(key, key)
+        if name in _RUN_FIELDS:
+            run[name] = value
+        elif SAMPLER_ALIASES.get(name, name) in _SAMPLE_FIELDS:
+            samp[name] = value
+        else:
+            raise UsageError(f"unknown option {key!r} for pi2.load")
+    if not os.path.exists(path):
+        raise UsageError(f"no such model file: {os.fspath(path)}")
+    return Model(path, RunConfig(**run), sampler_params(SamplerParams(), **samp), chat_template)

@@ -1,0 +1,234 @@
+"""app.py — pi2 serve's HTTP endpoints (Starlette): OpenAI's /v1/chat/completions, /v1/completions and /v1/models,
+and llama-server's /health, /tokenize and /detokenize.
+
+Owns: the API key, the body size limit, streaming as server-sent events, noticing a client that went away
+(its request is cancelled and its slot freed), and turning every failure into an OpenAI-style error object with
+its status (400 bad request, 401 key, 404 path, 405 method, 413 body, 503 busy, 500 otherwise): a request fails,
+the server keeps serving. Does not: schedule or generate (pi2/serve/slots.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Optional
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from pi2.errors import ContextFullError, Pi2Error, UsageError
+from pi2.serve.schema import ApiError, GenRequest, bad, chunk_body, completion_body, finish_reason, new_id, \
+    parse_gen, usage
+from pi2.serve.slots import Job, QueueFull, Slots
+
+_STATUS_TYPES = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _sse(obj) -> str:
+    return "data: " + (obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)) + "\n\n"
+
+
+class Server:
+    """The endpoints over one model's slots. api_key: required as `Authorization: Bearer KEY` (None: open);
+    max_body: the largest request body in bytes."""
+
+    def __init__(self, slots: Slots, api_key: Optional[str] = None, max_body: int = 8 << 20):
+        self.slots, self.model = slots, slots.model
+        self.api_key, self.max_body = api_key, max_body
+        self.created = int(time.time())
+        routes = [Route("/health", self.health, methods=["GET"]), Route("/v1/health", self.health, methods=["GET"]),
+                  Route("/v1/models", self.models, methods=["GET"]), Route("/models", self.models, methods=["GET"]),
+                  Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                  Route("/chat/completions", self.chat, methods=["POST"]),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/completions", self.completions, methods=["POST"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"])]
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
+                                                                Exception: self._internal_error})
+
+    # -- plumbing -----------------------------------------------------------------------------------------
+
+    async def _http_error(self, request: Request, exc: HTTPException) -> JSONResponse:
+        type_, code = _STATUS_TYPES.get(exc.status_code, ("invalid_request_error", None))
+        msg = f"no endpoint {request.method} {request.url.path}" if exc.status_code == 404 else str(exc.detail)
+        return error_response(ApiError(exc.status_code, msg, type_, code))
+
+    async def _internal_error(self, request: Request, exc: Exception) -> JSONResponse:
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error"))
+
+    def _auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not given.startswith("Bearer ") or given[7:].strip() != self.api_key:
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                           "authentication_error", "invalid_api_key")
+
+    async def _json(self, request: Request):
+        """The request's JSON body, read within max_body."""
+        n = request.headers.get("content-length")
+        if n is not None and n.isdigit() and int(n) > self.max_body:
+            raise ApiError(413, f"the request body is {n} bytes; the limit is {self.max_body}",
+                           "invalid_request_error", "request_too_large")
+        buf = bytearray()
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > self.max_body:
+                raise ApiError(413, f"the request body exceeds {self.max_body} bytes", "invalid_request_error",
+                               "request_too_large")
+        try:
+            return json.loads(bytes(buf).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise bad(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+
+    def _guard(handler):    # noqa: N805 — a decorator of the methods below
+        async def run(self, request: Request):
+            try:
+                self._auth(request)
+                return await handler(self, request)
+            except ApiError as e:
+                return error_response(e)
+            except ContextFullError as e:
+                return error_response(bad(str(e), "messages", "context_length_exceeded"))
+            except UsageError as e:
+                return error_response(bad(str(e)))
+            except QueueFull as e:
+                return error_response(ApiError(503, str(e), "server_error", "server_busy"))
+            except Pi2Error as e:
+                return error_response(ApiError(500, str(e), "server_error"))
+        return run
+
+    # -- endpoints ----------------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", **self.slots.status()})
+
+    @_guard
+    async def models(self, request: Request) -> JSONResponse:
+        m = self.model
+        return JSONResponse({"object": "list", "data": [{
+            "id": m.name, "object": "model", "created": self.created, "owned_by": "pi2",
+            "meta": {"n_ctx": m.n_ctx, "n_vocab": m.n_vocab, "n_params": None, "path": m.path,
+                     "slots": len(self.slots.slots)}}]})
+
+    @_guard
+    async def tokenize(self, request: Request) -> JSONResponse:
+        body = await self._json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("content"), str):
+            raise bad("'content' must be a string", "content", "invalid_type")
+        add_special, with_pieces = body.get("add_special", False), body.get("with_pieces", False)
+        parse_special = body.get("parse_special", True)
+        if not all(isinstance(v, bool) for v in (add_special, with_pieces, parse_special)):
+            raise bad("'add_special', 'parse_special' and 'with_pieces' must be booleans", None, "invalid_type")
+        ids = await run_in_threadpool(self.model.tokenize, body["content"], add_special, parse_special)
+        if not with_pieces:
+            return JSONResponse({"tokens": ids})
+        tok = self.model.tokenizer
+        pieces = []
+        for i in ids:
+            raw = tok.token_to_piece(i, special=True)
+            try:
+                pieces.append({"id": i, "piece": raw.decode("utf-8")})
+            except UnicodeDecodeError:
+                pieces.append({"id": i, "piece": list(raw)})
+        return JSONResponse({"tokens": pieces})
+
+    @_guard
+    async def detokenize(self, request: Request) -> JSONResponse:
+        body = await self._json(request)
+        toks = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in toks):
+            raise bad("'tokens' must be an array of integers", "tokens", "invalid_type")
+        return JSONResponse({"content": self.model.detokenize(toks)})
+
+    @_guard
+    async def chat(self, request: Request):
+        return await self._generate(request, chat=True)
+
+    @_guard
+    async def completions(self, request: Request):
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: Request, chat: bool):
+        req = parse_gen(await self._json(request), chat, self.model.sampling)
+        tokens = await run_in_threadpool(self._prompt_tokens, req)
+        limit = self.model.n_ctx - 4
+        if len(tokens) > limit:
+            raise ApiError(400, f"the prompt is {len(tokens)} tokens; the context holds {limit} (-c {self.model.n_ctx})",
+                           "invalid_request_error", "context_length_exceeded", "messages" if chat else "prompt")
+        loop, q = asyncio.get_running_loop(), asyncio.Queue()
+        job = Job(tokens, req.max_tokens, req.sampling, lambda kind, v: loop.call_soon_threadsafe(q.put_nowait,
+                                                                                                  (kind, v)),
+                  stop=req.stop, ignore_eos=req.ignore_eos)
+        self.slots.submit(job)
+        rid, name = new_id(chat), self.model.name
+        if req.stream:
+            return StreamingResponse(self._events(req, job, q, rid, name), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._collect(request, req, job, q, rid, name)
+
+    def _prompt_tokens(self, req: GenRequest) -> list:
+        m = self.model
+        if req.chat:
+            return m.chat_tokens(req.messages)
+        if isinstance(req.prompt, str):
+            if not req.prompt:
+                raise bad("'prompt' is empty", "prompt")
+            return m.tokenize(req.prompt)
+        if any(not 0 <= t < m.n_vocab for t in req.prompt):
+            raise bad(f"token ids must be in [0, {m.n_vocab})", "prompt")
+        return list(req.prompt)
+
+    async def _collect(self, request: Request, req: GenRequest, job: Job, q: asyncio.Queue, rid: str, name: str):
+        """A non-streamed answer; a client that goes away meanwhile cancels the job."""
+        try:
+            while True:
+                try:
+                    kind, v = await asyncio.wait_for(q.get(), 0.5)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        self.slots.cancel(job)
+                        return JSONResponse({}, status_code=499)
+                    continue
+                if kind == "done":
+                    return JSONResponse(completion_body(req, rid, name, v))
+                if kind == "error":
+                    raise v
+        except asyncio.CancelledError:
+            self.slots.cancel(job)
+            raise
+
+    async def _events(self, req: GenRequest, job: Job, q: asyncio.Queue, rid: str, name: str):
+        """Server-sent events: a chunk per piece of text, the finish reason, usage (stream_options), [DONE]."""
+        finished, first = False, True
+        try:
+            while True:
+                kind, v = await q.get()
+                if kind == "piece":
+                    if v.text or (first and req.chat):
+                        yield _sse(chunk_body(req, rid, name, v.text, first=first))
+                        first = False
+                elif kind == "done":
+                    finished = True
+                    yield _sse(chunk_body(req, rid, name, "", finish_reason(v), first=first and req.chat))
+                    if req.include_usage:
+                        yield _sse(chunk_body(req, rid, name, None, use=usage(v)))
+                    yield _sse("[DONE]")
+                    return
+                else:
+                    finished = True
+                    err = v if isinstance(v, ApiError) else ApiError(500, str(v), "server_error")
+                    yield _sse(err.body())
+                    return
+        finally:
+            if not finished:        # the client went away (or the server is stopping): free the slot
+                self.slots.cancel(job)

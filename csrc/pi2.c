@@ -6,13 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#define PI2_ABI_VERSION 13u
-
 static _Thread_local char last_message[512];
 static _Thread_local char last_path[256];
 static _Thread_local pi2_error last = {.size = sizeof(pi2_error)};
-
-uint32_t pi2_abi_version(void) { return PI2_ABI_VERSION; }
 
 void pi2_last_error(pi2_error *out) {
     if (!out || !out->size) return;

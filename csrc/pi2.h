@@ -30,8 +30,9 @@ typedef enum {
     PI2_ERR_ABORTED = -6      /* pi2_abort() stopped a decode */
 } pi2_status;
 
-/* Bumped whenever a declaration in this header changes; checked by pi2/engine at import. */
-PI2_API uint32_t pi2_abi_version(void);
+/* Bumped whenever a declaration in this header changes; pi2/engine compares the value compiled into its module
+ * with its own at import (a constant, not a function: the API's functions are the engine's calls). */
+enum { PI2_ABI_VERSION = 13 };
 
 /* The last error on the calling thread. */
 typedef struct {

@@ -15,8 +15,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError(f"pi2's compiled core is missing ({e}); reinstall with `pip install .`") from None
 
-if lib.pi2_abi_version() != ABI_VERSION:  # pragma: no cover
-    raise ImportError(f"pi2's compiled core has ABI {lib.pi2_abi_version()}, expected {ABI_VERSION}: "
+if lib.PI2_ABI_VERSION != ABI_VERSION:  # pragma: no cover
+    raise ImportError(f"pi2's compiled core has ABI {lib.PI2_ABI_VERSION}, expected {ABI_VERSION}: "
                       "a stale build; reinstall with `pip install .`")
 
 _ERRORS = {lib.PI2_ERR_FORMAT: ModelFormatError, lib.PI2_ERR_UNSUPPORTED: UnsupportedError}

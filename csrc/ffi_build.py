@@ -42,7 +42,7 @@ ffi.set_source(
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wno-unused-function", "-pthread",
                         "-fvisibility=hidden"] + SAN_FLAGS,
-    extra_link_args=["-pthread"] + SAN_FLAGS,
+    extra_link_args=["-pthread", "-Wl,--version-script=" + os.path.relpath(HERE / "exports.map")] + SAN_FLAGS,
     libraries=["m", "dl"],   # dl: nnapi.c opens libneuralnetworks.so at run time
 )
 

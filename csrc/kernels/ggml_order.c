@@ -3,6 +3,7 @@
 #include "ggml_order.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* the ifunc symbols target_clones makes keep default visibility: csrc/exports.map hides them */
 #define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define WIDE_CLONES

@@ -334,7 +334,7 @@ static void test_matmul(int type, pi2_pool *pool, int n_out, int n_tok, int size
     for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
         const pi2_type_traits *tr = pi2_traits(type, impl);
         uint8_t *scratch = malloc(pi2_matmul_scratch(&mm, 1, n_tok, impl));
-        const pi2_matmul_env env = {pool, impl, scratch, NULL, NULL};
+        const pi2_matmul_env env = {pool, impl, scratch, NULL, NULL, 0};
         pi2_matmul(&env, x, n_tok, &mm, 1);
         for (int t = 0; t < n_tok; t++)
             for (int r = 0; r < n_out; r++) {
@@ -737,7 +737,7 @@ static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out) {
             const pi2_weight plain = {w, type, n, n_out, rb, NULL}, packed = {w, type, n, n_out, rb, pk};
             const pi2_mm ma = {&packed, a}, mb = {&plain, b};
             uint8_t *scratch = malloc(pi2_matmul_scratch(&ma, 1, toks[k], impl));
-            const pi2_matmul_env env = {pool, impl, scratch, NULL, NULL};
+            const pi2_matmul_env env = {pool, impl, scratch, NULL, NULL, 0};
             pi2_matmul(&env, x, toks[k], &ma, 1);
             pi2_matmul(&env, x, toks[k], &mb, 1);
             check(same_bits(a, b, (int64_t)n_out * toks[k]), "packed-matmul", ref->name, t->vec_dot_impl, toks[k],

@@ -181,11 +181,16 @@ __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni"))) static void q4_0_ro
     _mm_storeu_ps(s + 4, _mm256_cvtpd_ps(acc_hi));
 }
 
+#ifdef __clang__
+#define CPU_F16C 1      /* clang's __builtin_cpu_supports does not know "f16c"; every AVX2 CPU has it */
+#else
+#define CPU_F16C __builtin_cpu_supports("f16c")
+#endif
+
 pi2_go_rows8_fn pi2_go_q4_0_rows8(void) {
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && CPU_F16C)
         return q4_0_rows8_vnni;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")
-               ? q4_0_rows8_avx2 : NULL;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CPU_F16C ? q4_0_rows8_avx2 : NULL;
 }
 #else
 pi2_go_rows8_fn pi2_go_q4_0_rows8(void) { return NULL; }

@@ -114,5 +114,13 @@ def fetch_vocabs() -> Path:
 
 
 if __name__ == "__main__":
-    for k in sys.argv[1:] or DEFAULT:
+    names = sys.argv[1:] or DEFAULT
+    if any(k in ("-h", "--help") for k in names):
+        print(f"usage: fetch_models.py [NAME ...] (default: {' '.join(DEFAULT)}); names: "
+              f"{' '.join([*MODELS, 'llama-vocabs'])}")
+        sys.exit(0)
+    unknown = [k for k in names if k != "llama-vocabs" and k not in MODELS]
+    if unknown:
+        sys.exit(f"fetch_models.py: error: unknown model {unknown[0]!r} (known: {' '.join([*MODELS, 'llama-vocabs'])})")
+    for k in names:
         fetch_vocabs() if k == "llama-vocabs" else fetch(k)

@@ -305,7 +305,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
     need = min_budget(model, cmodel, n_ctx, n_threads, io, n_batch, cluster, runtime, npu, rule)
     if budget < need:
-        kv = context_bytes(model.config, n_ctx, n_threads, n_batch)[0]
+        kv = context_bytes(cmodel, n_ctx, n_threads, n_batch)[0]
         gate = rule is not None and rule.rule == "predicted"
         raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(need)} for this model at a "
                          f"context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),

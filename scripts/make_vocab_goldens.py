@@ -20,7 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SEP = "\n__ggml_vocab_test__\n"
+from tokenizer_suite import read_inputs   # the inputs as test-tokenizer-0 splits them
+
 HARD = ["a~b ~~ ~", "e\u0301 x\u0301y \u0301", "ab'S 'LL 'll 're", "\u00a0\u2003x\u3000 \u0085y", "1234567 12 3 1234",
         "Hello\r\n\r\nWorld  \n ", "日本語テキスト 中文 한국어", "Ꮳ ǅ ǈ ώ ι Ω K", "x\u200by\ufeffz", "\U0001F600\U0001F600",
         "ABCdefGHI aBC", "don't I'M we'VE", "مرحبا بالعالم", "हिन्दी भाषा", "\t\tfoo\t", "\u1C89 \U00016D40 \u2FFC",
@@ -31,19 +32,6 @@ HARD = ["a~b ~~ ~", "e\u0301 x\u0301y \u0301", "ab'S 'LL 'll 're", "\u00a0\u2003
 HARD += [b.decode("utf-8", "surrogateescape") for b in (
     b"a\xffb", b"\xe4\xb8", b"x\xc1\xbfy", b"\xed\xa0\x80z", b"caf\xc3 ok", b"\xff\xc3\xa9xyz \xe4\xb8\xad\xe6 q",
     b"ab\xe4\xb8\xadc \xc3", b"\x80\x80 hi")]
-
-
-def read_cases(inp: Path) -> list:
-    """The inputs as test-tokenizer-0 reads them (split on the separator, a final separator ends the list)."""
-    raw, out, pos = inp.read_bytes().decode("utf-8", "surrogateescape"), [], 0
-    while pos < len(raw):
-        nxt = raw.find(SEP, pos)
-        if nxt < 0:
-            out.append(raw[pos:])
-            break
-        out.append(raw[pos:nxt])
-        pos = nxt + len(SEP)
-    return out
 
 
 def run(binary: str, vocab: Path, cases: list) -> dict:
@@ -83,12 +71,12 @@ def main() -> None:
                                     f"--models .../models --cases-from {a.cases_from}",
                          "date": datetime.date.today().isoformat()},
            "with_cases": {}, "without_cases": {}, "hard": {}}
-    extra_cases = read_cases(a.models / f"ggml-vocab-{a.cases_from}.gguf.inp")
+    extra_cases = read_inputs(a.models / f"ggml-vocab-{a.cases_from}.gguf.inp")
     for vocab in sorted(a.models.glob("ggml-vocab-*.gguf")):
         name = vocab.name[len("ggml-vocab-"):-len(".gguf")]
         inp = vocab.with_name(vocab.name + ".inp")
         if inp.exists():
-            cases = read_cases(inp)
+            cases = read_inputs(inp)
             outs = vocab.with_name(vocab.name + ".out").read_text(encoding="utf-8").splitlines()
             want = {s: [int(x) for x in o.split()] for s, o in zip(cases, outs)}
             got = run(a.llama, vocab, cases)

@@ -14,7 +14,7 @@ SEP = "\n__ggml_vocab_test__\n"
 
 def read_inputs(inp: Path) -> list:
     """The inputs as test-tokenizer-0 splits them (a final separator ends the list)."""
-    raw, out, pos = inp.read_bytes().decode("utf-8"), [], 0
+    raw, out, pos = inp.read_bytes().decode("utf-8", "surrogateescape"), [], 0
     while pos < len(raw):
         nxt = raw.find(SEP, pos)
         if nxt < 0:

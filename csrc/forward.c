@@ -1,4 +1,6 @@
 /* forward.c — pi2_decode: one prefill or decode step of llama, qwen2 and gemma3, read top-down.
+ * Over 400 lines for now: the context shift and the multi-context step (pi2_decode_multi) share the step's static
+ * helpers; they move to their own file when those helpers get a header.
  * Does: embed the tokens, run every block (attention, FFN) over a batch of up to n_batch tokens
  *       with the KV cache, then the output norm and logits; call the trace hook at the named
  *       checkpoints of pi2/reference.py (llama.cpp's graph names); stop at a layer boundary when pi2_abort() was called.

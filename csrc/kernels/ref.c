@@ -1,4 +1,5 @@
 /* ref.c — scalar reference kernels: the C twin of pi2/quants.py and of ggml's generic kernels.
+ * Just over 400 lines: one table of every type's scalar kernels, kept whole so each type's row is in one place.
  * Does: to_float for every known type; the activation quantizers of llama.cpp's x86 build, as
  *       pi2/quants.py specifies them (Q8_0, Q8_1, Q8_K, F16, BF16, F32), on every CPU; vec_dot for every
  *       weight type, summing integers per block and applying the scales afterwards: Q4_K and Q6_K

@@ -95,6 +95,18 @@ WIDE_CLONES void pi2_go_dot_q4_0_rows4(int64_t n, float *s, const uint8_t *w, si
  * then madd) give eight int32 partial sums; hadd trees put row k's Σ nibble·y in lane k, and Σ (nibble − 8)·y is that
  * minus 8·Σ y (one per block, shared by the rows). The FMA chain per row is fdot.py's (product and sum in double,
  * one rounding to float); the scales go through F16C. */
+/* One block of 8 rows: acc += isum · (d_row · d_x), each product and sum in double rounded to float, as ggml's
+ * order has it (both Q4_0 row kernels below). */
+__attribute__((target("avx2,fma,f16c"))) static inline void accumulate8(__m256 isum, const pi2_fp16 *dh, pi2_fp16 dx,
+                                                                        __m256d *acc_lo, __m256d *acc_hi) {
+    const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
+                                       _mm256_set1_ps(pi2_fp16_to_f32(dx)));
+    const __m256d i_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(isum)), i_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(isum, 1));
+    const __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(scale)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(scale, 1));
+    *acc_lo = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_lo, s_lo), *acc_lo)));
+    *acc_hi = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_hi, s_hi), *acc_hi)));
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void q4_0_rows8_avx2(int64_t n, float *s, const uint8_t *w, size_t w_stride,
                                                                      const blk_q8_0 *x) {
     const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
@@ -125,12 +137,7 @@ __attribute__((target("avx2,fma,f16c"))) static void q4_0_rows8_avx2(int64_t n, 
         /* lanes: [r0 r1 r2 r3 | r0 r1 r2 r3] halves of rows 0-3, the same for 4-7 */
         const __m256i lo = _mm256_permute2x128_si256(h0123, h4567, 0x20), hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
         const __m256 isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_add_epi32(lo, hi), y8));
-        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
-                                           _mm256_set1_ps(pi2_fp16_to_f32(x[b].d)));
-        const __m256d i_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(isum)), i_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(isum, 1));
-        const __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(scale)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(scale, 1));
-        acc_lo = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_lo, s_lo), acc_lo)));
-        acc_hi = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_hi, s_hi), acc_hi)));
+        accumulate8(isum, dh, x[b].d, &acc_lo, &acc_hi);
     }
     _mm_storeu_ps(s, _mm256_cvtpd_ps(acc_lo));
     _mm_storeu_ps(s + 4, _mm256_cvtpd_ps(acc_hi));
@@ -170,12 +177,7 @@ __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni"))) static void q4_0_ro
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
         const __m256i tot = _mm256_permutevar8x32_epi32(h, order);   /* [r0 r2 r4 r6 | r1 r3 r5 r7] -> r0..r7 */
         const __m256 isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(tot, _mm256_slli_epi32(ysum, 3)));
-        const __m256 scale = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)),
-                                           _mm256_set1_ps(pi2_fp16_to_f32(x[b].d)));
-        const __m256d i_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(isum)), i_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(isum, 1));
-        const __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(scale)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(scale, 1));
-        acc_lo = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_lo, s_lo), acc_lo)));
-        acc_hi = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(i_hi, s_hi), acc_hi)));
+        accumulate8(isum, dh, x[b].d, &acc_lo, &acc_hi);
     }
     _mm_storeu_ps(s, _mm256_cvtpd_ps(acc_lo));
     _mm_storeu_ps(s + 4, _mm256_cvtpd_ps(acc_hi));

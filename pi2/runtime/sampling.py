@@ -126,6 +126,8 @@ class Sampler:
         if self.dry_active:
             brk = breaker_sequences(tokenizer, params.dry_sequence_breakers) if tokenizer is not None else {}
             self._dry = Dry(params.dry_multiplier, params.dry_base, params.dry_allowed_length, self.dry_last_n, brk)
+        # the stages that do anything, in order (temperature always: dividing by 1 changes nothing either way)
+        self._chain = [s for s in params.samplers if s == "temperature" or self._active(s)]
         self.reset(history=False)
 
     # -- which stages do anything (llama.cpp names a no-op stage "?name") --------------------------------
@@ -400,13 +402,23 @@ class Sampler:
         return c.ids, c.logits
 
     def _run(self, logits: np.ndarray) -> _Candidates:
-        x = np.array(logits, dtype=np.float32, copy=True)
-        if x.shape != (self.n_vocab,):
-            raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
-        c = _Candidates(np.arange(self.n_vocab), x, False)
-        if not self.params.mirostat:
-            for name in self.params.samplers:
-                self._stage(name, c)
+        chain = () if self.params.mirostat else self._chain
+        if chain and chain[0] == "top_k":
+            # the usual chain starts by cutting to k candidates: cut the row as given (no copy of the vocabulary's
+            # logits, no array of its ids), which leaves the candidates top_k would leave
+            x = np.asarray(logits, dtype=np.float32)
+            if x.shape != (self.n_vocab,):
+                raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
+            order = _top_k_order(x, min(self.params.top_k, self.n_vocab))
+            c = _Candidates(order, x[order], True)
+            chain = chain[1:]
+        else:
+            x = np.array(logits, dtype=np.float32, copy=True)
+            if x.shape != (self.n_vocab,):
+                raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
+            c = _Candidates(np.arange(self.n_vocab), x, False)
+        for name in chain:
+            self._stage(name, c)
         return c
 
     def sample(self, logits: np.ndarray) -> int:

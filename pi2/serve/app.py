@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from pi2.errors import ContextFullError, Pi2Error, UsageError
+from pi2.serve.channel import Channel, TextFrames
 from pi2.serve.schema import ApiError, GenRequest, bad, chunk_body, completion_body, finish_reason, new_id, \
     parse_gen, usage
 from pi2.serve.slots import Job, QueueFull, Slots
@@ -165,10 +166,8 @@ class Server:
         if len(tokens) > limit:
             raise ApiError(400, f"the prompt is {len(tokens)} tokens; the context holds {limit} (-c {self.model.n_ctx})",
                            "invalid_request_error", "context_length_exceeded", "messages" if chat else "prompt")
-        loop, q = asyncio.get_running_loop(), asyncio.Queue()
-        job = Job(tokens, req.max_tokens, req.sampling, lambda kind, v: loop.call_soon_threadsafe(q.put_nowait,
-                                                                                                  (kind, v)),
-                  stop=req.stop, ignore_eos=req.ignore_eos)
+        q = Channel(asyncio.get_running_loop())
+        job = Job(tokens, req.max_tokens, req.sampling, q.put, stop=req.stop, ignore_eos=req.ignore_eos)
         self.slots.submit(job)
         rid, name = new_id(chat), self.model.name
         if req.stream:
@@ -188,47 +187,58 @@ class Server:
             raise bad(f"token ids must be in [0, {m.n_vocab})", "prompt")
         return list(req.prompt)
 
-    async def _collect(self, request: Request, req: GenRequest, job: Job, q: asyncio.Queue, rid: str, name: str):
+    async def _collect(self, request: Request, req: GenRequest, job: Job, q: Channel, rid: str, name: str):
         """A non-streamed answer; a client that goes away meanwhile cancels the job."""
         try:
             while True:
                 try:
-                    kind, v = await asyncio.wait_for(q.get(), 0.5)
+                    events = await asyncio.wait_for(q.get(), 0.5)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         self.slots.cancel(job)
                         return JSONResponse({}, status_code=499)
                     continue
-                if kind == "done":
-                    return JSONResponse(completion_body(req, rid, name, v))
-                if kind == "error":
-                    raise v
+                for kind, v in events:
+                    if kind == "done":
+                        return JSONResponse(completion_body(req, rid, name, v))
+                    if kind == "error":
+                        raise v
         except asyncio.CancelledError:
             self.slots.cancel(job)
             raise
 
-    async def _events(self, req: GenRequest, job: Job, q: asyncio.Queue, rid: str, name: str):
-        """Server-sent events: a chunk per piece of text, the finish reason, usage (stream_options), [DONE]."""
+    async def _events(self, req: GenRequest, job: Job, q: Channel, rid: str, name: str):
+        """Server-sent events: a chunk per piece of text, the finish reason, usage (stream_options), [DONE]. The
+        pieces that arrived while the loop was busy go out in one write."""
         finished, first = False, True
+        text = TextFrames(chunk_body(req, rid, name, TextFrames.mark()))
         try:
             while True:
-                kind, v = await q.get()
-                if kind == "piece":
-                    if v.text or (first and req.chat):
-                        yield _sse(chunk_body(req, rid, name, v.text, first=first))
-                        first = False
-                elif kind == "done":
-                    finished = True
-                    yield _sse(chunk_body(req, rid, name, "", finish_reason(v), first=first and req.chat))
-                    if req.include_usage:
-                        yield _sse(chunk_body(req, rid, name, None, use=usage(v)))
-                    yield _sse("[DONE]")
-                    return
-                else:
-                    finished = True
-                    err = v if isinstance(v, ApiError) else ApiError(500, str(v), "server_error")
-                    yield _sse(err.body())
-                    return
+                out = []
+                for kind, v in await q.get():
+                    if kind == "piece":
+                        if first and req.chat:
+                            out.append(_sse(chunk_body(req, rid, name, v.text, first=True)))
+                            first = False
+                        elif v.text:
+                            out.append(text.frame(v.text))
+                            first = False
+                    elif kind == "done":
+                        finished = True
+                        out.append(_sse(chunk_body(req, rid, name, "", finish_reason(v), first=first and req.chat)))
+                        if req.include_usage:
+                            out.append(_sse(chunk_body(req, rid, name, None, use=usage(v))))
+                        out.append(_sse("[DONE]"))
+                        yield "".join(out)
+                        return
+                    else:
+                        finished = True
+                        err = v if isinstance(v, ApiError) else ApiError(500, str(v), "server_error")
+                        out.append(_sse(err.body()))
+                        yield "".join(out)
+                        return
+                if out:
+                    yield "".join(out)
         finally:
             if not finished:        # the client went away (or the server is stopping): free the slot
                 self.slots.cancel(job)

@@ -119,7 +119,7 @@ class Slots:
                     return
                 self._assign()
                 busy = [s for s in self.slots if s.job is not None]
-            batch = [s for s in busy if self._batchable(s)] if self.batched else []
+            batch = [s for s in busy if self._batchable(s)] if self.batched and len(busy) > 1 else []
             done = self._decode_batch(batch) if len(batch) > 1 else {}
             for s in busy:
                 self._step(s, done.get(s.index))

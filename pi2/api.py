@@ -68,7 +68,9 @@ class Piece:
 @dataclass
 class Completion:
     """A finished generation. finish_reason: "stop" (an end-of-generation token or a stop string), "length"
-    (max_tokens) or "context" (the context is full). n_cached: prompt tokens the prompt cache reused."""
+    (max_tokens) or "context" (the context is full). n_cached: prompt tokens the prompt cache reused. stop_reason:
+    the generation loop's own word, as `pi2 run --json` prints it ("eog", "length", "context", "reverse"; "" when a
+    stop string or close() ended it)."""
     text: str
     tokens: List[int]
     prompt_tokens: List[int]
@@ -76,6 +78,7 @@ class Completion:
     n_cached: int = 0
     seed: int = 0
     timings: dict = field(default_factory=dict)
+    stop_reason: str = ""
 
     @property
     def usage(self) -> dict:
@@ -170,7 +173,7 @@ class Stream:
     def _end(self, reason: str) -> None:
         g = self._gen
         self.completion = Completion(self.text, list(g.tokens), list(g.prompt_tokens), reason, self._n_cached,
-                                     self._sampler.seed, self._timings.as_dict())
+                                     self._sampler.seed, self._timings.as_dict(), g.stop_reason)
         self._seq._sync(g)
         self._seq._busy.release()
 
@@ -215,8 +218,12 @@ class Sequence:
         return n
 
     def stream(self, prompt_tokens: Seq[int], *, max_tokens: int = -1, sampling: SamplerParams | None = None,
-               stop: Seq[str] = (), ignore_eos: bool = False, special: bool = False) -> Stream:
-        """Generate after `prompt_tokens`, evaluating only what follows their longest prefix already cached."""
+               stop: Seq[str] = (), ignore_eos: bool = False, special: bool = False, reverse: Seq[str] = (),
+               timings: Optional[Timings] = None) -> Stream:
+        """Generate after `prompt_tokens`, evaluating only what follows their longest prefix already cached.
+        stop: strings that end the text before them (OpenAI's stop); reverse: strings that end it after them
+        (llama.cpp's reverse prompts, -r). timings: the Timings to fill (one begun when loading began counts the
+        load time as pi2 run reports it; default: a new one)."""
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
             raise UsageError("the prompt is empty")
@@ -229,7 +236,7 @@ class Sequence:
                                    hint="raise -c or shorten the prompt")
         if max_tokens < -1:
             raise UsageError(f"invalid max_tokens {max_tokens}")
-        sampler = Sampler(sampling or self.model.sampling, n_vocab, self.n_ctx)
+        sampler = Sampler(sampling or self.model.sampling, n_vocab, self.n_ctx, tokenizer=self.model.tokenizer)
         if not self._busy.acquire(blocking=False):
             raise UsageError("this sequence is already generating")
         try:
@@ -239,9 +246,9 @@ class Sequence:
         except BaseException:
             self._busy.release()
             raise
-        gen, timings = Generation(prompt), Timings()
+        gen, timings = Generation(prompt), timings or Timings()
         steps = generate_steps(self.session.ctx, self.model.tokenizer, gen, max_tokens, sampler, timings,
-                               ignore_eos, special, n_cached=n_keep)
+                               ignore_eos, special, n_cached=n_keep, stop=tuple(reverse))
         return Stream(self, steps, gen, sampler, timings, _StopFilter(list(stop)), n_keep)
 
 

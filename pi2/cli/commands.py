@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from pi2 import convert as cv
+from pi2.api import Model
 from pi2.convert.predictor import Spec
 from pi2.errors import FileError, UsageError
 from pi2.model.info import describe
@@ -53,14 +54,24 @@ class RunOptions:
     interactive_first: bool = False  # -if: read the user's input before generating
 
 
-def _open(opts: RunOptions):
+def _check(opts: RunOptions) -> None:
     if opts.n_predict < -2:     # llama.cpp runs forever on -n -5; -2 is its 'until the context is full'
         raise UsageError(f"invalid -n {opts.n_predict}", hint="-n -1 generates until end of generation or a full context")
     if 0 < opts.run.n_ctx < MIN_CTX:
         raise UsageError(f"context size -c {opts.run.n_ctx} is too small (at least {MIN_CTX}: the prompt, a few "
                          "tokens of margin and the reply must fit)")
+
+
+def _open(opts: RunOptions):
+    _check(opts)
     timings = Timings()
     session = open_session(open_model(opts.model), opts.run)
+    _mlock(opts, session)
+    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)
+    return session, sampler, timings
+
+
+def _mlock(opts: RunOptions, session) -> None:
     if opts.mlock:
         if session.cache is not None:
             print("pi2: note: --mlock not applied: the FFN streams within --memory-budget", file=sys.stderr)
@@ -68,8 +79,6 @@ def _open(opts: RunOptions):
             why = session.model.file.lock()
             if why:
                 print(f"pi2: warning: {why}", file=sys.stderr)
-    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)
-    return session, sampler, timings
 
 
 def _write(text: str) -> None:
@@ -90,32 +99,39 @@ def _write(text: str) -> None:
 
 
 def run(opts: RunOptions) -> None:
-    """One prompt in, tokens out; text streams to stdout, timings to stderr (or one JSON object)."""
+    """One prompt in, tokens out, through the Python API (pi2.api): text streams to stdout, timings to stderr (or
+    one JSON object)."""
     if opts.prompt is None:
         raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
-    session, sampler, timings = _open(opts)
-    tok = session.model.tokenizer
-    prompt_tokens = tok.encode(opts.prompt, add_special=None, parse_special=True)
-    check_prompt(prompt_tokens, session.n_ctx)
+    _check(opts)
+    timings = Timings()     # begun before loading: the load time runs to the end of the first decode
+    model = Model(opts.model, opts.run, opts.sampling)
+    seq = model.default_sequence
+    _mlock(opts, seq.session)
+    prompt_tokens = model.tokenize(opts.prompt)
+    check_prompt(prompt_tokens, seq.n_ctx)
     if not opts.json_out and opts.display_prompt:
         _write(opts.prompt)
+    stream = seq.stream(prompt_tokens, max_tokens=max(opts.n_predict, -1), ignore_eos=opts.ignore_eos,
+                        special=opts.special, reverse=opts.reverse, timings=timings)
     try:
-        gen = generate(session.ctx, tok, prompt_tokens, opts.n_predict, sampler, timings,
-                       ignore_eos=opts.ignore_eos, on_text=None if opts.json_out else _write, special=opts.special,
-                       stop=opts.reverse)
+        for piece in stream:
+            if piece.text and not opts.json_out:
+                _write(piece.text)
     except KeyboardInterrupt:       # as llama-completion: the timings so far, then exit 130 (pi2/cli/main.py)
         if not opts.json_out:
             print("\n" + timings.report(), file=sys.stderr)
         raise
+    c = stream.completion
     if opts.json_out:
-        print(json.dumps({"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text,
-                          "stop_reason": gen.stop_reason, "seed": sampler.seed, "timings": timings.as_dict()},
+        print(json.dumps({"prompt_tokens": c.prompt_tokens, "tokens": c.tokens, "text": c.text,
+                          "stop_reason": c.stop_reason, "seed": c.seed, "timings": timings.as_dict()},
                          ensure_ascii=False))
     else:
         _write("\n")
         print(timings.report(), file=sys.stderr)
     if opts.verbose:
-        verbose_report(session)
+        verbose_report(seq.session)
 
 
 def interactive(opts: RunOptions) -> None:

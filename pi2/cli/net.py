@@ -27,6 +27,9 @@ def serve(
                                                               "own context and prompt cache"),
     queue: int = typer.Option(64, "--queue", help="requests waiting for a slot before the server answers 503"),
     max_body: str = typer.Option("8M", "--max-body", help="largest request body (413 beyond it)"),
+    stream_interval: float = typer.Option(20.0, "--stream-interval", metavar="MS",
+                                          help="a stream writes what was decoded since its last write at most this "
+                                               "often (the first piece at once; 0: every piece as it comes)"),
     batch: bool = typer.Option(True, "--batch/--no-batch", help="decode the busy slots' tokens in one step (one pass "
                                                                 "over the weights; dense C contexts)"),
     chat_template_file: Optional[Path] = typer.Option(None, "--chat-template-file", show_default=False,
@@ -59,6 +62,7 @@ def serve(
                        hint="pip install 'pi2[serve]' (starlette and uvicorn)") from None
     run_server(path, host=host, port=port, api_key=api_key, n_parallel=parallel, max_queue=queue,
                max_body=parse_size(max_body), chat_template=template, batched=batch,
+               stream_interval_ms=stream_interval,
                n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
                temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

@@ -39,11 +39,14 @@ def _sse(obj) -> str:
 
 class Server:
     """The endpoints over one model's slots. api_key: required as `Authorization: Bearer KEY` (None: open);
-    max_body: the largest request body in bytes."""
+    max_body: the largest request body in bytes; stream_interval: seconds a stream waits after a write before
+    the next, so that pieces decoded meanwhile go out together (the first piece at once; 0: each as it comes)."""
 
-    def __init__(self, slots: Slots, api_key: Optional[str] = None, max_body: int = 8 << 20):
+    def __init__(self, slots: Slots, api_key: Optional[str] = None, max_body: int = 8 << 20,
+                 stream_interval: float = 0.0):
         self.slots, self.model = slots, slots.model
         self.api_key, self.max_body = api_key, max_body
+        self.stream_interval = stream_interval
         self.created = int(time.time())
         routes = [Route("/health", self.health, methods=["GET"]), Route("/v1/health", self.health, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]), Route("/models", self.models, methods=["GET"]),
@@ -166,7 +169,7 @@ class Server:
         if len(tokens) > limit:
             raise ApiError(400, f"the prompt is {len(tokens)} tokens; the context holds {limit} (-c {self.model.n_ctx})",
                            "invalid_request_error", "context_length_exceeded", "messages" if chat else "prompt")
-        q = Channel(asyncio.get_running_loop())
+        q = Channel(asyncio.get_running_loop(), None if req.stream else ("done", "error"))
         job = Job(tokens, req.max_tokens, req.sampling, q.put, stop=req.stop, ignore_eos=req.ignore_eos)
         self.slots.submit(job)
         rid, name = new_id(chat), self.model.name
@@ -209,7 +212,8 @@ class Server:
 
     async def _events(self, req: GenRequest, job: Job, q: Channel, rid: str, name: str):
         """Server-sent events: a chunk per piece of text, the finish reason, usage (stream_options), [DONE]. The
-        pieces that arrived while the loop was busy go out in one write."""
+        pieces that arrived since the last write (while the loop was busy, or within stream_interval) go out in
+        one write."""
         finished, first = False, True
         text = TextFrames(chunk_body(req, rid, name, TextFrames.mark()))
         try:
@@ -239,6 +243,8 @@ class Server:
                         return
                 if out:
                     yield "".join(out)
+                    if self.stream_interval > 0:     # let the next pieces gather (one write, one wake-up)
+                        await asyncio.sleep(self.stream_interval)
         finally:
             if not finished:        # the client went away (or the server is stopping): free the slot
                 self.slots.cancel(job)

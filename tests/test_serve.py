@@ -230,10 +230,40 @@ def test_serve_usage_errors_are_one_line(path, tmp_path):
         r = subprocess.run([sys.executable, "-m", "pi2", "serve", str(path), "--port", str(port)],
                            capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.startswith(f"pi2: error: cannot listen on 127.0.0.1:{port}"), r.stderr
-    for args, code in ((["-np", "0"], 2), (["--port", "70000"], 2), (["--max-body", "lots"], 2)):
+    for args, code in ((["-np", "0"], 2), (["--port", "70000"], 2), (["--max-body", "lots"], 2),
+                       (["--stream-interval", "-1"], 2)):
         r = subprocess.run([sys.executable, "-m", "pi2", "serve", str(path), *args], capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == code and r.stderr.startswith("pi2: error:") and "Traceback" not in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "pi2", "serve", str(tmp_path / "none.gguf"), "--port", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.startswith("pi2: error:") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_stream_interval_batches_writes_not_chunks(path):
+    """--stream-interval: the first piece goes out at once, later ones in writes at most that often, still one
+    event a token, the same text as a non-streamed request."""
+    s = LiveServer(path, "-c", "256", "-np", "1", "-t", "2", "--stream-interval", "300")
+    try:
+        body = {"prompt": PROMPT, "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+        st, whole = raw(s, "POST", "/v1/completions", body)
+        assert st == 200
+        c = http.client.HTTPConnection(s.url[7:], timeout=60)
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}))
+        r = c.getresponse()
+        times, text = [], []
+        for line in r:
+            if line.startswith(b"data: {"):
+                times.append(time.perf_counter())
+                text.append(json.loads(line[6:])["choices"][0]["text"])
+        c.close()
+        assert "".join(text) == whole["choices"][0]["text"]
+        n_text = sum(1 for t in text if t)
+        assert n_text >= 30          # one event a token (a few pieces may wait for a whole UTF-8 character)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        writes = 1 + sum(g > 0.1 for g in gaps)
+        assert writes <= 2 + (times[-1] - t0) / 0.3 and writes < n_text / 3, (writes, n_text)
+    finally:
+        code, log = s.stop()
+    assert code == 130 and "Traceback" not in log, log

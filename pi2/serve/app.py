@@ -169,7 +169,7 @@ class Server:
         if len(tokens) > limit:
             raise ApiError(400, f"the prompt is {len(tokens)} tokens; the context holds {limit} (-c {self.model.n_ctx})",
                            "invalid_request_error", "context_length_exceeded", "messages" if chat else "prompt")
-        q = Channel(asyncio.get_running_loop(), None if req.stream else ("done", "error"))
+        q = Channel(asyncio.get_running_loop(), final_only=not req.stream)
         job = Job(tokens, req.max_tokens, req.sampling, q.put, stop=req.stop, ignore_eos=req.ignore_eos)
         self.slots.submit(job)
         rid, name = new_id(chat), self.model.name
@@ -214,12 +214,12 @@ class Server:
         """Server-sent events: a chunk per piece of text, the finish reason, usage (stream_options), [DONE]. The
         pieces that arrived since the last write (while the loop was busy, or within stream_interval) go out in
         one write."""
-        finished, first = False, True
+        finished, first, pause = False, True, 0.0
         text = TextFrames(chunk_body(req, rid, name, TextFrames.mark()))
         try:
             while True:
                 out = []
-                for kind, v in await q.get():
+                for kind, v in await q.get(pause):
                     if kind == "piece":
                         if first and req.chat:
                             out.append(_sse(chunk_body(req, rid, name, v.text, first=True)))
@@ -243,8 +243,7 @@ class Server:
                         return
                 if out:
                     yield "".join(out)
-                    if self.stream_interval > 0:     # let the next pieces gather (one write, one wake-up)
-                        await asyncio.sleep(self.stream_interval)
+                    pause = self.stream_interval     # the next pieces gather meanwhile: one write, one wake-up
         finally:
             if not finished:        # the client went away (or the server is stopping): free the slot
                 self.slots.cancel(job)

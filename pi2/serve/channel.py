@@ -17,27 +17,28 @@ from typing import Optional
 _MARK = "\u0001pi2-text\u0001"
 
 
+FINAL = ("done", "error")      # the kinds that end a request's events
+
+
 class Channel:
     """Events (kind, value) from the engine thread to one request's coroutine. The loop is woken only while the
-    coroutine waits in get(), once for whatever arrives meanwhile; events that come while it is busy (or pausing
-    between writes, pi2 serve's --stream-interval) cost the engine thread a list append. `wake_on`: the kinds that
-    wake it (None: every kind; a non-streamed request needs only "done" and "error")."""
+    coroutine waits in get(), once for whatever arrives meanwhile; events that come while it is busy or pausing
+    between writes (pi2 serve's --stream-interval) cost the engine thread a list append. final_only: only the end
+    (FINAL) wakes it (a non-streamed request)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, wake_on: Optional[tuple] = None):
-        self._loop, self._wake_on = loop, wake_on
+    def __init__(self, loop: asyncio.AbstractEventLoop, final_only: bool = False):
+        self._loop, self._final_only = loop, final_only
         self._items: collections.deque = collections.deque()
         self._ready = asyncio.Event()
         self._lock = threading.Lock()
-        self._waiting = False       # the coroutine waits in get()
+        self._waiting: Optional[str] = None     # "all" / "final": what the coroutine waits for (None: it does not)
         self._armed = False         # a wake-up is scheduled on the loop and has not run yet
 
     def put(self, kind: str, value) -> None:
         """From any thread."""
         self._items.append((kind, value))
-        if self._wake_on is not None and kind not in self._wake_on:
-            return
         with self._lock:
-            if self._armed or not self._waiting:
+            if self._armed or self._waiting is None or (self._waiting == "final" and kind not in FINAL):
                 return
             self._armed = True
         self._loop.call_soon_threadsafe(self._wake)
@@ -47,18 +48,29 @@ class Channel:
             self._armed = False
         self._ready.set()
 
-    async def get(self) -> list:
-        """Every event that arrived since the last get() (at least one; waits for it)."""
-        while not self._items:
-            self._ready.clear()
+    def _has(self, final: bool) -> bool:
+        return bool(self._items) and (not final or self._items[-1][0] in FINAL)
+
+    async def _wait(self, final: bool, timeout: Optional[float]) -> None:
+        self._ready.clear()
+        with self._lock:
+            self._waiting = "final" if final else "all"
+        try:
+            if not self._has(final):
+                await asyncio.wait_for(self._ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
             with self._lock:
-                self._waiting = True
-            try:
-                if not self._items:
-                    await self._ready.wait()
-            finally:
-                with self._lock:
-                    self._waiting = False
+                self._waiting = None
+
+    async def get(self, pause: float = 0.0) -> list:
+        """Every event that arrived since the last get(), at least one. pause: first let events gather for up to
+        this many seconds (the request's end cuts it short)."""
+        if pause > 0:
+            await self._wait(True, pause)
+        while not self._has(self._final_only):
+            await self._wait(self._final_only, None)
         out = []
         while self._items:
             out.append(self._items.popleft())

@@ -328,7 +328,7 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
         float *out = first < n ? logits + (size_t)(i + first - f) * n_vocab : NULL;
         if (!(s = step(c, tokens + i, n, out, first))) c->n_past += n;
     }
-    if (!s) s = io_map_guard_check(c->m->map_guard);   /* the file failed under its mapping: no logits from zeros */
+    if (!s) s = model_check_maps(c->m);   /* the file failed under its mapping: no logits from zeros */
     if (s || atomic_exchange(&c->abort, 0)) {
         c->n_past = start;
         atomic_store(&c->busy, 0);

@@ -1,5 +1,5 @@
 /* model.c — pi2_model_load / pi2_model_free: map a model file and check its tensor descriptors.
- * Does: validate hyper-parameters; mmap the file read-only; check every descriptor (role, layer,
+ * Does: validate hyper-parameters; mmap the file (or a split model's parts, in one range) read-only; check every descriptor (role, layer,
  *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
  *       the file size) before making a view of it; require every tensor the architecture reads (the
  *       predictors are optional: fc1 and fc2, pi2-made or PowerInfer's, come together, of matching width).
@@ -224,6 +224,8 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     }
 }
 
+#define PART_ALIGN 65536u         /* a split model's part bases: a page multiple on every kernel pi2 runs on */
+
 static pi2_status map_file(pi2_model *m, const char *path) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return pi2_set_io_error(errno, path, "cannot open %s: %s", path, strerror(errno));
@@ -240,11 +242,85 @@ static pi2_status map_file(pi2_model *m, const char *path) {
     return s;
 }
 
+/* The parts of a split model, each at its base inside one reserved range (PROT_NONE between parts). */
+static pi2_status map_parts(pi2_model *m, const char *const *paths, const uint64_t *bases, int32_t n) {
+    if (n == 1) {
+        if (bases[0] != 0) return pi2_set_error(PI2_ERR_INVALID, "the first part's base must be 0");
+        m->n_parts = 1;
+        return map_file(m, paths[0]);
+    }
+    int *fds = malloc((size_t)n * sizeof *fds);
+    uint64_t *sizes = malloc((size_t)n * sizeof *sizes);
+    if (!fds || !sizes || !(m->part_guards = malloc((size_t)(n - 1) * sizeof *m->part_guards))) {
+        free(fds); free(sizes);
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the model's parts");
+    }
+    for (int32_t k = 0; k < n - 1; k++) m->part_guards[k] = -1;
+    pi2_status s = PI2_OK;
+    int32_t opened = 0;
+    for (; opened < n && !s; opened++) {
+        const char *path = paths[opened];
+        struct stat st;
+        if (!path) { s = pi2_set_error(PI2_ERR_INVALID, "NULL part path"); break; }
+        if ((fds[opened] = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+            s = pi2_set_io_error(errno, path, "cannot open %s: %s", path, strerror(errno));
+            break;
+        }
+        if (fstat(fds[opened], &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
+            s = pi2_set_io_error(0, path, "%s is not a readable, non-empty regular file", path);
+        sizes[opened] = (uint64_t)st.st_size;
+    }
+    for (int32_t k = 0; k < n && !s; k++)
+        if ((k == 0 && bases[0] != 0) || bases[k] % PART_ALIGN || (k && bases[k] < bases[k - 1] + sizes[k - 1]) ||
+            bases[k] > (uint64_t)SIZE_MAX - sizes[k])
+            s = pi2_set_error(PI2_ERR_INVALID, "part %d's base %llu is not aligned or overlaps the part before",
+                              (int)k, (unsigned long long)bases[k]);
+    if (!s) {
+        const size_t span = (size_t)(bases[n - 1] + sizes[n - 1]);
+        uint8_t *base = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED) {
+            s = pi2_set_error(PI2_ERR_NOMEM, "cannot reserve %zu bytes of addresses for the model's parts", span);
+        } else {
+            m->map = base;
+            m->map_size = span;
+            m->n_parts = n;
+            for (int32_t k = 0; k < n && !s; k++) {
+                void *p = mmap(base + bases[k], (size_t)sizes[k], PROT_READ, MAP_SHARED | MAP_FIXED, fds[k], 0);
+                if (p == MAP_FAILED) {
+                    s = pi2_set_io_error(errno, paths[k], "cannot map %s: %s", paths[k], strerror(errno));
+                    break;
+                }
+                const int g = io_map_guard_add(p, (size_t)sizes[k], paths[k], fds[k]);
+                if (k == 0) m->map_guard = g;
+                else m->part_guards[k - 1] = g;
+            }
+        }
+    }
+    for (int32_t k = 0; k < opened && k < n; k++)
+        if (fds[k] >= 0) close(fds[k]);
+    free(fds);
+    free(sizes);
+    return s;
+}
+
+pi2_status model_check_maps(const pi2_model *m) {
+    pi2_status s = io_map_guard_check(m->map_guard);
+    for (int32_t k = 1; k < m->n_parts && !s; k++) s = io_map_guard_check(m->part_guards[k - 1]);
+    return s;
+}
+
 pi2_status pi2_model_load(const char *path, const pi2_model_params *params, const pi2_tensor_desc *tensors,
                           int32_t n_tensors, pi2_model **out) {
+    const uint64_t base0 = 0;
+    return pi2_model_load_parts(path ? &path : NULL, &base0, 1, params, tensors, n_tensors, out);
+}
+
+pi2_status pi2_model_load_parts(const char *const *paths, const uint64_t *bases, int32_t n_parts,
+                                const pi2_model_params *params, const pi2_tensor_desc *tensors, int32_t n_tensors,
+                                pi2_model **out) {
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
     *out = NULL;
-    if (!path || !params || (!tensors && n_tensors) || n_tensors < 0)
+    if (!paths || !paths[0] || !bases || n_parts < 1 || !params || (!tensors && n_tensors) || n_tensors < 0)
         return pi2_set_error(PI2_ERR_INVALID, "NULL path, params or tensors");
     pi2_status s = check_params(params);
     if (s) return s;
@@ -260,7 +336,7 @@ pi2_status pi2_model_load(const char *path, const pi2_model_params *params, cons
     }
     m->hp = *params;
     m->hp.layer_flags = NULL;   /* read into the layers below */
-    if ((s = map_file(m, path))) goto fail;
+    if ((s = map_parts(m, paths, bases, n_parts))) goto fail;
     for (int32_t i = 0; i < n_tensors; i++) {
         const pi2_tensor_desc *d = &tensors[i];
         if ((s = check_desc(m, d, i))) goto fail;
@@ -324,6 +400,8 @@ fail:
 void pi2_model_free(pi2_model *m) {
     if (!m) return;
     io_map_guard_remove(m->map_guard);
+    for (int32_t k = 1; k < m->n_parts && m->part_guards; k++) io_map_guard_remove(m->part_guards[k - 1]);
+    free(m->part_guards);
     if (m->map) munmap((void *)m->map, m->map_size);
     free(m->gelu_table);
     free(m->packs[0]);

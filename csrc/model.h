@@ -37,7 +37,9 @@ struct pi2_model {
     pi2_model_params hp;
     const uint8_t *map;          /* the whole file, PROT_READ */
     size_t map_size;
-    int map_guard;               /* io_map_guard id of map (-1: none) */
+    int map_guard;               /* io_map_guard id of map (-1: none); a split model's first part */
+    int *part_guards;            /* a split model: the other parts' guard ids [n_parts - 1], else NULL */
+    int32_t n_parts;             /* files mapped into map (1, or a split model's parts) */
     pi2_weight token_embd;       /* [n_vocab] rows of n_embd */
     pi2_weight output;           /* [n_vocab] rows of n_embd (token_embd's bytes when tied) */
     const float *output_norm;    /* [n_embd] */
@@ -47,5 +49,8 @@ struct pi2_model {
     void *packs[2];              /* pi2_model_repack's copies (attention and output; FFN), or NULL */
     int64_t packed_bytes;        /* their size */
 };
+
+/* Whether every mapped file of m is still whole (io_map_guard_check of each part). */
+pi2_status model_check_maps(const pi2_model *m);
 
 #endif

@@ -3,7 +3,7 @@
  *       FFN rule, the streamed FFN (the neuron cache), the statistics, the NNAPI delegate and flash I/O.
  * Shape: opaque handles, init/free pairs, params structs with a *_default_params() or documented zero defaults,
  *       statistics structs whose first field is their size (the caller sets it; C fills only the fields that fit,
- *       so a field added at the end is no ABI break). 30 functions; test entry points are in pi2_test.h.
+ *       so a field added at the end is no ABI break). 31 functions; test entry points are in pi2_test.h.
  * Only declarations marked PI2_API are exported from the built module (the rest is built with hidden visibility).
  * Over 400 lines on purpose: the API is one header (what a program includes, what Python binds), and each
  * declaration keeps its contract beside it.
@@ -223,6 +223,13 @@ typedef struct pi2_ctx pi2_ctx;       /* KV cache, scratch buffers, thread pool 
  * cannot compute; PI2_ERR_INVALID: NULL arguments or bad hyper-parameters. */
 PI2_API pi2_status pi2_model_load(const char *path, const pi2_model_params *params,
                                   const pi2_tensor_desc *tensors, int32_t n_tensors, pi2_model **out);
+/* pi2_model_load for a model split across files (llama.cpp's gguf-split parts): part k is mapped at byte bases[k]
+ * of one reserved address range, so a descriptor's offset is bases[k] + its offset in part k. bases[0] is 0, each
+ * base a multiple of 65536 at or after the end of the part before. Errors as pi2_model_load (PI2_ERR_INVALID for
+ * bases out of order); n_parts 1 is pi2_model_load. */
+PI2_API pi2_status pi2_model_load_parts(const char *const *paths, const uint64_t *bases, int32_t n_parts,
+                                        const pi2_model_params *params, const pi2_tensor_desc *tensors,
+                                        int32_t n_tensors, pi2_model **out);
 /* Unmap and free (NULL is fine). Free every context of the model first. */
 PI2_API void pi2_model_free(pi2_model *model);
 /* Repack at load (csrc/model_pack.c): copy the matrices the dense products read into the x8 layout for the

@@ -27,7 +27,7 @@ from pi2.model.loader import load_model
 PI2_VERSION = 1
 SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (runtime.ffn_rule.SCORES)
 DEFAULT_CALIB_TOKENS = 2048
-_SKIP_KEYS = ("general.alignment", "general.architecture")
+_SKIP_KEYS = ("general.alignment", "general.architecture", "split.no", "split.count", "split.tensors.count")
 
 __all__ = ["convert", "ConvertError", "ConvertReport", "default_output"]
 

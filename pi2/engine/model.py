@@ -1,5 +1,5 @@
 """engine/model.py — a model handed to the C core: its hyper-parameters (pi2_model_params) and a flat descriptor
-of every tensor the forward pass reads (pi2_tensor_desc), checked and mapped by pi2_model_load.
+of every tensor the forward pass reads (pi2_tensor_desc), checked and mapped by pi2_model_load(_parts).
 
 Owns: ROLES (pi2_tensor_role by name, read from the module), model_params, tensor_descs (pi2 bundles and
 PowerInfer's ffn_down_t described as down rows), c_model_structs, CModel, and the C core's size queries of a model:
@@ -8,12 +8,14 @@ Does not: read GGUF (pi2/model/) or decide anything about a run.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, ffi, lib
 from pi2.errors import UnsupportedError
 from pi2.model.ffn_layout import bundle_layout, row_bytes
+from pi2.model.gguf_split import file_parts
 
 ARCHS = enum("PI2_ARCH_", ("llama", "qwen2", "gemma3", "bamboo", "moe"))
 GATINGS = enum("PI2_GATING_", ("softmax", "sigmoid", "softmax_weight", "sqrt_softplus"))
@@ -220,7 +222,13 @@ class CModel:
         descs = tensor_descs(model) if descs is None else descs
         params, arr = c_model_structs(model, descs)
         out = ffi.new("pi2_model **")
-        check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
+        parts = file_parts(model.file)
+        if len(parts) == 1:
+            check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
+        else:     # a split model: every part mapped at its base (pi2/model/gguf_split.py)
+            names = [ffi.new("char[]", os.fsencode(p)) for p, _, _ in parts]
+            check(lib.pi2_model_load_parts(ffi.new("char *[]", names), ffi.new("uint64_t[]", [b for _, b, _ in parts]),
+                                           len(parts), params, arr, len(descs), out))
         cm = cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),
                  sum(t.nbytes for _, _, t in descs))
         cm.model = model     # the file's tables: FFN rules and byte counts

@@ -3,8 +3,9 @@ and context, printed with rich.
 """
 from __future__ import annotations
 
+import os
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 from rich.console import Console
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from pi2.errors import ModelFormatError
 from pi2.model.gguf_file import GGML_TYPES
+from pi2.model.gguf_split import file_parts
 from pi2.model.info_moe import GROUPS, moe_rows
 from pi2.model.loader import load_model
 
@@ -102,6 +104,11 @@ def describe(path, list_tensors: bool = False, console: Console | None = None) -
                       f"{tok.n_vocab} tokens, bos {tok.bos_id}, eos {tok.eos_id}, add_bos {tok.add_bos}"),
         ("chat template", "yes" if kv.get("tokenizer.chat_template") else "no"),
     ]
+    parts = file_parts(m.file)
+    if len(parts) > 1:     # a split model (gguf-split): each part, its size and how many tensors it holds
+        held = Counter(m.file.part_of(name) for name in m.file.tensors)
+        rows.insert(1, ("parts", "\n".join(f"{os.path.basename(p)}  {human_bytes(size)}, {held[k]} tensors"
+                                           for k, (p, _, size) in enumerate(parts))))
     rows += moe_rows(m)
     try:
         rows += _pi2_rows(m)

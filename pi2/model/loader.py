@@ -14,6 +14,7 @@ from pi2.model import pi2_keys
 from pi2.model.config import ModelConfig
 from pi2.model.config_moe import moe_tensors, optional_tensors, output_required
 from pi2.model.gguf_file import GGML_TYPES, GGUFFile, TensorInfo
+from pi2.model.gguf_split import open_gguf
 from pi2.model.tokenizer import Tokenizer
 
 # weight types the engines can compute with
@@ -109,8 +110,9 @@ class Model:
 
 
 def load_model(path: str | os.PathLike) -> Model:
-    """Open and check a GGUF/PWRI model file. Raises ModelFormatError / UnsupportedError with one-line messages."""
-    f = GGUFFile(path)
+    """Open and check a GGUF/PWRI model file (given its first part, a split model's every part). Raises
+    ModelFormatError / UnsupportedError with one-line messages."""
+    f = open_gguf(path)
     try:
         cfg = ModelConfig.from_gguf(f.kv, f.tensors, f.magic)
         if cfg.pi2:

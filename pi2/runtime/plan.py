@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from pi2.engine import CModel, default_threads, flash_io
 from pi2.errors import ModelFormatError, UnsupportedError, UsageError
+from pi2.model.gguf_split import file_parts
 from pi2.model.loader import Model
 from pi2.plan import devices
 from pi2.plan.budget import MARGIN, Plan, context_bytes, fmt, make_plan, runtime_rss, streamable
@@ -134,7 +135,7 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
                 stream_gap=stream_gap, notes=notes)
     if engine == "c":
         if budget is not None:
-            why = streamable(model)
+            why = streamable(model) or split_gap(model)
             if why:
                 raise UsageError(why)
             p.io, _ = flash_io.resolve(cfg.io, model.path)
@@ -142,6 +143,15 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
         p.cmodel = CModel.from_model(model)
         _plan_cache(model, p)
     return p
+
+
+def split_gap(model: Model) -> str:
+    """Why a split model's FFN cannot stream ("" when it is one file): the streamed reads go to one file."""
+    parts = file_parts(model.file)
+    if len(parts) == 1:
+        return ""
+    return (f"the FFN streams from one file, and {os.path.basename(model.path)} is split in {len(parts)} parts: "
+            f"merge them first (pi2 convert the first part, or llama-gguf-split --merge)")
 
 
 def _plan_cache(model: Model, p: RunPlan) -> None:
@@ -172,7 +182,7 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | 
         kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1))
     except (UnsupportedError, ModelFormatError):   # not a model the C core runs: its contexts are not counted
         kv = scratch = 0
-    need = os.path.getsize(model.path) + kv + scratch + runtime_rss(model) + MARGIN
+    need = sum(size for _, _, size in file_parts(model.file)) + kv + scratch + runtime_rss(model) + MARGIN
     if need <= limit:
         return None
     name = os.path.basename(model.path)

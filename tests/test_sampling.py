@@ -300,14 +300,20 @@ def test_dry_penalises_a_repeat_and_stops_at_a_breaker():
 
 
 def test_top_k_of_a_large_vocabulary_is_exact_with_ties():
-    """The subset bound (_TOP_K_SUBSET) selects exactly what a full sort does, ties at the cut to the lowest ids."""
+    """The column-maxima bound (_TOP_K_GROUPS) selects exactly what a full sort does, ties at the cut to the lowest
+    ids: integer logits (many ties), all equal, normal, heavy-tailed with -inf, and the largest in the last few ids
+    (past the columns when n is not a multiple of the groups)."""
     from pi2.runtime.sampling import _top_k_order
     rng = np.random.default_rng(7)
-    for trial in range(60):
-        n = int(rng.choice([20000, 49152, 151936]))
-        kind = trial % 3
+    for trial in range(100):
+        n = int(rng.choice([20000, 20001, 49152, 151936]))
+        kind = trial % 5
         logits = (rng.integers(-5, 6, n) if kind == 0 else np.zeros(n) if kind == 1
-                  else rng.standard_normal(n)).astype(np.float32)
+                  else rng.standard_normal(n) if kind == 2 else rng.standard_cauchy(n)).astype(np.float32)
+        if kind == 3:
+            logits[rng.integers(0, n, 50)] = -np.inf
+        if kind == 4:
+            logits[-(n % 64 or 1):] = 100.0
         k = int(rng.choice([1, 5, 40, 200]))
         want = np.lexsort((np.arange(n), -logits))[:k]
         assert (_top_k_order(logits, k) == want).all(), (trial, n, k)

@@ -288,6 +288,11 @@ class Model:
         """A new context on this model (its own KV cache and prompt cache)."""
         return Sequence(self)
 
+    def close(self) -> None:
+        """Let go of the default sequence now (the model and it refer to each other, so without close() its context
+        and the C model's repacked copies wait for the garbage collector)."""
+        self._default = None
+
     @property
     def default_sequence(self) -> Sequence:
         if self._default is None:

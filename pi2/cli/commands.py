@@ -122,6 +122,8 @@ def run(opts: RunOptions) -> None:
         if not opts.json_out:
             print("\n" + timings.report(), file=sys.stderr)
         raise
+    finally:
+        model.close()               # the context goes when run() returns, not at the next garbage collection
     c = stream.completion
     if opts.json_out:
         print(json.dumps({"prompt_tokens": c.prompt_tokens, "tokens": c.tokens, "text": c.text,

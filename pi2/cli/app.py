@@ -91,14 +91,10 @@ def _model_path(pos: Optional[Path], opt: Optional[Path], hf: Optional[str] = No
     return path
 
 
-KV_TYPES = ("f16",)     # -ctk / -ctv: the KV cache types pi2 computes with
-
-
-def _kv_type(flag: str, value: str) -> str:
-    v = value.strip().lower()
-    if v not in KV_TYPES:
-        raise UsageError(f"{flag} {value}: pi2's KV cache holds {', '.join(KV_TYPES)} only")
-    return v
+CacheKOpt = typer.Option("f16", "-ctk", "--cache-type-k",
+                         help="K cache type: f16 or q8_0 (llama.cpp's numerics with -fa off: Hadamard-rotated Q8_0 keys)")
+CacheVOpt = typer.Option("f16", "-ctv", "--cache-type-v",
+                         help="V cache type: f16 (a quantized V needs flash attention, which pi2 does not compute)")
 
 
 @app.command()
@@ -113,8 +109,7 @@ def run(
                                  help=f"context size (default {RUN.n_ctx}, capped at the model's; 0 = the model's)"),
     batch: int = typer.Option(2048, "-b", "--batch-size", help="logical batch: prompt tokens per pass (with -ub)"),
     ubatch: int = typer.Option(RUN.n_batch, "-ub", "--ubatch-size", help="physical batch: prompt tokens per pass"),
-    cache_k: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16"),
-    cache_v: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16"),
+    cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
     temp: float = typer.Option(SAMPLE.temp, "--temp", "--temperature", help="temperature (<= 0: greedy)"),
     top_k: int = typer.Option(SAMPLE.top_k, "--top-k", help="top-k (0 = off)"),
     top_p: float = typer.Option(SAMPLE.top_p, "--top-p", help="top-p (1.0 = off)"),
@@ -190,11 +185,11 @@ def run(
     text = read_prompt(prompt, file, escape and not no_escape)
     sys_text = read_prompt(system, system_file, escape and not no_escape)
     template = _template(chat_template, chat_template_file)
-    _kv_type("-ctk", cache_k), _kv_type("-ctv", cache_v)
     mlock = _load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
-                    n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens)
+                    n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens, cache_type_k=cache_k,
+                    cache_type_v=cache_v)
     breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
         tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

@@ -244,10 +244,11 @@ def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -
                                          "gate_slot_bytes", "gate_hot_bytes", "gate_row_bytes", "gate_layer_bytes")}
 
 
-def ctx_sizes(cmodel: CModel, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
-    """(KV cache bytes, other buffers' bytes) a C context of these params allocates (pi2_ctx_query)."""
+def ctx_sizes(cmodel: CModel, n_ctx: int, n_threads: int, n_batch: int = 512, type_k: int = 1) -> tuple:
+    """(KV cache bytes, other buffers' bytes) a C context of these params allocates (pi2_ctx_query); type_k: the K
+    cache's ggml type."""
     p = lib.pi2_ctx_default_params()
-    p.n_ctx, p.n_threads, p.n_batch = n_ctx, max(n_threads, 1), n_batch
+    p.n_ctx, p.n_threads, p.n_batch, p.type_k = n_ctx, max(n_threads, 1), n_batch, type_k
     out = ffi.new("pi2_ctx_sizes *", {"size": ffi.sizeof("pi2_ctx_sizes")})
     check(lib.pi2_ctx_query(cmodel._h, ffi.new("pi2_ctx_params *", p), out))
     return out.kv_bytes, out.scratch_bytes

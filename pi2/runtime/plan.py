@@ -149,7 +149,8 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     copies are part of the fixed region and the cache keeps no hot prefix of its own."""
     cfg = p.cfg
     if p.budget is not None:
-        p.cache = p.cache_cpu = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, rule=p.rule)
+        p.cache = p.cache_cpu = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, rule=p.rule,
+                                          type_k=cfg.type_k)
     if not model.config.pi2:
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return
@@ -157,7 +158,7 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     p.npu = npu.plan_hot(model, cfg.npu, cfg.nnapi_lib, p.n_threads, room, cfg.npu_gbps)
     if p.npu.hot and p.cache is not None:
         p.cache = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, runtime=p.cache_cpu.runtime,
-                            npu=p.npu.decision, rule=p.rule)
+                            npu=p.npu.decision, rule=p.rule, type_k=cfg.type_k)
 
 
 def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | None:
@@ -169,7 +170,7 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | 
     if limit is None:
         return None
     try:
-        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1))
+        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1), type_k=cfg.type_k)
     except (UnsupportedError, ModelFormatError):   # not a model the C core runs: its contexts are not counted
         kv = scratch = 0
     need = os.path.getsize(model.path) + kv + scratch + runtime_rss(model) + MARGIN

@@ -277,11 +277,12 @@ def perplexity(
     chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
     threads: int = ThreadsOpt, engine: str = EngineOpt,
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
-    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, verbose: bool = VerboseOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
+    verbose: bool = VerboseOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
-                    memory_budget=memory_budget, io=io)
+                    memory_budget=memory_budget, io=io, cache_type_k=cache_k, cache_type_v=cache_v)
     _commands().perplexity(_model_path(model, model_opt), file, cfg, chunks, verbose=_verbose(ctx))
 
 
@@ -295,6 +296,9 @@ def bench(
     pg: Optional[List[str]] = typer.Option(None, "-pg", help="prompt then generation in one test: PP,TG"),
     batch: Optional[List[str]] = typer.Option(None, "-b", "--batch-size", help="prompt chunk size (default 2048)"),
     threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="threads: 1,2 or 1-4 (default: all)"),
+    type_k: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache types: f16,q8_0 "
+                                               "(default f16)"),
+    type_v: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types: f16"),
     reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test"),
     output: str = typer.Option("md", "-o", "--output", help="md | json | jsonl | csv"),
     engine: str = typer.Option(RUN.engine, "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
@@ -311,7 +315,7 @@ def bench(
                     nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack)
     hf_model = [_model_path(None, None, hf)] if hf else []
     _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
-                      engine, warmup=not no_warmup, progress=progress, run=cfg)
+                      engine, warmup=not no_warmup, progress=progress, run=cfg, type_k=type_k, type_v=type_v)
 
 
 @app.command()
@@ -368,11 +372,12 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          memory_budget: str = typer.Option(..., "--memory-budget", help="memory the process may hold, e.g. 500M"),
          ctx_size: int = typer.Option(RUN.n_ctx, "-c", "--ctx-size", help="context size the plan holds a KV cache for"),
          threads: int = ThreadsOpt, io: str = IoOpt, npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
-         npu_gbps: Optional[float] = NpuGbpsOpt, use_predictor: bool = PredOpt,
+         npu_gbps: Optional[float] = NpuGbpsOpt, use_predictor: bool = PredOpt, cache_k: str = CacheKOpt,
+         cache_v: str = CacheVOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"), verbose: bool = VerboseOpt):
     """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
     --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
     predicted gain): the plan `pi2 run` makes with the same flags."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, predictor=use_predictor, memory_budget=memory_budget, io=io,
-                    npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps)
+                    npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, cache_type_k=cache_k, cache_type_v=cache_v)
     _commands().plan(_model_path(model, model_opt), cfg, json_out)

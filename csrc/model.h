@@ -1,5 +1,5 @@
 /* model.h — the loaded model: hyper-parameters and views of its mapped tensors (internal).
- * Every pointer here lies inside the read-only mapping and was checked by model.c. */
+ * Every pointer here lies inside the read-only mapping (or the file's copy in memory) and was checked by model.c. */
 #ifndef PI2_MODEL_H
 #define PI2_MODEL_H
 #include <stddef.h>
@@ -38,6 +38,7 @@ struct pi2_model {
     const uint8_t *map;          /* the whole file, PROT_READ */
     size_t map_size;
     int map_guard;               /* io_map_guard id of map (-1: none) */
+    int in_memory;               /* map is anonymous memory the file was read into (no_mmap), not the file's pages */
     pi2_weight token_embd;       /* [n_vocab] rows of n_embd */
     pi2_weight output;           /* [n_vocab] rows of n_embd (token_embd's bytes when tied) */
     const float *output_norm;    /* [n_embd] */

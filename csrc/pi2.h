@@ -206,6 +206,9 @@ typedef struct {
     float residual_scale;     /* 0: none; else attention and FFN outputs times it before the residual add */
     float logit_scale;        /* 0: none; else logits times 1/logit_scale */
     const uint8_t *layer_flags;   /* [n_layer] PI2_LAYER_* bits, copied at load; NULL: swa_period's rule */
+    int32_t no_mmap;          /* 1: read the whole file into anonymous memory at load instead of mapping it
+                                 (llama.cpp's --no-mmap: the weights stay resident; later changes to the file do
+                                 not reach them); 0: map it read-only */
 } pi2_model_params;
 
 /* Router gating (llama_expert_gating_func_type): probabilities from the router logits. */

@@ -23,7 +23,6 @@ def run(good, *args):
     (["-ngl", "99"], "-ngl accepted and ignored"), (["--n-gpu-layers", "99"], "--n-gpu-layers accepted"),
     (["-fa", "off"], "-fa accepted and ignored"), (["-fa", "on", "-nr"], "-nr accepted"),
     (["--numa", "distribute"], "--numa accepted"), (["-tb", "2"], "-tb accepted"),
-    (["--no-mmap"], "--no-mmap accepted"), (["-lm", "none"], "-lm none accepted"),
 ])
 def test_flags_that_do_not_apply_are_accepted_with_a_note(good, args, note):
     res = run(good, *args)

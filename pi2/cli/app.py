@@ -49,8 +49,9 @@ VerboseOpt = typer.Option(False, "-v", "--verbose", "--log-verbose", callback=_s
                           help="show tracebacks, why NNAPI was not used, and the neuron cache's figures")
 ModelArg = typer.Argument(None, metavar="[MODEL]", help="GGUF model file", show_default=False)
 ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as the positional MODEL)")
-KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neurons computed per token "
-                       "(default: the pi2 file's, else 1.0 = dense)", show_default=False)
+KeepOpt = typer.Option(None, "--keep", help="pi2's own: model-wide mean fraction of FFN neurons computed per token "
+                       "(default: the pi2 file's, else 1.0 = dense); not llama.cpp's --keep N, which is pi2's "
+                       "--keep-tokens N", show_default=False)
 DenseOpt = typer.Option(RUN.dense, "--dense", help="compute every FFN neuron (no sparsity)")
 NpuOpt = typer.Option(RUN.npu, "--npu", envvar="PI2_NPU", help="NNAPI for dense prompt batches (plain files) or "
                       "decode's hot prefix (pi2 files): auto (only with a GPU/accelerator device and, for pi2 files, "
@@ -172,10 +173,12 @@ def run(
                                         "(llama.cpp's context shift; off by default, as there)"),
     keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
                                     "--keep; pi2's --keep is the FFN fraction)"),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="accepted; pi2 maps model files"),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="read the whole model into memory at load instead of "
+                                 "mapping it (the C engine; not with --memory-budget)"),
     mlock: bool = typer.Option(False, "--mlock", help="lock the model's pages in memory (as llama.cpp: a warning "
                                "when the limit refuses)"),
-    load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="accepted; pi2 maps model files"),
+    load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="auto | mmap | none | dio (none, dio: as "
+                                            "--no-mmap) | mlock | mmap+mlock (as --mlock)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
@@ -185,11 +188,11 @@ def run(
     text = read_prompt(prompt, file, escape and not no_escape)
     sys_text = read_prompt(system, system_file, escape and not no_escape)
     template = _template(chat_template, chat_template_file)
-    mlock = _load_notes(no_mmap, mlock, load_mode)
+    mlock, no_mmap = _load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
                     n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens, cache_type_k=cache_k,
-                    cache_type_v=cache_v)
+                    cache_type_v=cache_v, no_mmap=no_mmap)
     breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
         tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -230,16 +233,16 @@ def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
     return name
 
 
-def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> bool:
-    """Whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock); a note for what pi2 does not do."""
+def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> tuple:
+    """(lock, read): whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock) and whether to read the whole
+    file into memory instead of mapping it (--no-mmap, -lm none / dio, as llama.cpp's loaders do)."""
     if load_mode is not None and load_mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
         raise UsageError(f"invalid -lm {load_mode!r}: auto, none, mmap, mlock, mmap+mlock or dio")
+    read = no_mmap or load_mode in ("none", "dio")
     lock = mlock or load_mode in ("mlock", "mmap+mlock")
-    for flag, on in (("--no-mmap", no_mmap), (f"-lm {load_mode}", load_mode in ("none", "dio"))):
-        if on:
-            print(f"pi2: note: {flag} accepted: pi2 maps the model file and streams or pages it as planned",
-                  file=sys.stderr)
-    return lock
+    if read and lock:
+        print("pi2: note: --mlock not applied: --no-mmap reads the model into memory", file=sys.stderr)
+    return lock and not read, read
 
 
 @app.command()

@@ -215,10 +215,12 @@ class CModel:
         self.n_bytes = n_bytes   # bytes of the tensors one token reads
 
     @classmethod
-    def from_model(cls, model, descs: list | None = None) -> "CModel":
-        """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests)."""
+    def from_model(cls, model, descs: list | None = None, no_mmap: bool = False) -> "CModel":
+        """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests). no_mmap: C reads the
+        whole file into memory instead of mapping it (--no-mmap)."""
         descs = tensor_descs(model) if descs is None else descs
         params, arr = c_model_structs(model, descs)
+        params.no_mmap = int(no_mmap)
         out = ffi.new("pi2_model **")
         check(lib.pi2_model_load(str(model.path).encode(), params, arr, len(descs), out))
         cm = cls(ffi.gc(out[0], lib.pi2_model_free), model.config, str(model.path),

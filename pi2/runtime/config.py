@@ -66,6 +66,7 @@ class RunConfig:
     ctx_shift: bool = False             # --context-shift: a full context drops half of what follows n_keep
     n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
     repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
+    no_mmap: bool = False               # --no-mmap: the C engine reads the whole file into memory at load
     cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0; reference/kv_cache.py)
     cache_type_v: str = "f16"           # -ctv: the V cache's type (f16: llama.cpp needs flash attention for others)
 
@@ -78,7 +79,10 @@ class RunConfig:
         if self.engine not in ENGINES:
             raise UsageError(f"unknown engine '{self.engine}' (choose from {', '.join(ENGINES)})")
         if self.keep is not None and not 0.0 < self.keep <= 1.0:
-            raise UsageError(f"invalid --keep {self.keep:g}: a fraction of the FFN neurons in (0, 1]")
+            tokens = self.keep == -1 or (self.keep > 1 and float(self.keep).is_integer())
+            raise UsageError(f"invalid --keep {self.keep:g}: pi2's --keep is a fraction of the FFN neurons in (0, 1]",
+                             hint=f"llama.cpp's --keep N (tokens a context shift keeps) is pi2's --keep-tokens N"
+                             if tokens else "")
         if self.n_ctx < 0:
             raise UsageError(f"invalid context size -c {self.n_ctx}", hint="-c 0 uses the model's training context")
         if self.npu not in NPU_MODES:

@@ -129,6 +129,8 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
         raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
     if cfg.engine == "auto" and gap:
         notes.append(("engine", gap))
+    if cfg.no_mmap and engine == "reference":
+        notes.append(("no-mmap", "--no-mmap applies to the C engine; the reference engine maps the file"))
     rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
     p = RunPlan(cfg, engine, n_ctx, threads, rule, npu.for_reference(cfg.npu), budget=budget,
                 stream_gap=stream_gap, notes=notes)
@@ -137,9 +139,12 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
             why = streamable(model)
             if why:
                 raise UsageError(why)
+            if cfg.no_mmap:
+                raise UsageError("--no-mmap reads the whole model into memory; --memory-budget streams its FFN from "
+                                 "the file", hint="give one of them")
             p.io, _ = flash_io.resolve(cfg.io, model.path)
             model.tokenizer      # built now, so that the runtime the plan measures includes it
-        p.cmodel = CModel.from_model(model)
+        p.cmodel = CModel.from_model(model, no_mmap=cfg.no_mmap)
         _plan_cache(model, p)
     return p
 

@@ -9,6 +9,7 @@
 #include "ffn/predicted.h"
 #include "ffn/pwri.h"
 #include "internal.h"
+#include "kv_quant.h"
 #include "nnapi/batches.h"
 #include "nnapi/hot_ffn.h"
 #include "ops.h"
@@ -18,7 +19,7 @@
 #include <string.h>
 
 pi2_ctx_params pi2_ctx_default_params(void) {
-    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 512, .n_threads = 1, .impl = PI2_IMPL_AUTO};
+    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 512, .n_threads = 1, .impl = PI2_IMPL_AUTO, .type_k = PI2_T_F16};
 }
 
 /* The largest scratch any matrix product of a step needs at n_tok tokens. */
@@ -52,7 +53,7 @@ static void ctx_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p,
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t f = sizeof(float);
     const ctx_buffer list[N_CTX_BUFFERS] = {
-        {(void **)&c->k_cache, L * C * kd * f}, {(void **)&c->v_cache, L * C * vd * f},
+        {(void **)&c->k_cache, pi2_kv_k_bytes(hp, p->type_k, p->n_ctx)}, {(void **)&c->v_cache, L * C * vd * f},
         {(void **)&c->x, B * hp->n_embd * f}, {(void **)&c->xn, B * hp->n_embd * f},
         {(void **)&c->q, B * hp->n_head * hp->head_dim * f}, {(void **)&c->k, B * kd * f}, {(void **)&c->v, B * vd * f},
         {(void **)&c->att, B * hp->n_head * hp->head_dim_v * f}, {(void **)&c->o, B * hp->n_embd * f},
@@ -104,17 +105,26 @@ static int allocate(const pi2_ctx *c, ctx_buffer *list, int32_t n) {
 
 static pi2_status check_params(const pi2_ctx_params *p) {
     if (p->n_ctx < 1 || p->n_ctx > (1 << 24) || p->n_batch < 1 || p->n_batch > 65536 || p->impl < PI2_IMPL_AUTO ||
-        p->impl > PI2_IMPL_BASE || p->n_keep < 0 || p->ctx_shift < 0 || p->ctx_shift > 1)
+        p->impl > PI2_IMPL_BASE || p->n_keep < 0 || p->ctx_shift < 0 || p->ctx_shift > 1 || !pi2_kv_type_ok(p->type_k))
         return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d, ctx_shift %d, "
-                             "n_keep %d", (int)p->n_ctx, (int)p->n_batch, (int)p->impl, (int)p->ctx_shift,
-                             (int)p->n_keep);
+                             "n_keep %d, type_k %d", (int)p->n_ctx, (int)p->n_batch, (int)p->impl, (int)p->ctx_shift,
+                             (int)p->n_keep, (int)p->type_k);
+    return PI2_OK;
+}
+
+/* A quantized K cache needs whole blocks per head (llama.cpp's check with flash attention). */
+static pi2_status check_kv(const pi2_model *m, const pi2_ctx_params *p) {
+    if (p->type_k == PI2_T_Q8_0 && m->hp.head_dim % QK8_0)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "K cache type Q8_0 with block size %d does not divide head_dim %d",
+                             QK8_0, (int)m->hp.head_dim);
     return PI2_OK;
 }
 
 pi2_status pi2_ctx_query(const pi2_model *m, const pi2_ctx_params *params, pi2_ctx_sizes *out) {
     if (!m || !params || !out || !out->size) return pi2_set_error(PI2_ERR_INVALID, "NULL model, params or output");
     pi2_ctx_params p = *params;
-    const pi2_status s = check_params(&p);
+    pi2_status s = check_params(&p);
+    if (!s) s = check_kv(m, &p);
     if (s) return s;
     if (p.n_threads < 1) return pi2_set_error(PI2_ERR_INVALID, "%d threads", (int)p.n_threads);
     p.n_batch = p.n_batch < p.n_ctx ? p.n_batch : p.n_ctx;
@@ -137,6 +147,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     *out = NULL;
     if (!m || !params) return pi2_set_error(PI2_ERR_INVALID, "NULL model or params");
     pi2_status s = check_params(params);
+    if (!s) s = check_kv(m, params);
     if (s) return s;
     pi2_ctx *c = calloc(1, sizeof *c);
     if (!c) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for a context");
@@ -156,6 +167,12 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->mm.pool = c->pool;
     c->mm.impl = c->p.impl;
     c->embd = pi2_traits(m->token_embd.type, c->p.impl);
+    if (c->p.type_k != PI2_T_F16) {   /* quantized keys (kv_quant.c) */
+        c->k_blocks = (uint8_t *)c->k_cache;
+        c->kt = pi2_traits(c->p.type_k, c->p.impl);
+        c->k_cell_bytes = pi2_kv_k_cell_bytes(&m->hp, c->p.type_k);
+        c->k_rot = pi2_kv_rot_size(m->hp.head_dim, c->p.type_k);
+    }
     c->ffn.rule = PI2_FFN_DENSE;
     if ((s = pi2_moe_new(m, &c->p, &c->moe))) {
         pi2_ctx_free(c);

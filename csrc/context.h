@@ -20,7 +20,12 @@ struct pi2_ctx {
     _Atomic int32_t busy;        /* a decode is running (a second concurrent one is refused) */
     pi2_trace_fn trace;
     void *trace_user;
-    float *k_cache;              /* [n_layer][n_head_kv * head_dim][n_ctx] (transposed), F16 values as floats */
+    float *k_cache;              /* F16 keys: [n_layer][n_head_kv * head_dim][n_ctx] (transposed), F16 values as floats;
+                                    Q8_0 keys: k_blocks, the same buffer (kv_quant.c) */
+    uint8_t *k_blocks;           /* Q8_0 keys: [n_layer][n_ctx][k_cell_bytes], rotated by k_rot; NULL for F16 */
+    const pi2_type_traits *kt;   /* the Q8_0 keys' traits (quantize_act, vec_dot, to_float) */
+    size_t k_cell_bytes;         /* bytes of one cell's keys in k_blocks */
+    int32_t k_rot;               /* Hadamard size of the query/key rotation, 0: none (pi2_kv_rot_size) */
     float *v_cache;              /* [n_layer][n_ctx][n_head_kv * head_dim_v], F16 values as floats */
     float *x;                    /* [B][n_embd] residual stream */
     float *xn;                   /* [B][n_embd] normed block input */

@@ -16,6 +16,7 @@
 #include "ffn/predicted.h"
 #include "ffn/sparse.h"
 #include "internal.h"
+#include "kv_quant.h"
 #include "ops.h"
 #include "pipeline/pipeline.h"
 
@@ -105,15 +106,27 @@ static void rope_row(const rows_job *j, int64_t t) {
     pi2_rope(j->c->k + (size_t)t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
 }
 
-/* Token t's k and v, rounded to F16 (kept as floats), at position n_past + t of layer j->il (K transposed). */
-static void store_kv_row(const rows_job *j, int64_t t) {
-    const pi2_ctx *c = j->c;
+/* One token's k and v at cell pos of layer il of c's cache: V rounded to F16 (kept as floats); K the same,
+ * transposed, or quantized (kv_quant.c). */
+static void store_kv(pi2_ctx *c, int32_t il, size_t pos, const float *kr, const float *vr) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
-    const size_t n_ctx = (size_t)c->p.n_ctx, pos = (size_t)c->n_past + (size_t)t, il = (size_t)j->il;
-    float *k = c->k_cache + il * n_ctx * kd + pos, *v = c->v_cache + (il * n_ctx + pos) * vd;
-    for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->k[t * kd + i]));
-    for (size_t i = 0; i < vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->v[t * vd + i]));
+    const size_t n_ctx = (size_t)c->p.n_ctx;
+    float *v = c->v_cache + ((size_t)il * n_ctx + pos) * vd;
+    if (c->k_blocks) pi2_kv_store_k(c, il, pos, kr);
+    else {
+        float *k = c->k_cache + (size_t)il * n_ctx * kd + pos;
+        for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_fp16_to_f32(pi2_f32_to_fp16(kr[i]));
+    }
+    for (size_t i = 0; i < vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(vr[i]));
+}
+
+/* Token t's k and v at position n_past + t of layer j->il. */
+static void store_kv_row(const rows_job *j, int64_t t) {
+    pi2_ctx *c = j->c;
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
+    store_kv(c, j->il, (size_t)c->n_past + (size_t)t, c->k + t * kd, c->v + t * vd);
 }
 
 /* Token t's FFN activation: gate = act(gate) * up. */
@@ -146,6 +159,11 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, 
         .out = c->att, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
         .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
         .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
+    if (c->k_blocks) {
+        a.kq = c->k_blocks + (size_t)il * c->p.n_ctx * c->k_cell_bytes;
+        a.k_cell_bytes = c->k_cell_bytes;
+        a.kt = c->kt;
+    }
     pi2_attention(c->pool, &a);
 }
 
@@ -204,9 +222,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         TRACE("Qcur.rope", il, c->q, n * QD);
         TRACE("Kcur.rope", il, c->k, n * KD);
 
-        /* attention over the F16 cache */
+        /* attention over the cache (a quantized K: queries and keys rotated first, as llama.cpp) */
+        if (c->k_rot) pi2_kv_fwht(c->k, n * KD, c->k_rot);
         for_rows(c, n, (rows_job){.row = store_kv_row, .il = il}, n);
         if (hp->q_prescale) scale(c->q, n * QD, hp->attn_scale);
+        if (c->k_rot) pi2_kv_fwht(c->q, n * QD, c->k_rot);
         attention(c, L, il, pos0, n);
         TRACE("kqv_out", il, c->att, (int64_t)n * hp->n_head * hp->head_dim_v);
 
@@ -288,11 +308,14 @@ static void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard) {
         pi2_rope_cache(cs, -n_discard, hp->n_rot, local ? hp->rope_base_local : hp->rope_base, hp->rope_freq_scale,
                        c->m->rope_freqs);
         float *K = c->k_cache + (size_t)il * C * kd, *V = c->v_cache + (size_t)il * C * vd;
+        if (c->k_blocks) pi2_kv_shift_k(c, il, n_keep, n_discard, m, cs, row);   /* through floats (kv_quant.c) */
         for (int32_t t = 0; t < m; t++) {
             const size_t from = (size_t)(n_keep + n_discard + t), to = (size_t)(n_keep + t);
-            for (size_t i = 0; i < kd; i++) row[i] = K[i * C + from];
-            pi2_rope(row, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
-            for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_fp16_to_f32(pi2_f32_to_fp16(row[i]));
+            if (!c->k_blocks) {
+                for (size_t i = 0; i < kd; i++) row[i] = K[i * C + from];
+                pi2_rope(row, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
+                for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_fp16_to_f32(pi2_f32_to_fp16(row[i]));
+            }
             memmove(V + to * vd, V + from * vd, vd * sizeof(float));
         }
     }
@@ -377,19 +400,24 @@ static pi2_status step_multi(pi2_ctx *const *cs, const int32_t *tokens, int32_t 
             norm_rows(c, n, c->k, c->k, L->k_norm, (int64_t)n * hp->n_head_kv, hp->head_dim);
         }
         for_rows(c, n, (rows_job){.row = rope_row, .L = L}, n);
+        if (c->k_rot) pi2_kv_fwht(c->k, n * KD, c->k_rot);   /* every context has the first one's K type */
         if (hp->q_prescale) scale(c->q, n * QD, hp->attn_scale);
+        if (c->k_rot) pi2_kv_fwht(c->q, n * QD, c->k_rot);
         for (int32_t t = 0; t < n; t++) {    /* each token into its own cache, then attention over it */
             pi2_ctx *d = cs[t];
             const size_t n_ctx = (size_t)d->p.n_ctx, pos = (size_t)d->n_past, cells = (size_t)il * n_ctx * hp->n_head_kv;
-            float *k = d->k_cache + (size_t)il * n_ctx * KD + pos, *v = d->v_cache + ((size_t)il * n_ctx + pos) * VD;
-            for (int64_t i = 0; i < KD; i++) k[i * n_ctx] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->k[t * KD + i]));
-            for (int64_t i = 0; i < VD; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(c->v[t * VD + i]));
+            store_kv(d, il, pos, c->k + t * KD, c->v + t * VD);
             pi2_attn a = {
                 .q = c->q + t * QD, .k = d->k_cache + cells * hp->head_dim, .v = d->v_cache + cells * hp->head_dim_v,
                 .out = c->att + t * VO, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = 1,
                 .pos0 = d->n_past, .n_ctx = d->p.n_ctx, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
                 .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v, .window = L->swa ? hp->sliding_window : 0,
                 .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
+            if (d->k_blocks) {
+                a.kq = d->k_blocks + (size_t)il * n_ctx * d->k_cell_bytes;
+                a.k_cell_bytes = d->k_cell_bytes;
+                a.kt = d->kt;
+            }
             pi2_attention(c->pool, &a);
         }
         pi2_matmul(&mm, c->att, n, &(pi2_mm){&L->o, c->o}, 1);
@@ -423,6 +451,7 @@ static const char *multi_gap(pi2_ctx *const *cs, int32_t t) {
         if (cs[u] == d) return "a context appears twice";
     if (d->n_past >= d->p.n_ctx) return "a context is full";
     if (d->p.n_ctx > cs[0]->p.n_ctx) return "a context is larger than the first (whose scratch serves them all)";
+    if (d->p.type_k != cs[0]->p.type_k) return "the contexts have different K cache types";
     if (d->ffn.rule != PI2_FFN_DENSE || d->pipeline || d->ffn_pred || d->ffn_pwri || d->nnapi_hot || d->moe || d->trace)
         return "a context computes a sparse, streamed or expert FFN, or traces: decode it alone";
     return "";

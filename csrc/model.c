@@ -1,5 +1,6 @@
 /* model.c — pi2_model_load / pi2_model_free: map a model file and check its tensor descriptors.
- * Does: validate hyper-parameters; mmap the file (or a split model's parts, in one range) read-only; check every descriptor (role, layer,
+ * Does: validate hyper-parameters; mmap the file (or a split model's parts, in one range) read-only, or read it
+ *       into memory (no_mmap); check every descriptor (role, layer,
  *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
  *       the file size) before making a view of it; require every tensor the architecture reads (the
  *       predictors are optional: fc1 and fc2, pi2-made or PowerInfer's, come together, of matching width).
@@ -226,13 +227,37 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
 
 #define PART_ALIGN 65536u         /* a split model's part bases: a page multiple on every kernel pi2 runs on */
 
-static pi2_status map_file(pi2_model *m, const char *path) {
+/* The file's bytes in anonymous memory, read-only once read (no_mmap). */
+static pi2_status read_file(pi2_model *m, int fd, size_t size, const char *path) {
+    uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return pi2_set_error(PI2_ERR_NOMEM, "out of memory reading %s (%zu bytes)", path, size);
+    for (size_t off = 0; off < size;) {
+        const size_t want = size - off < ((size_t)8 << 20) ? size - off : ((size_t)8 << 20);
+        const ssize_t got = pread(fd, p + off, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            const int e = got < 0 ? errno : 0;
+            munmap(p, size);
+            return pi2_set_io_error(e, path, "cannot read %s: %s", path, e ? strerror(e) : "the file is shorter than it was");
+        }
+        off += (size_t)got;
+    }
+    mprotect(p, size, PROT_READ);
+    m->map = p;
+    m->map_size = size;
+    m->in_memory = 1;
+    return PI2_OK;
+}
+
+static pi2_status map_file(pi2_model *m, const char *path, int no_mmap) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return pi2_set_io_error(errno, path, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     pi2_status s = PI2_OK;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
         s = pi2_set_io_error(0, path, "%s is not a readable, non-empty regular file", path);
+    } else if (no_mmap) {
+        s = read_file(m, fd, (size_t)st.st_size, path);
     } else {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) s = pi2_set_io_error(errno, path, "cannot map %s: %s", path, strerror(errno));
@@ -243,12 +268,13 @@ static pi2_status map_file(pi2_model *m, const char *path) {
 }
 
 /* The parts of a split model, each at its base inside one reserved range (PROT_NONE between parts). */
-static pi2_status map_parts(pi2_model *m, const char *const *paths, const uint64_t *bases, int32_t n) {
+static pi2_status map_parts(pi2_model *m, const char *const *paths, const uint64_t *bases, int32_t n, int no_mmap) {
     if (n == 1) {
         if (bases[0] != 0) return pi2_set_error(PI2_ERR_INVALID, "the first part's base must be 0");
         m->n_parts = 1;
-        return map_file(m, paths[0]);
+        return map_file(m, paths[0], no_mmap);
     }
+    if (no_mmap) return pi2_set_error(PI2_ERR_UNSUPPORTED, "--no-mmap does not read split models yet: merge the parts or drop --no-mmap");
     int *fds = malloc((size_t)n * sizeof *fds);
     uint64_t *sizes = malloc((size_t)n * sizeof *sizes);
     if (!fds || !sizes || !(m->part_guards = malloc((size_t)(n - 1) * sizeof *m->part_guards))) {
@@ -336,7 +362,7 @@ pi2_status pi2_model_load_parts(const char *const *paths, const uint64_t *bases,
     }
     m->hp = *params;
     m->hp.layer_flags = NULL;   /* read into the layers below */
-    if ((s = map_parts(m, paths, bases, n_parts))) goto fail;
+    if ((s = map_parts(m, paths, bases, n_parts, params->no_mmap))) goto fail;
     for (int32_t i = 0; i < n_tensors; i++) {
         const pi2_tensor_desc *d = &tensors[i];
         if ((s = check_desc(m, d, i))) goto fail;

@@ -1,5 +1,5 @@
 /* model.h — the loaded model: hyper-parameters and views of its mapped tensors (internal).
- * Every pointer here lies inside the read-only mapping and was checked by model.c. */
+ * Every pointer here lies inside the read-only mapping (or the file's copy in memory) and was checked by model.c. */
 #ifndef PI2_MODEL_H
 #define PI2_MODEL_H
 #include <stddef.h>
@@ -40,6 +40,7 @@ struct pi2_model {
     int map_guard;               /* io_map_guard id of map (-1: none); a split model's first part */
     int *part_guards;            /* a split model: the other parts' guard ids [n_parts - 1], else NULL */
     int32_t n_parts;             /* files mapped into map (1, or a split model's parts) */
+    int in_memory;               /* map is anonymous memory the file was read into (no_mmap), not the file's pages */
     pi2_weight token_embd;       /* [n_vocab] rows of n_embd */
     pi2_weight output;           /* [n_vocab] rows of n_embd (token_embd's bytes when tied) */
     const float *output_norm;    /* [n_embd] */

@@ -79,7 +79,8 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
         }
         /* the tied output's rows stay mapped: embeddings read a row per token */
         for (int32_t i = 0; i < n; i++)
-            if (w[i]->packed && w[i]->data != m->token_embd.data) release_pages(w[i]->data, (size_t)w[i]->n_out * w[i]->row_bytes);
+            if (w[i]->packed && w[i]->data != m->token_embd.data && !m->in_memory)   /* file pages only: */
+                release_pages(w[i]->data, (size_t)w[i]->n_out * w[i]->row_bytes);   /* memory would read zeros */
         free(w);
         m->packs[pass] = arena;
         m->packed_bytes += (int64_t)total;

@@ -4,6 +4,8 @@
  * Does not: multiply by weight matrices (matmul.c) or hold state. */
 #include "ops.h"
 
+#include "kv_quant.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -289,13 +291,19 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
     float *s = a->scores + (size_t)thread * a->n_ctx, *qf = a->qf + (size_t)thread * hd;
     float *acc = a->acc + (size_t)thread * pi2_attn_acc_floats(hd, hdv);
     const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
-    for (int32_t d = 0; d < hd; d++) qf[d] = f16_round(q[d]);
 #if ATTN512
     const int wide = !vec && __builtin_cpu_supports("avx512f");
-    if (wide) score_keys_512(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1);
-    else
 #endif
-    score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
+    if (a->kq)   /* quantized keys: the query quantized to their dot product's format (qf as scratch) */
+        pi2_kv_scores(a->kt, a->kq, a->k_cell_bytes, hkv, hd, q, a->scale, s, j0, pos + 1, qf);
+    else {
+        for (int32_t d = 0; d < hd; d++) qf[d] = f16_round(q[d]);
+#if ATTN512
+        if (wide) score_keys_512(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1);
+        else
+#endif
+        score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
+    }
     float max = -INFINITY;
     for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
     exp_shifted(s + j0, pos + 1 - j0, max);

@@ -57,6 +57,9 @@ typedef struct {
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */
     float scale;               /* applied to q.k before the softmax */
+    const uint8_t *kq;         /* NULL, or quantized keys [n_ctx][k_cell_bytes] (kv_quant.h) instead of k */
+    size_t k_cell_bytes;
+    const pi2_type_traits *kt; /* their traits */
 } pi2_attn;
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a);

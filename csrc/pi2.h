@@ -206,6 +206,9 @@ typedef struct {
     float residual_scale;     /* 0: none; else attention and FFN outputs times it before the residual add */
     float logit_scale;        /* 0: none; else logits times 1/logit_scale */
     const uint8_t *layer_flags;   /* [n_layer] PI2_LAYER_* bits, copied at load; NULL: swa_period's rule */
+    int32_t no_mmap;          /* 1: read the whole file into anonymous memory at load instead of mapping it
+                                 (llama.cpp's --no-mmap: the weights stay resident; later changes to the file do
+                                 not reach them); 0: map it read-only */
 } pi2_model_params;
 
 /* Router gating (llama_expert_gating_func_type): probabilities from the router logits. */
@@ -249,9 +252,12 @@ typedef struct {
                            first n_keep and moves the rest down, their keys rotated by RoPE (llama.cpp's context
                            shift, the cache kept in position order); 0: it refuses (PI2_ERR_INVALID) */
     int32_t n_keep;     /* positions a context shift keeps (>= 0) */
+    int32_t type_k;     /* ggml type of the K cache: 1 F16; 8 Q8_0 (llama.cpp's -ctk q8_0 with flash attention off:
+                           queries and keys rotated by a Walsh-Hadamard matrix when head_dim is a multiple of 64,
+                           keys stored as Q8_0, K·Q by the Q8_0 dot product); V is always F16 */
 } pi2_ctx_params;
 
-/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO, no context shift. */
+/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO, no context shift, F16 keys. */
 PI2_API pi2_ctx_params pi2_ctx_default_params(void);
 
 /* Bytes a context allocates (what pi2_ctx_init makes of the params; the planner budgets with it). */

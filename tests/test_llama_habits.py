@@ -23,7 +23,6 @@ def run(good, *args):
     (["-ngl", "99"], "-ngl accepted and ignored"), (["--n-gpu-layers", "99"], "--n-gpu-layers accepted"),
     (["-fa", "off"], "-fa accepted and ignored"), (["-fa", "on", "-nr"], "-nr accepted"),
     (["--numa", "distribute"], "--numa accepted"), (["-tb", "2"], "-tb accepted"),
-    (["--no-mmap"], "--no-mmap accepted"), (["-lm", "none"], "-lm none accepted"),
 ])
 def test_flags_that_do_not_apply_are_accepted_with_a_note(good, args, note):
     res = run(good, *args)
@@ -71,7 +70,8 @@ def test_batch_sizes_give_the_same_tokens(good):
 
 
 def test_kv_types_pi2_does_not_hold_are_refused(good):
-    assert_error(run(good, "-ctk", "q8_0"), 2, "-ctk q8_0")
+    assert_error(run(good, "-ctk", "q4_0"), 2, "-ctk q4_0")
+    assert_error(run(good, "-ctv", "q8_0"), 2, "-ctv q8_0")
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -49,8 +49,9 @@ VerboseOpt = typer.Option(False, "-v", "--verbose", "--log-verbose", callback=_s
                           help="show tracebacks, why NNAPI was not used, and the neuron cache's figures")
 ModelArg = typer.Argument(None, metavar="[MODEL]", help="GGUF model file", show_default=False)
 ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as the positional MODEL)")
-KeepOpt = typer.Option(None, "--keep", help="model-wide mean fraction of FFN neurons computed per token "
-                       "(default: the pi2 file's, else 1.0 = dense)", show_default=False)
+KeepOpt = typer.Option(None, "--keep", help="pi2's own: model-wide mean fraction of FFN neurons computed per token "
+                       "(default: the pi2 file's, else 1.0 = dense); not llama.cpp's --keep N, which is pi2's "
+                       "--keep-tokens N", show_default=False)
 DenseOpt = typer.Option(RUN.dense, "--dense", help="compute every FFN neuron (no sparsity)")
 NpuOpt = typer.Option(RUN.npu, "--npu", envvar="PI2_NPU", help="NNAPI for dense prompt batches (plain files) or "
                       "decode's hot prefix (pi2 files): auto (only with a GPU/accelerator device and, for pi2 files, "
@@ -91,14 +92,10 @@ def _model_path(pos: Optional[Path], opt: Optional[Path], hf: Optional[str] = No
     return path
 
 
-KV_TYPES = ("f16",)     # -ctk / -ctv: the KV cache types pi2 computes with
-
-
-def _kv_type(flag: str, value: str) -> str:
-    v = value.strip().lower()
-    if v not in KV_TYPES:
-        raise UsageError(f"{flag} {value}: pi2's KV cache holds {', '.join(KV_TYPES)} only")
-    return v
+CacheKOpt = typer.Option("f16", "-ctk", "--cache-type-k",
+                         help="K cache type: f16 or q8_0 (llama.cpp's numerics with -fa off: Hadamard-rotated Q8_0 keys)")
+CacheVOpt = typer.Option("f16", "-ctv", "--cache-type-v",
+                         help="V cache type: f16 (a quantized V needs flash attention, which pi2 does not compute)")
 
 
 @app.command()
@@ -113,8 +110,7 @@ def run(
                                  help=f"context size (default {RUN.n_ctx}, capped at the model's; 0 = the model's)"),
     batch: int = typer.Option(2048, "-b", "--batch-size", help="logical batch: prompt tokens per pass (with -ub)"),
     ubatch: int = typer.Option(RUN.n_batch, "-ub", "--ubatch-size", help="physical batch: prompt tokens per pass"),
-    cache_k: str = typer.Option("f16", "-ctk", "--cache-type-k", help="KV cache type for K: f16"),
-    cache_v: str = typer.Option("f16", "-ctv", "--cache-type-v", help="KV cache type for V: f16"),
+    cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
     temp: float = typer.Option(SAMPLE.temp, "--temp", "--temperature", help="temperature (<= 0: greedy)"),
     top_k: int = typer.Option(SAMPLE.top_k, "--top-k", help="top-k (0 = off)"),
     top_p: float = typer.Option(SAMPLE.top_p, "--top-p", help="top-p (1.0 = off)"),
@@ -177,10 +173,12 @@ def run(
                                         "(llama.cpp's context shift; off by default, as there)"),
     keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
                                     "--keep; pi2's --keep is the FFN fraction)"),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="accepted; pi2 maps model files"),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="read the whole model into memory at load instead of "
+                                 "mapping it (the C engine; not with --memory-budget)"),
     mlock: bool = typer.Option(False, "--mlock", help="lock the model's pages in memory (as llama.cpp: a warning "
                                "when the limit refuses)"),
-    load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="accepted; pi2 maps model files"),
+    load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="auto | mmap | none | dio (none, dio: as "
+                                            "--no-mmap) | mlock | mmap+mlock (as --mlock)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
@@ -190,11 +188,11 @@ def run(
     text = read_prompt(prompt, file, escape and not no_escape)
     sys_text = read_prompt(system, system_file, escape and not no_escape)
     template = _template(chat_template, chat_template_file)
-    _kv_type("-ctk", cache_k), _kv_type("-ctv", cache_v)
-    mlock = _load_notes(no_mmap, mlock, load_mode)
+    mlock, no_mmap = _load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
-                    n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens)
+                    n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens, cache_type_k=cache_k,
+                    cache_type_v=cache_v, no_mmap=no_mmap)
     breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
         tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -235,16 +233,16 @@ def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
     return name
 
 
-def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> bool:
-    """Whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock); a note for what pi2 does not do."""
+def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> tuple:
+    """(lock, read): whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock) and whether to read the whole
+    file into memory instead of mapping it (--no-mmap, -lm none / dio, as llama.cpp's loaders do)."""
     if load_mode is not None and load_mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
         raise UsageError(f"invalid -lm {load_mode!r}: auto, none, mmap, mlock, mmap+mlock or dio")
+    read = no_mmap or load_mode in ("none", "dio")
     lock = mlock or load_mode in ("mlock", "mmap+mlock")
-    for flag, on in (("--no-mmap", no_mmap), (f"-lm {load_mode}", load_mode in ("none", "dio"))):
-        if on:
-            print(f"pi2: note: {flag} accepted: pi2 maps the model file and streams or pages it as planned",
-                  file=sys.stderr)
-    return lock
+    if read and lock:
+        print("pi2: note: --mlock not applied: --no-mmap reads the model into memory", file=sys.stderr)
+    return lock and not read, read
 
 
 @app.command()
@@ -282,11 +280,12 @@ def perplexity(
     chunks: int = typer.Option(-1, "--chunks", help="score at most this many chunks (-1 = all)"),
     threads: int = ThreadsOpt, engine: str = EngineOpt,
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
-    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, verbose: bool = VerboseOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
+    verbose: bool = VerboseOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
-                    memory_budget=memory_budget, io=io)
+                    memory_budget=memory_budget, io=io, cache_type_k=cache_k, cache_type_v=cache_v)
     _commands().perplexity(_model_path(model, model_opt), file, cfg, chunks, verbose=_verbose(ctx))
 
 
@@ -300,6 +299,9 @@ def bench(
     pg: Optional[List[str]] = typer.Option(None, "-pg", help="prompt then generation in one test: PP,TG"),
     batch: Optional[List[str]] = typer.Option(None, "-b", "--batch-size", help="prompt chunk size (default 2048)"),
     threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="threads: 1,2 or 1-4 (default: all)"),
+    type_k: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache types: f16,q8_0 "
+                                               "(default f16)"),
+    type_v: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types: f16"),
     reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test"),
     output: str = typer.Option("md", "-o", "--output", help="md | json | jsonl | csv"),
     engine: str = typer.Option(RUN.engine, "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
@@ -316,7 +318,7 @@ def bench(
                     nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack)
     hf_model = [_model_path(None, None, hf)] if hf else []
     _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
-                      engine, warmup=not no_warmup, progress=progress, run=cfg)
+                      engine, warmup=not no_warmup, progress=progress, run=cfg, type_k=type_k, type_v=type_v)
 
 
 @app.command()
@@ -373,11 +375,12 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          memory_budget: str = typer.Option(..., "--memory-budget", help="memory the process may hold, e.g. 500M"),
          ctx_size: int = typer.Option(RUN.n_ctx, "-c", "--ctx-size", help="context size the plan holds a KV cache for"),
          threads: int = ThreadsOpt, io: str = IoOpt, npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
-         npu_gbps: Optional[float] = NpuGbpsOpt, use_predictor: bool = PredOpt,
+         npu_gbps: Optional[float] = NpuGbpsOpt, use_predictor: bool = PredOpt, cache_k: str = CacheKOpt,
+         cache_v: str = CacheVOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"), verbose: bool = VerboseOpt):
     """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
     --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
     predicted gain): the plan `pi2 run` makes with the same flags."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, predictor=use_predictor, memory_budget=memory_budget, io=io,
-                    npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps)
+                    npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, cache_type_k=cache_k, cache_type_v=cache_v)
     _commands().plan(_model_path(model, model_opt), cfg, json_out)

@@ -37,11 +37,11 @@ class CContext:
     at the next layer boundary and raises KeyboardInterrupt (the cache stays as before the call)."""
 
     def __init__(self, cmodel: CModel, n_ctx: int, n_threads: int = 0, impl: str = "auto", n_batch: int = 512,
-                 ctx_shift: bool = False, n_keep: int = 0):
+                 ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1):
         p = lib.pi2_ctx_default_params()
         p.n_ctx, p.n_batch, p.impl = n_ctx, n_batch, impl_id(impl)
-        p.ctx_shift, p.n_keep = int(ctx_shift), n_keep
-        self.ctx_shift = ctx_shift
+        p.ctx_shift, p.n_keep, p.type_k = int(ctx_shift), n_keep, type_k
+        self.ctx_shift, self.n_keep = ctx_shift, n_keep
         p.n_threads = n_threads if n_threads > 0 else default_threads()
         out = ffi.new("pi2_ctx **")
         check(lib.pi2_ctx_init(cmodel._h, ffi.new("pi2_ctx_params *", p), out))
@@ -253,6 +253,11 @@ class CContext:
             return self.decode(tokens, all_logits=True)[first:]
         return self.decode(tokens, all_logits=True, _first=first)
 
+    def _shift_fits(self, n: int) -> bool:
+        """Whether the context shift pi2_decode makes first leaves room for n tokens (csrc/forward.c's test)."""
+        n_discard = (self.n_past - self.n_keep) // 2
+        return n_discard > 0 and self.n_past - n_discard + n <= self.n_ctx
+
     def decode(self, tokens, all_logits: bool = False, _first: int = 0) -> np.ndarray:
         """Evaluate `tokens` after the cached ones; float32 logits of the last token (n_vocab,), or
         of every token (n_tok, n_vocab) when all_logits."""
@@ -260,7 +265,7 @@ class CContext:
         n = toks.size
         if n == 0:
             raise UsageError("nothing to decode")
-        if self.n_past + n > self.n_ctx:
+        if self.n_past + n > self.n_ctx and not (self.ctx_shift and self._shift_fits(n)):
             raise UsageError(f"context full: {self.n_past} + {n} tokens > n_ctx {self.n_ctx}")
         out = np.empty((n - _first, self.cfg.n_vocab), np.float32) if all_logits else self._logits
         args = (self._h, ffi.from_buffer("int32_t[]", toks), n,

@@ -217,10 +217,12 @@ class CModel:
         self.n_bytes = n_bytes   # bytes of the tensors one token reads
 
     @classmethod
-    def from_model(cls, model, descs: list | None = None) -> "CModel":
-        """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests)."""
+    def from_model(cls, model, descs: list | None = None, no_mmap: bool = False) -> "CModel":
+        """Describe `model` (a loader.Model) to C. `descs` overrides tensor_descs(model) (tests). no_mmap: C reads the
+        whole file into memory instead of mapping it (--no-mmap)."""
         descs = tensor_descs(model) if descs is None else descs
         params, arr = c_model_structs(model, descs)
+        params.no_mmap = int(no_mmap)
         out = ffi.new("pi2_model **")
         parts = file_parts(model.file)
         if len(parts) == 1:
@@ -252,10 +254,11 @@ def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -
                                          "gate_slot_bytes", "gate_hot_bytes", "gate_row_bytes", "gate_layer_bytes")}
 
 
-def ctx_sizes(cmodel: CModel, n_ctx: int, n_threads: int, n_batch: int = 512) -> tuple:
-    """(KV cache bytes, other buffers' bytes) a C context of these params allocates (pi2_ctx_query)."""
+def ctx_sizes(cmodel: CModel, n_ctx: int, n_threads: int, n_batch: int = 512, type_k: int = 1) -> tuple:
+    """(KV cache bytes, other buffers' bytes) a C context of these params allocates (pi2_ctx_query); type_k: the K
+    cache's ggml type."""
     p = lib.pi2_ctx_default_params()
-    p.n_ctx, p.n_threads, p.n_batch = n_ctx, max(n_threads, 1), n_batch
+    p.n_ctx, p.n_threads, p.n_batch, p.type_k = n_ctx, max(n_threads, 1), n_batch, type_k
     out = ffi.new("pi2_ctx_sizes *", {"size": ffi.sizeof("pi2_ctx_sizes")})
     check(lib.pi2_ctx_query(cmodel._h, ffi.new("pi2_ctx_params *", p), out))
     return out.kv_bytes, out.scratch_bytes

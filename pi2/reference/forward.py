@@ -17,7 +17,8 @@ from pi2.errors import UsageError
 from pi2.model.loader import Model
 from pi2.reference import ggml_order as go
 from pi2.reference import sparse_ffn as sparse
-from pi2.reference.quants import QuantLinear
+from pi2.reference.kv_cache import QuantKeys
+from pi2.reference.quants import Q8_0, QuantLinear
 from pi2.runtime.ffn_rule import choose_rule
 
 F16 = np.float16
@@ -51,18 +52,23 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_rot: int, neox: bool
     return y
 
 
-def attention(q, k_cache, v_cache, pos, n_kv, scale, window=0, trace=None):
+def attention(q, k_cache, v_cache, pos, n_kv, scale, window=0, trace=None, kq_fn=None):
     """Causal GQA attention over an F16 cache, FA off. q (n_tok, n_head, hd) float32; caches (n_ctx, n_head_kv,
     hd) float16; pos (n_tok,) positions of the queries; keys 0..n_kv-1. Returns (n_tok, n_head*hd_v).
-    K·Q and softmax·V are ggml mul_mats on F16: tinyBLAS for batches, ggml_vec_dot_f16 for one token."""
+    K·Q and softmax·V are ggml mul_mats on F16: tinyBLAS for batches, ggml_vec_dot_f16 for one token.
+    kq_fn: K·Q of a quantized K cache instead (kv_cache.QuantKeys.kq: (hkv, m, hd) float32 -> (hkv, m, n_kv))."""
     n_tok, n_head, hd = q.shape
-    n_head_kv = k_cache.shape[1]
+    n_head_kv = v_cache.shape[1]
     g = n_head // n_head_kv
     dot = go.dot_f16_tinyblas if n_tok > 1 else go.dot_f16_vec
-    k = k_cache[:n_kv].astype(np.float32).transpose(1, 0, 2)                     # (hkv, n_kv, hd)
     vt = v_cache[:n_kv].astype(np.float32).transpose(1, 2, 0)                    # (hkv, hd_v, n_kv)
-    qh = q.astype(F16).astype(np.float32).reshape(n_tok, n_head_kv, g, hd).transpose(1, 2, 0, 3)
-    kq = dot(k, qh.reshape(n_head_kv, g * n_tok, hd)).reshape(n_head_kv, g, n_tok, n_kv)
+    if kq_fn is None:
+        k = k_cache[:n_kv].astype(np.float32).transpose(1, 0, 2)                 # (hkv, n_kv, hd)
+        qh = q.astype(F16).astype(np.float32).reshape(n_tok, n_head_kv, g, hd).transpose(1, 2, 0, 3)
+        kq = dot(k, qh.reshape(n_head_kv, g * n_tok, hd)).reshape(n_head_kv, g, n_tok, n_kv)
+    else:
+        qh = np.asarray(q, np.float32).reshape(n_tok, n_head_kv, g, hd).transpose(1, 2, 0, 3)
+        kq = kq_fn(np.ascontiguousarray(qh.reshape(n_head_kv, g * n_tok, hd))).reshape(n_head_kv, g, n_tok, n_kv)
     kpos = np.arange(n_kv)
     masked = kpos[None, :] > pos[:, None]
     if window:
@@ -108,16 +114,17 @@ class ReferenceContext:
     """A sequence being evaluated: the F16 KV cache and the position of the next token."""
 
     def __init__(self, model: Model, n_ctx: int, rule=None, weights: ReferenceWeights | None = None,
-                 ctx_shift: bool = False, n_keep: int = 0):
+                 ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1):
         """rule: the run's runtime.ffn_rule.FFNRule (which neurons each token computes); None: the file's own rule,
         choose_rule(model). ctx_shift: a decode that would fill the context first drops half of the positions
-        after the first n_keep (shift())."""
+        after the first n_keep (shift()). type_k: the K cache's ggml type (F16 1, Q8_0 8: kv_cache.QuantKeys)."""
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
         self.ctx_shift, self.n_keep = ctx_shift, n_keep
         self.w = weights or ReferenceWeights(model)
         self.ffn = sparse.SparseFFN(model, self.w.layers, choose_rule(model) if rule is None else rule)
-        self.k = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
+        self.qk = QuantKeys(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim) if type_k == Q8_0 else None
+        self.k = None if self.qk else np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
         self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
         self.n_past = 0
         self.trace = None   # optional callable(name, layer, array) for checkpoint comparisons
@@ -183,8 +190,12 @@ class ReferenceContext:
         for il in range(cfg.n_layer):
             cos, sin = rope_cache(np.array([-n_discard]), cfg.n_rot, cfg.layer_rope_base(il), cfg.rope_freq_scale,
                                   self.w.rope_freqs)
-            k = self.k[il, src].astype(np.float32)
-            self.k[il, dst] = rope(k, np.repeat(cos, m, 0), np.repeat(sin, m, 0), cfg.n_rot, cfg.rope_neox).astype(F16)
+            cs = np.repeat(cos, m, 0), np.repeat(sin, m, 0)
+            if self.qk:
+                self.qk.shift(il, src, dst, lambda k: rope(k, *cs, cfg.n_rot, cfg.rope_neox))
+            else:
+                k = self.k[il, src].astype(np.float32)
+                self.k[il, dst] = rope(k, *cs, cfg.n_rot, cfg.rope_neox).astype(F16)
             self.v[il, dst] = self.v[il, src].copy()
         self.n_past = n_past - n_discard
 
@@ -210,14 +221,21 @@ class ReferenceContext:
         q, k = rope(q, cos, sin, cfg.n_rot, cfg.rope_neox), rope(k, cos, sin, cfg.n_rot, cfg.rope_neox)
         self._cb("Qcur.rope", il, q)
         self._cb("Kcur.rope", il, k)
-        self.k[il, pos] = k.astype(F16)
+        if self.qk:
+            self.qk.store(il, pos, self.qk.rotate(k))
+        else:
+            self.k[il, pos] = k.astype(F16)
         self.v[il, pos] = v.reshape(n, cfg.n_head_kv, cfg.head_dim_v).astype(F16)
         window = cfg.sliding_window if cfg.is_swa_layer(il) else 0
         scale = cfg.attn_scale
         if cfg.q_prescale:
             q, scale = q * np.float32(scale), 1.0
-        a = attention(q, self.k[il], self.v[il], pos, self.n_past + n, scale, window,
-                      trace=(lambda name, t: self._cb(name, il, t)) if self.trace else None)
+        kq_fn = None
+        if self.qk:
+            q, n_kv = self.qk.rotate(q), self.n_past + n
+            kq_fn = lambda qh: self.qk.kq(il, qh, n_kv)  # noqa: E731
+        a = attention(q, None if self.qk else self.k[il], self.v[il], pos, self.n_past + n, scale, window,
+                      trace=(lambda name, t: self._cb(name, il, t)) if self.trace else None, kq_fn=kq_fn)
         self._cb("kqv_out", il, a)
         a = L["attn_output"](a)
         if cfg.post_norms:

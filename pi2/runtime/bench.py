@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pi2.engine import default_threads
 from pi2.errors import UsageError
 from pi2.runtime import bench_report as report
-from pi2.runtime.config import DEFAULT_CTX, ENGINES, RunConfig
+from pi2.runtime.config import DEFAULT_CTX, ENGINES, RunConfig, cache_type
 from pi2.runtime.session import open_model, open_session
 
 OUTPUTS = ("md", "json", "jsonl", "csv")
@@ -35,6 +35,8 @@ class BenchParams:
     n_pg: tuple = ()                 # (pp, tg) pairs
     n_batch: tuple = (DEFAULT_BATCH,)
     n_threads: tuple = ()            # () = the cores this process may use
+    type_k: tuple = ("f16",)         # -ctk: K cache types (llama-bench's lists)
+    type_v: tuple = ("f16",)         # -ctv
     engines: tuple = ("auto",)
     reps: int = 5
     output: str = "md"
@@ -52,6 +54,8 @@ class Test:
     n_threads: int
     n_prompt: int
     n_gen: int
+    type_k: str = "f16"
+    type_v: str = "f16"
     samples_ns: list = field(default_factory=list)
 
     @property
@@ -111,8 +115,17 @@ def _pair(s: str) -> tuple:
     return pp, tg
 
 
+def _types(values, flag: str) -> tuple:
+    """-ctk / -ctv lists (comma-separated, repeatable), each checked as RunConfig checks it."""
+    out = tuple(v.strip().lower() for s in values or () for v in str(s).split(",") if v.strip()) or ("f16",)
+    for v in out:
+        cache_type(flag, v)
+    return out
+
+
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
-                engine="auto", warmup=True, progress=False, run: RunConfig | None = None) -> BenchParams:
+                engine="auto", warmup=True, progress=False, run: RunConfig | None = None, type_k=None,
+                type_v=None) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams; run: the options every
     test shares (RunConfig's defaults when None)."""
     models = tuple(str(m) for m in models or ())
@@ -128,7 +141,8 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
             raise UsageError(f"unknown engine '{e}' (choose from {', '.join(ENGINES)})")
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
-                    n_threads=_ints(threads, "-t", (), 1), engines=engines, reps=reps, output=output,
+                    n_threads=_ints(threads, "-t", (), 1), type_k=_types(type_k, "-ctk"), type_v=_types(type_v, "-ctv"),
+                    engines=engines, reps=reps, output=output,
                     warmup=warmup, progress=progress, run=run or RunConfig())
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
@@ -140,10 +154,12 @@ def tests_for(p: BenchParams, model: str) -> list:
     out = []
     for engine in p.engines:
         for nb in p.n_batch:
-            for nt in p.n_threads or (default_threads(),):
-                out += [Test(model, engine, nb, nt, n, 0) for n in p.n_prompt if n > 0]
-                out += [Test(model, engine, nb, nt, 0, n) for n in p.n_gen if n > 0]
-                out += [Test(model, engine, nb, nt, pp, tg) for pp, tg in p.n_pg]
+            for tk, tv in ((tk, tv) for tk in p.type_k for tv in p.type_v):
+                for nt in p.n_threads or (default_threads(),):
+                    kv = {"type_k": tk, "type_v": tv}
+                    out += [Test(model, engine, nb, nt, n, 0, **kv) for n in p.n_prompt if n > 0]
+                    out += [Test(model, engine, nb, nt, 0, n, **kv) for n in p.n_gen if n > 0]
+                    out += [Test(model, engine, nb, nt, pp, tg, **kv) for pp, tg in p.n_pg]
     return out
 
 
@@ -210,9 +226,10 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         n_ctx = _ctx_size(tests)
         groups: dict = {}
         for t in tests:
-            groups.setdefault((t.engine, t.n_threads), []).append(t)
-        for (engine, nt), group in groups.items():
-            session = open_session(model, replace(p.run, n_ctx=n_ctx, n_threads=nt, engine=engine))
+            groups.setdefault((t.engine, t.n_threads, t.type_k, t.type_v), []).append(t)
+        for (engine, nt, tk, tv), group in groups.items():
+            session = open_session(model, replace(p.run, n_ctx=n_ctx, n_threads=nt, engine=engine, cache_type_k=tk,
+                                                  cache_type_v=tv))
             resolved = session.engine
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))

@@ -4,8 +4,10 @@ continues from it.
 
 Owns: the template choice (--chat-template's built-in name or Jinja text; else the file's; else the built-in its
 architecture and vocabulary imply; else ChatML, as llama.cpp falls back), the cached text and when it is dropped (the
-template rewrote history, a reply was interrupted), /clear and /regen, and when the context is full. Does not: read
-input or print (pi2/cli/commands.py).
+template rewrote history, a reply was interrupted), /clear and /regen, and when the context is full (with
+--context-shift never while a shift makes room: the engine drops half of what follows the kept tokens before a decode
+that would fill it, as llama-completion does, and the conversation goes on). Does not: read input or print
+(pi2/cli/commands.py).
 """
 from __future__ import annotations
 
@@ -54,11 +56,20 @@ class Chat:
             return BUILTINS[self.template_name](messages, add_assistant)
         return render_chat(self.template, messages, add_assistant, self.bos, self.eos)
 
+    def room(self) -> int:
+        """Tokens the next turn may add: what the context has left, or with a context shift (--context-shift) what
+        it has left after the shift the engine makes first (half of the positions after the kept ones dropped,
+        llama-completion's rule), less the 4 tokens check_prompt keeps free."""
+        s, ctx = self.session, self.session.ctx
+        n_past = s.n_past
+        if getattr(ctx, "ctx_shift", False):
+            n_past -= max(0, (n_past - getattr(ctx, "n_keep", 0)) // 2)
+        return s.n_ctx - n_past - 4
+
     @property
     def full(self) -> bool:
-        """No room for another turn."""
-        s = self.session
-        return s.n_past + 1 >= s.n_ctx
+        """No room for another turn (with a context shift, not even after one)."""
+        return self.room() < 1
 
     def clear(self) -> None:
         """/clear: the conversation forgotten (the system message kept), the cache emptied."""
@@ -85,10 +96,10 @@ class Chat:
             s.reset()
             self.cached = ""
         new_tokens = tok.encode(full[len(self.cached):], add_special=(self.cached == ""), parse_special=True)
-        if self.cached and len(new_tokens) > s.n_ctx - s.n_past - 4:
+        if self.cached and len(new_tokens) > self.room():
             self.messages.pop()
             return None
-        check_prompt(new_tokens, s.n_ctx - s.n_past)
+        check_prompt(new_tokens, self.room() + 4)
         said: list = []
 
         def text(piece: str) -> None:

@@ -66,12 +66,23 @@ class RunConfig:
     ctx_shift: bool = False             # --context-shift: a full context drops half of what follows n_keep
     n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
     repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
+    no_mmap: bool = False               # --no-mmap: the C engine reads the whole file into memory at load
+    cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0; reference/kv_cache.py)
+    cache_type_v: str = "f16"           # -ctv: the V cache's type (f16: llama.cpp needs flash attention for others)
+
+    @property
+    def type_k(self) -> int:
+        """The K cache's ggml type id."""
+        return cache_type("-ctk", self.cache_type_k)
 
     def __post_init__(self):
         if self.engine not in ENGINES:
             raise UsageError(f"unknown engine '{self.engine}' (choose from {', '.join(ENGINES)})")
         if self.keep is not None and not 0.0 < self.keep <= 1.0:
-            raise UsageError(f"invalid --keep {self.keep:g}: a fraction of the FFN neurons in (0, 1]")
+            tokens = self.keep == -1 or (self.keep > 1 and float(self.keep).is_integer())
+            raise UsageError(f"invalid --keep {self.keep:g}: pi2's --keep is a fraction of the FFN neurons in (0, 1]",
+                             hint=f"llama.cpp's --keep N (tokens a context shift keeps) is pi2's --keep-tokens N"
+                             if tokens else "")
         if self.n_ctx < 0:
             raise UsageError(f"invalid context size -c {self.n_ctx}", hint="-c 0 uses the model's training context")
         if self.npu not in NPU_MODES:
@@ -89,6 +100,29 @@ class RunConfig:
             raise UsageError(f"invalid batch size {self.n_batch}: it must be in [1, 65536]")
         if self.n_threads < 0:
             object.__setattr__(self, "n_threads", 0)
+        cache_type("-ctk", self.cache_type_k), cache_type("-ctv", self.cache_type_v)
+        object.__setattr__(self, "cache_type_k", self.cache_type_k.strip().lower())
+        object.__setattr__(self, "cache_type_v", self.cache_type_v.strip().lower())
+
+
+KV_TYPES = {"f16": 1, "q8_0": 8}       # -ctk values pi2 computes with, by ggml type id (reference/kv_cache.py)
+V_TYPES = {"f16": 1}                   # -ctv: without flash attention only F16 (llama.cpp's rule)
+_QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+_OTHER_TYPES = ("f32", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+
+def cache_type(flag: str, value: str) -> int:
+    """The ggml type id of a -ctk / -ctv value; a UsageError saying what pi2 computes with otherwise."""
+    v = str(value).strip().lower()
+    table = KV_TYPES if flag == "-ctk" else V_TYPES
+    if v in table:
+        return table[v]
+    if flag == "-ctv" and v in _QUANTIZED:
+        raise UsageError(f"-ctv {value}: a quantized V cache needs flash attention (llama.cpp refuses it with -fa "
+                         "off), which pi2 does not compute; use -ctv f16", hint="-ctk q8_0 quantizes the K cache")
+    known = "known to llama.cpp but not computed by pi2" if v in _OTHER_TYPES else "not a cache type"
+    raise UsageError(f"{flag} {value}: {known}; pi2's {'K' if flag == '-ctk' else 'V'} cache holds "
+                     f"{', '.join(table)}")
 
 
 SAMPLER_NAMES = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")

@@ -130,6 +130,8 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
         raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
     if cfg.engine == "auto" and gap:
         notes.append(("engine", gap))
+    if cfg.no_mmap and engine == "reference":
+        notes.append(("no-mmap", "--no-mmap applies to the C engine; the reference engine maps the file"))
     rule = choose_rule(model, cfg.keep, cfg.dense, use_predictor=cfg.predictor)   # checks a predictor's tensors
     p = RunPlan(cfg, engine, n_ctx, threads, rule, npu.for_reference(cfg.npu), budget=budget,
                 stream_gap=stream_gap, notes=notes)
@@ -138,9 +140,12 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
             why = streamable(model) or split_gap(model)
             if why:
                 raise UsageError(why)
+            if cfg.no_mmap:
+                raise UsageError("--no-mmap reads the whole model into memory; --memory-budget streams its FFN from "
+                                 "the file", hint="give one of them")
             p.io, _ = flash_io.resolve(cfg.io, model.path)
             model.tokenizer      # built now, so that the runtime the plan measures includes it
-        p.cmodel = CModel.from_model(model)
+        p.cmodel = CModel.from_model(model, no_mmap=cfg.no_mmap)
         _plan_cache(model, p)
     return p
 
@@ -159,7 +164,8 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     copies are part of the fixed region and the cache keeps no hot prefix of its own."""
     cfg = p.cfg
     if p.budget is not None:
-        p.cache = p.cache_cpu = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, rule=p.rule)
+        p.cache = p.cache_cpu = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, rule=p.rule,
+                                          type_k=cfg.type_k)
     if not model.config.pi2:
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return
@@ -167,7 +173,7 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     p.npu = npu.plan_hot(model, cfg.npu, cfg.nnapi_lib, p.n_threads, room, cfg.npu_gbps)
     if p.npu.hot and p.cache is not None:
         p.cache = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, runtime=p.cache_cpu.runtime,
-                            npu=p.npu.decision, rule=p.rule)
+                            npu=p.npu.decision, rule=p.rule, type_k=cfg.type_k)
 
 
 def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | None:
@@ -179,7 +185,7 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | 
     if limit is None:
         return None
     try:
-        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1))
+        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1), type_k=cfg.type_k)
     except (UnsupportedError, ModelFormatError):   # not a model the C core runs: its contexts are not counted
         kv = scratch = 0
     need = sum(size for _, _, size in file_parts(model.file)) + kv + scratch + runtime_rss(model) + MARGIN

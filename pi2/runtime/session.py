@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pi2.errors import UsageError
 from pi2.engine import CContext, kernel_info
 from pi2.model.loader import Model, load_model
 from pi2.plan.budget import Plan
@@ -88,10 +89,14 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     n_keep = p.cfg.n_keep + int(bool(model.tokenizer.add_bos))    # llama-completion keeps the BOS too
     if p.engine == "reference":
         npu.attach(None, p.npu)
+        if model.config.moe_family and p.cfg.type_k != 1:
+            raise UsageError(f"-ctk {p.cfg.cache_type_k}: the reference engine keeps an F16 K cache for "
+                             f"{model.config.arch} models", hint="use the C engine (--engine c or auto)")
         ref = MoEContext(model, p.n_ctx) if model.config.moe_family else \
-            ReferenceContext(model, p.n_ctx, p.rule, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep)
+            ReferenceContext(model, p.n_ctx, p.rule, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep, type_k=p.cfg.type_k)
         return Session(model, p, ref, p.npu)
-    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep)
+    ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep,
+                   type_k=p.cfg.type_k)
     ctx.set_ffn(p.rule)
     npu.attach(ctx, p.npu)      # first: whether the NPU took the hot prefix decides the cache split in force
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu

@@ -1,0 +1,38 @@
+/* kv_quant.h — the KV cache's key types (internal): F16 keys (floats, transposed) or Q8_0 keys (blocks, one row of
+ * n_head_kv * head_dim values per cell), with llama.cpp's Walsh-Hadamard rotation of queries and quantized keys.
+ * pi2/reference/kv_cache.py is the specification. */
+#ifndef PI2_KV_QUANT_H
+#define PI2_KV_QUANT_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/traits.h"
+#include "pi2.h"
+
+struct pi2_ctx;
+
+/* Whether pi2 computes attention over a K cache of ggml type `type_k` (F16 or Q8_0). */
+int pi2_kv_type_ok(int32_t type_k);
+/* Bytes of the K cache for these parameters (the V cache is always F16 values kept as floats). */
+size_t pi2_kv_k_bytes(const pi2_model_params *hp, int32_t type_k, int32_t n_ctx);
+/* Bytes of one cell's keys (all KV heads) in a quantized K cache. */
+size_t pi2_kv_k_cell_bytes(const pi2_model_params *hp, int32_t type_k);
+/* The Hadamard size llama.cpp rotates queries and quantized keys with: the largest power of two >= 64 dividing
+ * head_dim, 0 (no rotation) for an F16 cache or a head_dim that 64 does not divide. */
+int32_t pi2_kv_rot_size(int32_t head_dim, int32_t type_k);
+/* ggml_compute_forward_fwht in place on n_vals / n runs of n values: x·(1/sqrtf(n)), then butterflies
+ * (u + v, u - v) for strides 1, 2, 4, ... */
+void pi2_kv_fwht(float *x, int64_t n_vals, int32_t n);
+/* Store one token's keys k (n_head_kv * head_dim floats, already rotated) at cell pos of layer il as Q8_0. */
+void pi2_kv_store_k(struct pi2_ctx *c, int32_t il, size_t pos, const float *k);
+/* s[j] = scale · (q · key j of KV head hkv) for j in [j0, j1), the query quantized to Q8_0 into qq (head_dim/32
+ * blocks) and each key multiplied by the Q8_0 vec_dot (ggml_vec_dot_q8_0_q8_0; tinyBLAS adds in the same order). */
+void pi2_kv_scores(const pi2_type_traits *kt, const uint8_t *keys, size_t cell_bytes, int32_t hkv, int32_t head_dim,
+                   const float *q, float scale, float *s, int32_t j0, int32_t j1, void *qq);
+/* A context shift of layer il's quantized keys: cells n_keep + n_discard + t move to n_keep + t (t < m), each
+ * dequantized, rotated back, rotated by RoPE with the cos/sin table cs, rotated forward and quantized again
+ * (llama_kv_cache::build_rope_shift on a quantized cache). row: scratch of n_head_kv * head_dim floats. */
+void pi2_kv_shift_k(struct pi2_ctx *c, int32_t il, int32_t n_keep, int32_t n_discard, int32_t m, const float *cs,
+                    float *row);
+
+#endif

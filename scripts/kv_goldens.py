@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""kv_goldens.py — llama.cpp's outputs with a quantized K cache (-ctk q8_0 -fa off) on the real test models, for
+tests/test_kv_cache_llamacpp.py: greedy continuations (llama-completion's text) and llama-perplexity's chunk figures.
+
+    python3 scripts/kv_goldens.py LLAMA_BIN_DIR [OUT.json]
+
+LLAMA_BIN_DIR holds llama-completion and llama-perplexity of llama.cpp 0c1e570 (CPU backend). Models come from
+~/.cache/pi2/models (scripts/fetch_models.py). Writes tests/data/kvcache-llamacpp.json by default.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-q4_k_m.gguf"}
+PROMPTS = ["Tom and his sister Mia found an old map in the attic. The map showed",
+           "The three most important rules of writing clean code are"]
+N_PREDICT = 48
+PPL = ["-c", "128", "--chunks", "3"]
+COMMON = ["-ctk", "q8_0", "-fa", "off", "-t", "1"]
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    bins = Path(sys.argv[1])
+    root = Path(__file__).resolve().parent.parent
+    out = Path(sys.argv[2]) if len(sys.argv) > 2 else root / "tests" / "data" / "kvcache-llamacpp.json"
+    text_file = root / "tests" / "data" / "moe-text.txt"
+    models = Path.home() / ".cache" / "pi2" / "models"
+    data = {"provenance": {
+        "llama.cpp": "0c1e570 (llama-cpp-python 0.3.36 sdist, CPU backend)",
+        "greedy": f"llama-completion -m MODEL -p PROMPT -n {N_PREDICT} --temp 0 -no-cnv -c 256 {' '.join(COMMON)} "
+                  "(stdout, trailing newlines removed)",
+        "perplexity": f"llama-perplexity -m MODEL -f tests/data/moe-text.txt {' '.join(PPL + COMMON)} "
+                      "([1]a,[2]b,... chunk figures as printed)",
+        "date": datetime.date.today().isoformat(), "script": "scripts/kv_goldens.py"}, "models": {}}
+    for key, name in MODELS.items():
+        path = models / name
+        entry = {"file": name, "greedy": [], "ppl": None}
+        for prompt in PROMPTS:
+            r = subprocess.run([str(bins / "llama-completion"), "-m", str(path), "-p", prompt, "-n", str(N_PREDICT),
+                                "--temp", "0", "-no-cnv", "-c", "256", *COMMON],
+                               capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+            entry["greedy"].append({"prompt": prompt, "text": r.stdout.rstrip("\n")})
+        r = subprocess.run([str(bins / "llama-perplexity"), "-m", str(path), "-f", str(text_file), *PPL, *COMMON],
+                           capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
+        chunks = re.findall(r"\[\d+\]([0-9.]+)", r.stdout + r.stderr)
+        entry["ppl"] = [float(c) for c in chunks]
+        entry["ppl_text"] = chunks
+        data["models"][key] = entry
+        print(key, entry["ppl_text"], file=sys.stderr)
+    out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -228,7 +228,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         norm_rows(c, nr, c->xn, c->x, L->ffn_norm, nr, E);
         TRACE("ffn_norm", il, c->xn, nr * E);
         if (c->moe) {
-            pi2_moe_ffn(c, L, il, nr);   /* experts (or qwen3's dense FFN) */
+            const pi2_status ms = pi2_moe_ffn(c, L, il, nr);   /* experts (or qwen3's dense FFN) */
+            if (ms) {
+                pi2_pool_mark(c->pool, -1);
+                return ms;
+            }
             if (hp->residual_scale != 0.0f) scale(c->o, nr * E, hp->residual_scale);
         } else if (c->ffn.rule != PI2_FFN_DENSE || L->down_rows.data) {
             pi2_status fs = pi2_ffn_sparse(c, L, il, n);   /* only the active neurons, or down stored as rows */

@@ -174,6 +174,15 @@ def verbose_report(session) -> None:
     if plan is None:
         return
     st = session.ctx.stream_stats()
+    if getattr(plan, "kind", "") == "experts":   # a MoE file's expert cache
+        print(f"pi2: experts: budget {plan.budget / 2**20:.0f} MiB, {plan.n_hot} hot ({st['hot_bytes'] / 2**20:.1f} "
+              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots, io {plan.io}", file=sys.stderr)
+        print(f"pi2: experts: {st['experts_loaded_per_token']:.2f} per token and layer, hit rate "
+              f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), flash "
+              f"{st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, I/O wait "
+              f"{st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB"
+              + (f", routing ahead {st['expert_ahead_hit_rate']:.1%} right" if plan.ahead else ""), file=sys.stderr)
+        return
     print(f"pi2: cache: budget {plan.budget / 2**20:.0f} MiB, hot {st['hot_bytes'] / 2**20:.1f} MiB, "
           f"cold {plan.n_slots} x {plan.slot_bytes // 1024} KiB slots, cluster {plan.cluster}, io {plan.io}",
           file=sys.stderr)
@@ -277,9 +286,9 @@ def plan(model_path: Path, cfg: RunConfig, json_out: bool) -> None:
         raise UsageError(p.stream_gap or "--memory-budget needs the C engine")
     dec = p.npu.decision
     if json_out:
-        print(json.dumps({**p.cache.as_dict(), "npu": dec.as_dict()}))
+        print(json.dumps({**p.cache.as_dict(), **({"npu": dec.as_dict()} if dec is not None else {})}))
     else:
-        print("\n".join(p.cache.lines() + dec.lines()))
+        print("\n".join(p.cache.lines() + (dec.lines() if dec is not None else [])))
 
 
 def tokenize(model_path: Path, text: str, ids_only: bool, add_special: bool, parse_special: bool,

@@ -178,6 +178,13 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
         if (hp->router_before_attn) pi2_moe_router_early(c, L, il, c->x, n);   /* smallthinker */
+        if (c->moe && c->pipeline && n == 1) {   /* streamed experts: read the likely ones during attention */
+            const pi2_status as = hp->router_before_attn ? pi2_moe_stream_ahead(c, L, il, NULL) : PI2_OK;
+            if (as) {
+                pi2_pool_mark(c->pool, -1);
+                return as;
+            }
+        }
         norm_rows(c, n, c->xn, c->x, L->attn_norm, n, E);
         TRACE("attn_norm", il, c->xn, n * E);
         if (c->ffn_pred) pi2_ffn_pred_note_input(c, n);   /* a predictor reading the layer's input */
@@ -256,6 +263,13 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         TRACE("ffn_out", il, c->o, nr * E);
         add(c->x, c->o, nr * E);
         TRACE("l_out", il, c->x, nr * E);
+        if (c->moe && c->pipeline && n == 1 && !hp->router_before_attn && il + 1 < hp->n_layer) {
+            const pi2_status as = pi2_moe_stream_ahead(c, &m->layers[il + 1], il + 1, c->x);   /* pre-gating */
+            if (as) {
+                pi2_pool_mark(c->pool, -1);
+                return as;
+            }
+        }
     }
     pi2_pool_mark(c->pool, -1);
 

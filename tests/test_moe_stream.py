@@ -82,6 +82,31 @@ def test_streamed_experts_equal_mapped(tmp_path_factory, arch, wtype):
             assert st["expert_misses"] <= L * X
 
 
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_routing_ahead_equals_mapped(tmp_path_factory, arch):
+    """Routing ahead (single tokens: layer il+1's router on layer il's output; smallthinker's early router) reads
+    guessed experts before their layer routes: the logits stay the mapped run's, guesses the routing then needs are
+    counted, and smallthinker's guesses are its routing itself."""
+    path, m, cm = loaded(tmp_path_factory, arch, "Q4_K_M")
+    k = m.config.n_expert_used
+    ref = CContext(cm, 256, 2)
+    want = [ref.decode([t]) for t in PROMPT]
+    for slots, io in ((2 * k, "pread"), (4 * k, "aio")):
+        c = CContext(cm, 256, 2)
+        c.set_stream(cluster=8, n_slots=0, io=io, n_expert_slots=slots, expert_ahead=True)
+        got = [c.decode([t]) for t in PROMPT]
+        assert all(np.array_equal(a, b) for a, b in zip(want, got)), f"{arch}: {slots} slots, {io}"
+        st = c.cache_stats()
+        assert 0 < st["expert_ahead_used"] <= st["expert_ahead"] <= st["expert_misses"] + st["expert_hits"]
+        if arch == "smallthinker":
+            assert st["expert_ahead_used"] == st["expert_ahead"]
+        st2 = c.stream_stats()
+        assert 0 < st2["expert_ahead_hit_rate"] <= 1
+    c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=k, expert_ahead=True)   # 2k > slots: none
+    c.reset()
+    assert np.array_equal(c.decode([PROMPT[0]]), want[0]) and c.cache_stats()["expert_ahead"] == 0
+
+
 def test_decode_after_reset_and_slot_reuse(tmp_path_factory):
     """A context whose cache is warm (hits) gives the same logits again after reset."""
     path, m, cm = loaded(tmp_path_factory, "qwen2moe", "Q4_K_M")

@@ -70,6 +70,10 @@ pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
  * computed as soon as its reads land: the same bits as the mapped products. */
 pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 void pi2_moe_stream_free(struct pi2_moe_stream *st);
+/* Routing ahead for one token (when the context streams experts and asked for it): guess layer il's experts and
+ * read the ones not present now. x: the hidden state to apply layer il's router to (weighted by its ffn_norm; the
+ * previous layer's output), or NULL for the logits pi2_moe_router_early just computed (smallthinker). */
+pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, const float *x);
 
 /* Expert products (ggml_mul_mat_id): for each active expert e and each row id i of its rows, out[i][r] = row r of
  * expert e of w · the activation of i (xa row i / k when by_token, else row i), n_w tensors alike (gate and up). */

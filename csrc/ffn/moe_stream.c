@@ -118,3 +118,27 @@ pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, in
     memset(moe->stream_w, 0, sizeof moe->stream_w);
     return s;
 }
+
+pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, const float *x) {
+    struct pi2_moe *moe = c->moe;
+    if (!c->pipeline || !moe || !pi2_pipeline_experts_ahead_on(c->pipeline) || !L->gate_exps.data || !L->router.data)
+        return PI2_OK;
+    pi2_status s = scratch(moe);
+    if (s) return s;
+    if (x) {   /* the router of layer il on x · ffn_norm (the norm's positive scale leaves the order) */
+        const int64_t E = c->m->hp.n_embd;
+        for (int64_t i = 0; i < E; i++) moe->sh[i] = x[i] * (L->ffn_norm ? L->ffn_norm[i] : 1.0f);
+        pi2_moe_matmul(c, moe->sh, 1, &(pi2_mm){&L->router, moe->logits}, 1);
+    }
+    const int32_t X = moe->X, k = moe->k;   /* the k largest logits (gating keeps their order) */
+    uint8_t *taken = moe->stream->ready;
+    memset(taken, 0, (size_t)X);
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < X; e++)
+            if (!taken[e] && (best < 0 || moe->logits[e] > moe->logits[best])) best = e;
+        taken[best] = 1;
+        moe->stream->sub[j] = best;
+    }
+    return pi2_pipeline_experts_ahead(c->pipeline, il, moe->stream->sub, k);
+}

@@ -37,6 +37,8 @@ void pi2_experts_free(pi2_pipeline *pl) {
     pl->experts = NULL;
 }
 
+int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl) { return pl->experts && pl->experts->ahead_on; }
+
 int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl) { return pl->cache->experts->slots.n_slots; }
 
 const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w) {
@@ -89,20 +91,56 @@ static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e) {
     return slot;
 }
 
+/* Reap every read in flight, keeping what lands (the experts read ahead become cached ones). */
+static pi2_status finish(pi2_pipeline *pl) {
+    expert_reads *ex = pl->experts;
+    int32_t got = 0;
+    while (ex->n_wait < ex->n_req) {
+        pi2_status s = pi2_experts_next_ready(pl, pl->groups, &got);
+        if (s) return s;
+    }
+    return PI2_OK;
+}
+
+pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    expert_reads *ex = pl->experts;
+    const int32_t X = ec->n_expert;
+    if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il) || ex->n_wait < ex->n_req) return PI2_OK;
+    if (2 * n > ec->slots.n_slots) return PI2_OK;   /* the guesses and the token's other misses must both fit */
+    ex->n_req = ex->n_sub = ex->n_wait = 0;
+    ex->layer = il;
+    memset(ex->ahead, 0, (size_t)X);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t e = experts[i];
+        if (ec->hot_of[(size_t)il * X + e] >= 0 || pi2_slots_holding(&ec->slots, il, e) >= 0) continue;
+        list_reads(pl, il, e);
+        ex->ahead[e] = 1;
+        pl->cache->st.expert_ahead++;
+    }
+    if (!ex->n_req) return PI2_OK;
+    ex->ahead_layer = il;
+    ex->t_submit = pi2_now();
+    return submit(pl);
+}
+
 pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n, uint8_t *ready) {
     pi2_expert_cache *ec = pl->cache->experts;
     expert_reads *ex = pl->experts;
     const int32_t X = ec->n_expert;
     if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il))
         return pi2_set_error(PI2_ERR_INVALID, "layer %d has no streamed experts", (int)il);
-    const int ahead = ex->ahead_layer == il;   /* this layer's guessed experts are in reqs, maybe landed */
+    int ahead = ex->ahead_layer == il;   /* this layer's guessed experts are in reqs, maybe landed */
     if (ex->n_wait < ex->n_req && !ahead) drain(pl);   /* another layer's reads, left after an error or an abort */
+    if (ahead && n + ex->n_req / PI2_EXPERT_SLICES > ec->slots.n_slots) {   /* a chunk that could take their slots */
+        const pi2_status s = finish(pl);
+        if (s) return s;
+    }
     ex->ahead_layer = -1;
-    if (!ahead) {
+    if (ex->layer != il) memset(ex->ahead, 0, (size_t)X);   /* guesses of another layer */
+    if (!ahead || ex->n_wait == ex->n_req) {   /* nothing in flight: the list starts anew */
         ex->n_req = ex->n_sub = ex->n_wait = 0;
-        memset(ex->ahead, 0, (size_t)X);
-    } else if (ex->n_wait == ex->n_req) {   /* every guessed read landed: the list starts anew */
-        ex->n_req = ex->n_sub = ex->n_wait = 0;
+        ahead = 0;
     }
     ex->layer = il;
     memset(ready, 1, (size_t)X);
@@ -121,7 +159,7 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
                                  (int)il, (int)ec->slots.n_slots);
         }
         int32_t slot = pi2_slots_find(&ec->slots, il, e);
-        if (ahead && ex->ahead[e] == 1) {   /* guessed right: its reads are in flight or landed */
+        if (slot >= 0 && ex->ahead[e] == 1) {   /* guessed right: its reads are in flight or landed */
             ex->ahead[e] = 2;
             ec->misses++;
             pl->cache->st.expert_ahead_used++;

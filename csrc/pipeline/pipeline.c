@@ -25,6 +25,7 @@ pi2_status pi2_pipeline_create(const pi2_model *m, const pi2_stream_params *para
         pi2_pipeline_free(pl);
         return s;
     }
+    if (pl->experts) pl->experts->ahead_on = params->expert_ahead;
     *out = pl;
     return PI2_OK;
 }

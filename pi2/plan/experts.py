@@ -127,7 +127,7 @@ class ExpertPlan:
     queue_depth: int = QUEUE_DEPTH
     read_mbps: float | None = None
     profile_note: str = ""
-    ahead: bool = False
+    ahead: bool = True
     repacked: int = 0
     kind: str = "experts"
 
@@ -213,7 +213,7 @@ def _hit_rate(freq: np.ndarray, hot: np.ndarray, n_slots: int, k: int) -> float:
 
 
 def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto",
-                     n_batch: int = 512, ahead: bool = False) -> ExpertPlan:
+                     n_batch: int = 512, ahead: bool = True) -> ExpertPlan:
     """The budget's split (UsageError when it is below the floor: the fixed region, KV, buffers and k slots)."""
     c = model.config
     kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch)

@@ -21,7 +21,7 @@ read -r -a LLAMA_EXTRA <<< "${LLAMA_FLAGS---repack 0}"
 PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 [ -d "$PARENT" ] || { echo "bench_budget.sh: no cgroup v1 memory controller at $PARENT" >&2; exit 1; }
 
-bytes() { python3 -c "from pi2.plan.budget import parse_size; print(parse_size('$1'))"; }
+bytes() { python3 -c "from pi2.runtime.config import parse_size; print(parse_size('$1'))"; }
 
 # run LIMIT_BYTES LABEL BUDGET_FLAGS...: one pi2 bench in a fresh cgroup of LIMIT_BYTES (0: no limit)
 run() {

@@ -171,3 +171,23 @@ def test_cli_run_within_budget_equals_mapped(tmp_path_factory):
     assert text.code == 0 and "expert cache" in text.out and "flash per token" in text.out
     low = cli("plan", str(path), "-c", "256", "--memory-budget", "8M")
     assert_error(low, 2, "below what this model needs")
+
+
+def test_profile_experts_makes_hot_experts(tmp_path_factory, tmp_path, monkeypatch):
+    """`pi2 profile-experts` saves the routing counts; the plan then keeps the most routed experts resident and
+    expects a higher hit rate; a run with them gives the mapped run's text."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path, m, cm = loaded(tmp_path_factory, "olmoe", "Q4_K_M")
+    plan_args = ("plan", str(path), "-c", "256", "--memory-budget", "1G", "--json")
+    floor = json.loads(cli(*plan_args).out)["floor"]
+    budget = f"{(floor >> 20) + 2}M"
+    before = json.loads(cli("plan", str(path), "-c", "256", "--memory-budget", budget, "--json").out)
+    res = cli("profile-experts", str(path), "--calib-tokens", "256", "-t", "2")
+    assert res.code == 0, res.err
+    assert "saved" in res.out and list((tmp_path / ".cache" / "pi2" / "experts").glob("*.json"))
+    after = json.loads(cli("plan", str(path), "-c", "256", "--memory-budget", budget, "--json").out)
+    assert before["n_hot"] == 0 and not before["profiled"]
+    assert after["profiled"] and after["n_hot"] > 0 and after["hit_rate"] > before["hit_rate"]
+    assert after["n_slots"] >= 2 * after["k"]
+    args = (str(path), "-p", "hello world", "-n", "10", "--temp", "0", "-c", "256")
+    assert cli("run", *args, "--memory-budget", budget).out == cli("run", *args).out

@@ -368,6 +368,17 @@ def profile_io(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = Mod
                            cache_dir=cache_dir, seconds=seconds)
 
 
+@app.command("profile-experts")
+def profile_experts(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+                    calib: Optional[Path] = typer.Option(None, "--calib", help="text to route (default: the "
+                                                         "calibration text pi2 ships)"),
+                    calib_tokens: int = typer.Option(2048, "--calib-tokens", help="tokens to route"),
+                    threads: int = ThreadsOpt, verbose: bool = VerboseOpt):
+    """How often a MoE file routes to each expert on a text, saved where --memory-budget finds it: the planner keeps
+    the most routed experts resident."""
+    _commands().profile_experts(_model_path(model, model_opt), calib, calib_tokens, threads)
+
+
 @app.command()
 def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          memory_budget: str = typer.Option(..., "--memory-budget", help="memory the process may hold, e.g. 500M"),

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from pi2 import convert as cv
 from pi2.convert.predictor import Spec
 from pi2.errors import FileError, UsageError
@@ -361,6 +363,19 @@ def convert(src: Path, out: Optional[Path], *, pred: Optional[tuple], **kw) -> N
 
 def devices(model: Optional[Path], nnapi_lib: Optional[str], json_out: bool) -> None:
     dv.show(model, nnapi_lib, json_out)
+
+
+def profile_experts(model_path: Path, calib, n_tokens: int, threads: int) -> None:
+    """pi2 profile-experts: the rows routed to each expert on the calibration text, saved for the planner."""
+    from pi2.plan.experts import profile_experts as run_profile
+    model = open_model(model_path)
+    path, n_tok, counts = run_profile(model, calib, n_tokens, threads)
+    rows = counts.sum(axis=1, keepdims=True)
+    share = np.sort(counts / np.maximum(rows, 1), axis=1)[:, ::-1]
+    k4 = max(1, counts.shape[1] // 4)
+    print(f"{n_tok} tokens routed; the most used quarter of each layer's experts took "
+          f"{share[rows[:, 0] > 0, :k4].sum(axis=1).mean():.1%} of its rows (uniform: 25.0%)")
+    print(f"saved {path}")
 
 
 def profile_io(model: Path, **kw) -> None:

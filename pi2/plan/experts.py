@@ -104,6 +104,22 @@ def save_profile(model, counts: np.ndarray, tokens: int) -> Path:
     return p
 
 
+def profile_experts(model, calib=None, n_tokens: int = 2048, n_threads: int = 0) -> tuple:
+    """Route the calibration text (chunks as `pi2 convert` takes them) through the C engine and save the rows each
+    expert received (the profile the planner picks hot experts from); (path, tokens, counts)."""
+    from pi2.convert.profile import calib_tokens
+    from pi2.engine import CContext, CModel, default_threads
+    if expert_gap(model):
+        raise UsageError(expert_gap(model))
+    chunks, _sha, n_tok = calib_tokens(model.tokenizer, calib, n_tokens)
+    ctx = CContext(CModel.from_model(model), max(len(ch) for ch in chunks) + 1, n_threads or default_threads())
+    for ch in chunks:
+        ctx.reset()
+        ctx.decode(ch)
+    counts = ctx.expert_counts
+    return save_profile(model, counts, n_tok), n_tok, counts
+
+
 @dataclass
 class ExpertPlan:
     budget: int

@@ -388,7 +388,8 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"), verbose: bool = VerboseOpt):
     """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
     --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
-    predicted gain): the plan `pi2 run` makes with the same flags."""
+    predicted gain); for a plain MoE GGUF the expert cache's split, expected hit rate and flash bytes per token:
+    the plan `pi2 run` makes with the same flags."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, predictor=use_predictor, memory_budget=memory_budget, io=io,
                     npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps)
     _commands().plan(_model_path(model, model_opt), cfg, json_out)

@@ -18,6 +18,7 @@ from pi2.convert.predictor import Spec
 from pi2.errors import FileError, UsageError
 from pi2.model.info import describe
 from pi2.model.loader import load_model
+from pi2.plan.experts import profile_experts as run_profile
 from pi2.plan import devices as dv
 from pi2.plan import profile
 from pi2.runtime import bench as rb
@@ -367,7 +368,6 @@ def devices(model: Optional[Path], nnapi_lib: Optional[str], json_out: bool) -> 
 
 def profile_experts(model_path: Path, calib, n_tokens: int, threads: int) -> None:
     """pi2 profile-experts: the rows routed to each expert on the calibration text, saved for the planner."""
-    from pi2.plan.experts import profile_experts as run_profile
     model = open_model(model_path)
     path, n_tok, counts = run_profile(model, calib, n_tokens, threads)
     rows = counts.sum(axis=1, keepdims=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pi2.convert.profile import calib_tokens
+from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
 from pi2.model.info_moe import EXPERT
 from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, measured_runtime
@@ -107,8 +109,6 @@ def save_profile(model, counts: np.ndarray, tokens: int) -> Path:
 def profile_experts(model, calib=None, n_tokens: int = 2048, n_threads: int = 0) -> tuple:
     """Route the calibration text (chunks as `pi2 convert` takes them) through the C engine and save the rows each
     expert received (the profile the planner picks hot experts from); (path, tokens, counts)."""
-    from pi2.convert.profile import calib_tokens
-    from pi2.engine import CContext, CModel, default_threads
     if expert_gap(model):
         raise UsageError(expert_gap(model))
     chunks, _sha, n_tok = calib_tokens(model.tokenizer, calib, n_tokens)

@@ -254,7 +254,8 @@ pi2_status pi2_ctx_set_stream(pi2_ctx *c, const pi2_stream_params *params) {
     pi2_pipeline_free(c->pipeline);
     c->pipeline = NULL;
     if (!params) return PI2_OK;
-    if (!c->ffn_part) return pi2_set_error(PI2_ERR_UNSUPPORTED, "only files with FFN down rows can be streamed");
+    if (!c->ffn_part && c->m->hp.arch != PI2_ARCH_MOE)   /* MoE: the experts stream (cache/experts.h) */
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "only files with FFN down rows or experts can be streamed");
     return pi2_pipeline_create(c->m, params, &c->pipeline);
 }
 

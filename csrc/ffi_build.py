@@ -13,9 +13,9 @@ SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "kv_quant
            "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c",
            "kernels/lowbit.c", "kernels/api.c", "kernels/pack.c", "model_pack.c", "kernels/ggml_order.c",
            "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c",
-           "ffn/moe_mm.c",
-           "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c",
-           "cache/cache.c", "cache/read.c", "cache/slots.c",
+           "ffn/moe_mm.c", "ffn/moe_stream.c",
+           "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c", "pipeline/experts.c",
+           "cache/cache.c", "cache/read.c", "cache/slots.c", "cache/experts.c",
            "nnapi/nnapi.c", "nnapi/graph.c", "nnapi/bench.c", "nnapi/batches.c", "nnapi/hot_ffn.c",
            "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c", "io/mmap.c", "io/bench.c", "io/probe.c", "io/map_guard.c"]
 

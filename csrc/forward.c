@@ -196,6 +196,13 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
 
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
         if (hp->router_before_attn) pi2_moe_router_early(c, L, il, c->x, n);   /* smallthinker */
+        if (c->moe && c->pipeline && n == 1) {   /* streamed experts: read the likely ones during attention */
+            const pi2_status as = hp->router_before_attn ? pi2_moe_stream_ahead(c, L, il, NULL) : PI2_OK;
+            if (as) {
+                pi2_pool_mark(c->pool, -1);
+                return as;
+            }
+        }
         norm_rows(c, n, c->xn, c->x, L->attn_norm, n, E);
         TRACE("attn_norm", il, c->xn, n * E);
         if (c->ffn_pred) pi2_ffn_pred_note_input(c, n);   /* a predictor reading the layer's input */
@@ -248,7 +255,11 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         norm_rows(c, nr, c->xn, c->x, L->ffn_norm, nr, E);
         TRACE("ffn_norm", il, c->xn, nr * E);
         if (c->moe) {
-            pi2_moe_ffn(c, L, il, nr);   /* experts (or qwen3's dense FFN) */
+            const pi2_status ms = pi2_moe_ffn(c, L, il, nr);   /* experts (or qwen3's dense FFN) */
+            if (ms) {
+                pi2_pool_mark(c->pool, -1);
+                return ms;
+            }
             if (hp->residual_scale != 0.0f) scale(c->o, nr * E, hp->residual_scale);
         } else if (c->ffn.rule != PI2_FFN_DENSE || L->down_rows.data) {
             pi2_status fs = pi2_ffn_sparse(c, L, il, n);   /* only the active neurons, or down stored as rows */
@@ -272,6 +283,13 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         TRACE("ffn_out", il, c->o, nr * E);
         add(c->x, c->o, nr * E);
         TRACE("l_out", il, c->x, nr * E);
+        if (c->moe && c->pipeline && n == 1 && !hp->router_before_attn && il + 1 < hp->n_layer) {
+            const pi2_status as = pi2_moe_stream_ahead(c, &m->layers[il + 1], il + 1, c->x);   /* pre-gating */
+            if (as) {
+                pi2_pool_mark(c->pool, -1);
+                return as;
+            }
+        }
     }
     pi2_pool_mark(c->pool, -1);
 

@@ -384,6 +384,15 @@ typedef struct {
     const int32_t *n_early;    /* [n_layer] cold bundle clusters right after the hot prefix whose reads a single token
                                 * issues before the layer's attention (clusters nearly every token needs), so they
                                 * land while it computes; NULL: none. Ignored when the gate rows stream. */
+    /* A MoE file (plain GGUF, PI2_ARCH_MOE): its experts stream instead (the fields above but path, backend,
+     * queue_depth and direct are ignored): each selected expert's slices of ffn_{gate,up,down}_exps are read (the
+     * enclosing 4 KiB spans) into one of n_expert_slots cold slots (an LRU shared by all layers), or found among
+     * the resident hot experts; everything else stays mapped (the fixed region). */
+    int32_t n_expert_slots;    /* cold expert slots, >= 1 (one layer's experts of a step are computed in chunks
+                                * of at most this many) */
+    const uint8_t *expert_hot; /* [n_layer][n_expert] 1: the expert is resident (read once now); NULL: none */
+    int32_t expert_ahead;      /* 1: guess layer il+1's experts from layer il's output (its router) and read them
+                                * during layer il's FFN and il+1's attention (smallthinker: its early router) */
 } pi2_stream_params;
 
 typedef struct {
@@ -451,6 +460,12 @@ typedef struct {
     int64_t early_unused;      /* of early_reads: clusters the token's active set did not need after all */
     int64_t layer_loads_ahead; /* of layer_loads + gate_layer_loads: whole regions submitted before their FFN
                                 * (during the layer's attention, or the previous layer's FFN in a batch) */
+    int64_t expert_hot;        /* MoE: needed experts (per layer and step) found resident */
+    int64_t expert_hits;       /* ... found in a cold slot */
+    int64_t expert_misses;     /* ... read (their three slices; bytes in bytes_read) */
+    int64_t expert_ahead;      /* experts read ahead of their layer's routing (a guess) */
+    int64_t expert_ahead_used; /* ... of which the routing then needed (counted in expert_misses too) */
+    int64_t expert_rows;       /* (token, slot) rows routed through streamed layers */
 } pi2_cache_stats;
 
 /* The context's figures into `out` (NULL: skipped) and, for a streamed context, its neuron cache's into `cache`

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_budget.sh — decode speed of a pi2 file streamed under --memory-budget, each run inside a memory
+# bench_budget.sh — decode speed of a pi2 file (or a plain MoE GGUF: its experts) streamed under --memory-budget, each run inside a memory
 # cgroup (v1) of the same size, against the same file fully mapped (in a cgroup of each size, and unlimited).
 # Prints one line per run: mode, budget, tokens/s, the group's peak and failcnt, and pi2's cache figures.
 # With SOURCE (the GGUF the pi2 file was converted from) llama.cpp's llama-bench runs on it in a cgroup of each
@@ -21,7 +21,7 @@ read -r -a LLAMA_EXTRA <<< "${LLAMA_FLAGS---repack 0}"
 PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 [ -d "$PARENT" ] || { echo "bench_budget.sh: no cgroup v1 memory controller at $PARENT" >&2; exit 1; }
 
-bytes() { python3 -c "from pi2.plan.budget import parse_size; print(parse_size('$1'))"; }
+bytes() { python3 -c "from pi2.runtime.config import parse_size; print(parse_size('$1'))"; }
 
 # run LIMIT_BYTES LABEL BUDGET_FLAGS...: one pi2 bench in a fresh cgroup of LIMIT_BYTES (0: no limit)
 run() {
@@ -44,6 +44,10 @@ if "pi2_cache_hit_rate" in out:
     extra = (f" hit {out['pi2_cache_hit_rate']:.1%} flash {out['pi2_flash_bytes_per_token'] / 2**20:.1f} MiB/tok"
              f" read {out['pi2_read_mbps']:.0f} MB/s io-wait {out['pi2_io_wait_share']:.0%}"
              f" hot {out['pi2_hot_bytes'] / 2**20:.0f} MiB")
+    if "pi2_expert_hit_rate" in out:   # a MoE file's expert cache
+        extra += f" experts {out['pi2_experts_loaded_per_token']:.2f}/tok/layer"
+        if out.get("pi2_expert_ahead_hit_rate"):
+            extra += f" ahead {out['pi2_expert_ahead_hit_rate']:.0%} right"
     if out.get("pi2_early_reads_per_token"):
         extra += f" early {out['pi2_early_reads_per_token']:.0f}/tok ({out['pi2_early_unused']:.0%} unused)"
 print(f"{label:28s} {out['avg_ts']:7.2f} tok/s  cgroup peak {peak / 2**20:7.1f} MiB failcnt {fail}"

@@ -5,7 +5,7 @@
 # Budgets below pi2's floor are refused by pi2 with the minimum it needs (printed as that point's line).
 # usage: scripts/bench_memory_budget.sh MODEL.pi2.gguf [SOURCE.gguf] [N_GEN] [THREADS]
 #   SOURCE: default the file the pi2 file was converted from (pi2.source.file) beside MODEL or in
-#   ~/.cache/pi2/models. env: FRACTIONS (default "0.4 0.5 0.6 0.8 1.0"), ROUNDS, PI2_FLAGS as bench_budget.sh.
+#   ~/.cache/pi2/models; a plain MoE GGUF (its experts stream) is its own source. env: FRACTIONS (default "0.4 0.5 0.6 0.8 1.0"), ROUNDS, PI2_FLAGS as bench_budget.sh.
 # needs root (cgroup v1 memory controller, /proc/sys/vm/drop_caches) and llama-bench (scripts/bench_vs_llamacpp.sh
 # builds it); prints a table of tokens/s and the ratio at the end.
 set -euo pipefail
@@ -13,6 +13,9 @@ MODEL=${1:?usage: bench_memory_budget.sh MODEL.pi2.gguf [SOURCE.gguf] [N_GEN] [T
 SOURCE=${2:-}; NGEN=${3:-8}; THREADS=${4:-2}
 FRACTIONS=${FRACTIONS:-"0.4 0.5 0.6 0.8 1.0"}
 [ -f "$MODEL" ] || { echo "bench_memory_budget.sh: no such file: $MODEL" >&2; exit 1; }
+if [ -z "$SOURCE" ] && python3 -c "import sys; from pi2.model.loader import load_model; c = load_model(sys.argv[1]).config; sys.exit(0 if c.moe_family and c.n_expert and not c.pi2 else 1)" "$MODEL"; then
+    SOURCE=$MODEL   # a plain MoE GGUF: pi2 streams its experts, llama.cpp maps the same file
+fi
 if [ -z "$SOURCE" ]; then
     name=$(python3 -c "import sys; from pi2.model.gguf_file import GGUFFile; print(GGUFFile(sys.argv[1]).kv.get('pi2.source.file', ''))" "$MODEL")
     for dir in "$(dirname "$MODEL")" "$HOME/.cache/pi2/models"; do

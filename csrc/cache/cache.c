@@ -96,6 +96,8 @@ static void part_free(pi2_part *part) {
 void pi2_cache_free(pi2_cache *cache) {
     if (!cache) return;
     pi2_io_close(cache->io);
+    if (cache->experts) pi2_expert_cache_free(cache->experts);
+    free(cache->experts);
     for (int i = 0; i < PI2_N_PARTS; i++) part_free(&cache->part[i]);
     free(cache->path);
     free(cache);
@@ -189,8 +191,86 @@ static void advise(pi2_cache *cache) {
     }
 }
 
+/* A MoE file: no read-ahead in the mapping, the expert tensors' pages dropped from it and from the page cache, the
+ * fixed region's matrices read ahead. */
+static void advise_experts(pi2_cache *cache) {
+    const pi2_model *m = cache->m;
+    const pi2_expert_cache *ec = cache->experts;
+    madvise((void *)m->map, m->map_size, MADV_RANDOM);
+    for (int32_t il = 0; il < ec->n_layer; il++)
+        for (int32_t w = 0; w < PI2_EXPERT_SLICES && pi2_expert_layer(ec, il); w++) {
+            const int64_t off = ec->layers[il].off[w], end = off + ec->layers[il].bytes[w] * ec->n_expert;
+            const int64_t inner0 = pi2_align_up(off), inner1 = pi2_align_down(end);
+            if (inner1 > inner0) madvise((void *)(m->map + inner0), (size_t)(inner1 - inner0), MADV_DONTNEED);
+        }
+    pi2_io_drop_cache(cache->io);
+    willneed(m, &m->output);
+    for (int32_t il = 0; il < cache->n_layer; il++) {
+        const pi2_layer *L = &m->layers[il];
+        willneed(m, &L->q);
+        willneed(m, &L->k);
+        willneed(m, &L->v);
+        willneed(m, &L->o);
+        willneed(m, &L->router);
+    }
+}
+
+/* The expert cache of a MoE file: slots, hot records read now (in large requests), the mapping advised. */
+static pi2_status experts_create(pi2_cache *cache, const pi2_stream_params *p) {
+    pi2_part *acct = &cache->part[PI2_PART_BUNDLES];   /* counts the hot records' reads (messages say "experts") */
+    acct->what = "experts";
+    if (!(cache->experts = calloc(1, sizeof *cache->experts)))
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
+    pi2_expert_cache *ec = cache->experts;
+    pi2_status s = pi2_expert_cache_init(ec, cache->m, p->n_expert_slots, p->expert_hot);
+    if (s) return s;
+    pi2_io_params iop = io_default_params();
+    iop.backend = p->backend;
+    iop.queue_depth = p->queue_depth;
+    iop.direct = p->direct;
+    pi2_io_info info;
+    if ((s = pi2_io_open(p->path, &iop, &cache->io, &info))) return s;
+    if ((size_t)info.file_size != cache->m->map_size)
+        return pi2_set_error(PI2_ERR_INVALID, "%s has %lld bytes, the loaded model %zu: not the same file", p->path,
+                             (long long)info.file_size, cache->m->map_size);
+    for (int32_t i = 0; i < ec->n_layer * ec->n_expert; i++) {
+        if (ec->hot_of[i] < 0) continue;
+        const int32_t il = i / ec->n_expert, e = i % ec->n_expert;
+        for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) {
+            int64_t start, end, need;
+            pi2_expert_span(ec, il, e, w, &start, &end, &need);
+            if ((s = pi2_cache_read_range(cache, acct, start, end, need,
+                                          pi2_expert_hot_rec(ec, ec->hot_of[i]) + ec->span_at[w])))
+                return s;
+        }
+    }
+    advise_experts(cache);
+    acct->bytes_read = 0;
+    cache->st.io_wait_s = cache->st.read_s = 0;
+    cache->st.reads = 0;
+    return PI2_OK;
+}
+
 pi2_status pi2_cache_create(const pi2_model *m, const pi2_stream_params *p, pi2_cache **out) {
     *out = NULL;
+    if (m->hp.arch == PI2_ARCH_MOE) {
+        if (!p->path) return pi2_set_error(PI2_ERR_INVALID, "streaming needs the model's path");
+        pi2_cache *cache = calloc(1, sizeof *cache);
+        if (!cache || !(cache->path = strdup(p->path))) {
+            free(cache);
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
+        }
+        cache->m = m;
+        cache->n_layer = m->hp.n_layer;
+        cache->cluster = 1;
+        const pi2_status s = experts_create(cache, p);
+        if (s) {
+            pi2_cache_free(cache);
+            return s;
+        }
+        *out = cache;
+        return PI2_OK;
+    }
     pi2_stream_sizes sizes;
     pi2_status s = pi2_stream_query(m, p->cluster, 0, 0, &sizes);
     if (s) return s;
@@ -259,4 +339,13 @@ void pi2_cache_get_stats(const pi2_cache *cache, pi2_cache_stats *out) {
     out->gate_hot_bytes = (int64_t)gate->hot_bytes;
     out->arena_bytes = (int64_t)(bundles->arena_bytes + gate->arena_bytes);
     out->hot_bytes = (int64_t)(bundles->hot_bytes + gate->hot_bytes);
+    const pi2_expert_cache *ec = cache->experts;
+    if (ec) {
+        out->expert_hot = ec->hot;
+        out->expert_hits = ec->hits;
+        out->expert_misses = ec->misses;
+        out->bytes_read += ec->bytes_read;
+        out->hot_bytes += (int64_t)((size_t)ec->n_hot * ec->slot_bytes);
+        out->arena_bytes += (int64_t)((size_t)(ec->n_hot + ec->slots.n_slots) * ec->slot_bytes);
+    }
 }

@@ -9,11 +9,14 @@
 #define PI2_CACHE_H
 #include <stdint.h>
 
+#include "cache/experts.h"
 #include "cache/slots.h"
 #include "internal.h"
 #include "model.h"
 
-enum { PI2_PART_BUNDLES = 0, PI2_PART_GATE = 1, PI2_N_PARTS = 2 };
+/* PI2_PART_EXPERTS: a MoE layer's experts (cache/experts.h), a unit per expert; kept apart from the neuron parts'
+ * arrays (a MoE context streams no neuron part). */
+enum { PI2_PART_BUNDLES = 0, PI2_PART_GATE = 1, PI2_N_PARTS = 2, PI2_PART_EXPERTS = PI2_N_PARTS };
 
 typedef struct {               /* one part of one layer in the file */
     int64_t rec0, rec_bytes;   /* file offset of neuron 0's record; record stride */
@@ -38,6 +41,7 @@ typedef struct pi2_cache {
     pi2_io *io;
     char *path;                /* the file (messages) */
     pi2_part part[PI2_N_PARTS];
+    pi2_expert_cache *experts; /* a MoE file's experts (n_parts 0), or NULL */
     pi2_cache_stats st;        /* the shared figures: tokens, reads, io_wait_s, read_s, early and ahead counts */
 } pi2_cache;
 

@@ -55,6 +55,7 @@ void pi2_moe_free(struct pi2_moe *moe) {
     void *bufs[N_MOE_BUFFERS] = {moe->logits, moe->probs, moe->sel, moe->wts, moe->count, moe->start, moe->list,
                                  moe->active, moe->gate, moe->up, moe->down, moe->sh, moe->shg, moe->xa, moe->routed};
     for (int i = 0; i < N_MOE_BUFFERS; i++) free(bufs[i]);
+    pi2_moe_stream_free(moe->stream);
     free(moe);
 }
 
@@ -329,13 +330,13 @@ void pi2_moe_keep_rows(pi2_ctx *c, int32_t first, int32_t n) {
     memmove(c->moe->logits, c->moe->logits + (size_t)first * X, (size_t)(n - first) * X * sizeof(float));
 }
 
-void pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     struct pi2_moe *moe = c->moe;
     const int64_t E = hp->n_embd;
     if (!hp->n_expert) {
         dense_ffn(c, &L->gate, &L->up, &L->down, c->xn, n, c->o);
-        return;
+        return PI2_OK;
     }
     const int32_t k = moe->k;
     if (!hp->router_before_attn) {
@@ -348,20 +349,25 @@ void pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     group_rows(moe, n);
     for (int32_t e = 0; e < moe->X; e++) moe->routed[(size_t)il * moe->X + e] += moe->count[e];
 
-    /* gate and up of every (token, slot) by its expert, then the activation, then down */
-    if (L->gate_exps.type == L->up_exps.type) {
-        pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);
-        pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps, &L->up_exps}, (float *[]){moe->gate, moe->up}, 2, 1);
-    } else {
-        pi2_moe_prep(c, L->up_exps.type, c->xn, n, E);
-        pi2_moe_experts(c, (const pi2_weight *[]){&L->up_exps}, (float *[]){moe->up}, 1, 1);
-        pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);
-        pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps}, (float *[]){moe->gate}, 1, 1);
-    }
     const int64_t F = hp->n_ff_exp;
-    activate_rows(c, moe->gate, moe->up, n * k, F, hp->expert_act);
-    pi2_moe_prep(c, L->down_exps.type, moe->gate, n * k, F);
-    pi2_moe_experts(c, (const pi2_weight *[]){&L->down_exps}, (float *[]){moe->down}, 1, 0);
+    if (c->pipeline && L->gate_exps.data) {   /* the experts come from the expert cache (moe_stream.c) */
+        const pi2_status s = pi2_moe_stream_experts(c, L, il, n);
+        if (s) return s;
+    } else {
+        /* gate and up of every (token, slot) by its expert, then the activation, then down */
+        if (L->gate_exps.type == L->up_exps.type) {
+            pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);
+            pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps, &L->up_exps}, (float *[]){moe->gate, moe->up}, 2, 1);
+        } else {
+            pi2_moe_prep(c, L->up_exps.type, c->xn, n, E);
+            pi2_moe_experts(c, (const pi2_weight *[]){&L->up_exps}, (float *[]){moe->up}, 1, 1);
+            pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);
+            pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps}, (float *[]){moe->gate}, 1, 1);
+        }
+        activate_rows(c, moe->gate, moe->up, n * k, F, hp->expert_act);
+        pi2_moe_prep(c, L->down_exps.type, moe->gate, n * k, F);
+        pi2_moe_experts(c, (const pi2_weight *[]){&L->down_exps}, (float *[]){moe->down}, 1, 0);
+    }
 
     /* y_t = Σ_j w_j·down_j in slot order (ggml_mul, then the adds) */
     for (int32_t t = 0; t < n; t++) {
@@ -387,4 +393,5 @@ void pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
         TRACE("ffn_shexp", il, moe->sh, (int64_t)n * E);
         for (int64_t i = 0; i < (int64_t)n * E; i++) c->o[i] = c->o[i] + moe->sh[i];
     }
+    return PI2_OK;
 }

@@ -28,7 +28,20 @@ struct pi2_moe {
     uint8_t *xa;         /* [B·k][xa_row] activations in the weights' formats */
     int64_t *routed;     /* [n_layer][X] rows routed to each expert since the context was made */
     size_t xa_row;
+    /* streamed experts (ffn/moe_stream.c): while a layer's experts are computed from the expert cache, the bytes of
+     * expert e of stream_w[i] are at stream_rows[i][e] (file layout); stream_w[i] NULL otherwise */
+    const pi2_weight *stream_w[3];
+    const uint8_t *const *stream_rows[3];
+    struct pi2_moe_stream *stream;   /* its scratch, made on first use */
 };
+
+/* Where expert e's rows of w are: the expert cache's copy while it streams, else the mapping (file layout: n_out rows
+ * of row_bytes). The one place an expert's bytes are found. */
+static inline const uint8_t *pi2_moe_expert_rows(const struct pi2_moe *moe, const pi2_weight *w, int32_t e) {
+    for (int i = 0; i < 3; i++)
+        if (moe->stream_w[i] == w) return moe->stream_rows[i][e];
+    return w->data + (size_t)e * (size_t)w->n_out * w->row_bytes;
+}
 
 /* Bytes of the buffers a context of params p on m needs (0 unless m is PI2_ARCH_MOE). */
 size_t pi2_moe_bytes(const pi2_model *m, const pi2_ctx_params *p);
@@ -48,8 +61,19 @@ void pi2_moe_router_early(pi2_ctx *c, const pi2_layer *L, int32_t il, const floa
 /* The last layer keeps rows first.. of n (the outputs): the early logits follow. */
 void pi2_moe_keep_rows(pi2_ctx *c, int32_t first, int32_t n);
 
-/* c->o[t] = the FFN of c->xn[t] for t < n: routed experts (+ the shared expert), or qwen3's dense SwiGLU. */
-void pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+/* c->o[t] = the FFN of c->xn[t] for t < n: routed experts (+ the shared expert), or qwen3's dense SwiGLU. Errors only
+ * when the experts stream (PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID). */
+pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+
+/* moe_stream.c: the expert products of layer il (gate and up, the activation, down into moe->gate/up/down) with the
+ * experts read through the context's pipeline, in chunks of at most its expert slots, each expert's gate and up
+ * computed as soon as its reads land: the same bits as the mapped products. */
+pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+void pi2_moe_stream_free(struct pi2_moe_stream *st);
+/* Routing ahead for one token (when the context streams experts and asked for it): guess layer il's experts and
+ * read the ones not present now. x: the hidden state to apply layer il's router to (weighted by its ffn_norm; the
+ * previous layer's output), or NULL for the logits pi2_moe_router_early just computed (smallthinker). */
+pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, const float *x);
 
 /* Expert products (ggml_mul_mat_id): for each active expert e and each row id i of its rows, out[i][r] = row r of
  * expert e of w · the activation of i (xa row i / k when by_token, else row i), n_w tensors alike (gate and up). */

@@ -133,7 +133,7 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
         const int64_t n_out = w->n_out;
         const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * ROWS_PER_TASK;
         const int64_t r1 = r0 + ROWS_PER_TASK < n_out ? r0 + ROWS_PER_TASK : n_out;
-        const uint8_t *base = w->data + (size_t)e * (size_t)n_out * w->row_bytes;
+        const uint8_t *base = pi2_moe_expert_rows(moe, w, e);
         float *out = j->out[m];
         for (int32_t i = 0; i < cnt; i++) {
             const int32_t id = moe->list[first + i];

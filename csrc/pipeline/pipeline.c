@@ -14,8 +14,9 @@ pi2_status pi2_pipeline_create(const pi2_model *m, const pi2_stream_params *para
     pl->layer = -1;
     pl->whole.layer = -1;
     pl->n_groups = (m->hp.n_ff + PI2_FFN_GROUP - 1) / PI2_FFN_GROUP;
+    if (m->hp.arch == PI2_ARCH_MOE) pl->n_groups = m->hp.n_expert > 0 ? m->hp.n_expert : 1;   /* a group per expert */
     pi2_status s = pi2_cache_create(m, params, &pl->cache);
-    if (!s && !(s = pi2_units_init(pl)) && !(s = pi2_whole_init(pl))) {
+    if (!s && !(s = pi2_units_init(pl)) && !(s = pi2_whole_init(pl)) && !(s = pi2_experts_init(pl))) {
         pl->ready = calloc((size_t)pl->n_groups, 1);
         pl->groups = calloc((size_t)pl->n_groups, sizeof *pl->groups);
         if (!pl->ready || !pl->groups) s = pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
@@ -24,6 +25,7 @@ pi2_status pi2_pipeline_create(const pi2_model *m, const pi2_stream_params *para
         pi2_pipeline_free(pl);
         return s;
     }
+    if (pl->experts) pl->experts->ahead_on = params->expert_ahead;
     *out = pl;
     return PI2_OK;
 }
@@ -32,6 +34,7 @@ void pi2_pipeline_free(pi2_pipeline *pl) {
     if (!pl) return;
     if (pl->cache && pl->whole.reqs) pi2_whole_settle(pl);
     pi2_units_free(pl);
+    pi2_experts_free(pl);
     free(pl->whole.reqs);
     free(pl->ready);
     free(pl->groups);
@@ -41,7 +44,9 @@ void pi2_pipeline_free(pi2_pipeline *pl) {
 
 void pi2_pipeline_stats(const pi2_pipeline *pl, pi2_cache_stats *out) { pi2_cache_get_stats(pl->cache, out); }
 
-int pi2_pipeline_streams(const pi2_pipeline *pl, int32_t part) { return part < pl->cache->n_parts; }
+int pi2_pipeline_streams(const pi2_pipeline *pl, int32_t part) {
+    return part == PI2_PART_EXPERTS ? pl->experts != NULL : part < pl->cache->n_parts;
+}
 
 int pi2_pipeline_by_units(const pi2_pipeline *pl, int32_t part) {
     return pi2_pipeline_streams(pl, part) && !(pl->whole_parts >> part & 1);
@@ -52,6 +57,7 @@ pi2_status pi2_pipeline_begin_layer(pi2_pipeline *pl, int32_t il, int32_t n_tok,
     pl->layer = il;
     pl->n_tok = n_tok;
     pl->whole_parts = streamed & ~unit_parts;
+    if (pl->experts) return PI2_OK;   /* a MoE file: its experts are read when routed (experts.c) */
     if (pl->whole_parts) return pi2_whole_ahead(pl, il, pl->whole_parts);   /* they land during attention */
     if (unit_parts >> PI2_PART_BUNDLES & 1 && !pi2_pipeline_streams(pl, PI2_PART_GATE))
         return pi2_units_early(pl, il);   /* the clusters nearly every token needs, during attention */

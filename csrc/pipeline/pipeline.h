@@ -28,6 +28,7 @@
  * expert's neurons in a pi2 file; the router's top-k (or routing ahead's guess, submitted in begin_layer like early
  * reads) is the `need` list, a group is an expert, and next_ready hands each expert to compute as its slices land.
  * Hot experts are the part's resident prefix, the expert cache its slots: the same pipeline, not a second engine.
+ * (Built for plain GGUF experts: PI2_PART_EXPERTS below; ffn/moe_stream.c computes them as they land.)
  *
  * Does not: compute (csrc/ffn/), hold the slots or issue the reads (csrc/cache/), choose sizes (the planner). */
 #ifndef PI2_PIPELINE_H
@@ -86,5 +87,22 @@ pi2_status pi2_pipeline_run(pi2_pipeline *pl, pi2_pool *pool, int32_t part, int3
 const int32_t *pi2_pipeline_groups(const pi2_pipeline *pl);
 /* Where the current layer's units of `part` are (after need). */
 pi2_rows pi2_pipeline_rows(const pi2_pipeline *pl, int32_t part);
+
+/* Experts (PI2_PART_EXPERTS, a MoE file; pipeline/experts.c). need(PI2_PART_EXPERTS, il, experts, n, ready): the n
+ * distinct experts of layer il (at most pi2_pipeline_expert_room cold ones) made present: resident hot ones and
+ * cached ones at once (ready[e] = 1), misses read into the least recently used slots (three reads each: the spans of
+ * its gate, up and down slices); next_ready lists the experts whose three reads have landed. Then: */
+/* Cold expert slots: the most experts not resident that one need may name. */
+int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl);
+/* [n_expert] where slice w (0 gate, 1 up, 2 down) of each expert named by the last need of the layer is. */
+const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w);
+/* Routing ahead: read the guessed experts of layer il (one token's top-k, before its routing) into slots now;
+ * need then takes those it names as misses already on their way. Skipped while reads are in flight or when the
+ * guesses could crowd out the token's own misses (2n > the expert slots). PI2_ERR_IO when a submission fails. */
+pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n);
+/* 1 when the pipeline streams experts and was asked to route ahead. */
+int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl);
+/* Count a streamed MoE layer's step of n_tok tokens routing n_rows (token, slot) rows (statistics). */
+void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, int32_t n_rows);
 
 #endif

@@ -29,6 +29,18 @@ typedef struct {               /* whole-region reads submitted ahead of their FF
     double t_submit;
 } whole_reads;
 
+typedef struct {               /* a MoE layer's expert reads (experts.c) */
+    int32_t layer;             /* the layer of the reads in reqs, or -1 */
+    pi2_io_request *reqs;      /* [3 · n_expert]: user = expert · 3 + slice */
+    int32_t n_req, n_sub, n_wait;   /* reads listed, of which submitted, of which reaped */
+    int32_t *pending;          /* [n_expert] slices each listed expert of the layer still waits for */
+    const uint8_t **rows[PI2_EXPERT_SLICES];   /* [n_expert] where each needed expert's slices are */
+    uint8_t *ahead;            /* [n_expert] 1: read ahead (a guess) and not needed yet, 2: ... and needed */
+    int32_t ahead_layer;       /* the layer whose guessed experts are in reqs, or -1 */
+    int32_t ahead_on;          /* pi2_stream_params.expert_ahead */
+    double t_submit;
+} expert_reads;
+
 struct pi2_pipeline {
     pi2_cache *cache;
     int32_t n_groups;          /* groups of PI2_FFN_GROUP neurons per layer */
@@ -38,6 +50,7 @@ struct pi2_pipeline {
     uint32_t whole_parts;      /* ... bit p: part p is read whole */
     uint8_t *ready;            /* [n_groups] groups whose units are present (need) */
     int32_t *groups;           /* [n_groups] the groups one pool run computes */
+    expert_reads *experts;     /* a MoE file's expert reads, or NULL */
 };
 
 /* units.c */
@@ -48,6 +61,12 @@ void pi2_units_free(pi2_pipeline *pl);
 pi2_status pi2_units_early(pi2_pipeline *pl, int32_t il);
 /* Wait for every part's unreaped unit reads and forget their clusters. */
 void pi2_units_settle(pi2_pipeline *pl);
+
+/* experts.c */
+pi2_status pi2_experts_init(pi2_pipeline *pl);
+void pi2_experts_free(pi2_pipeline *pl);
+pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n, uint8_t *ready);
+pi2_status pi2_experts_next_ready(pi2_pipeline *pl, int32_t *groups, int32_t *n_groups);
 
 /* whole.c */
 pi2_status pi2_whole_init(pi2_pipeline *pl);

@@ -112,6 +112,7 @@ pi2_status pi2_units_early(pi2_pipeline *pl, int32_t il) {
 
 pi2_status pi2_pipeline_need(pi2_pipeline *pl, int32_t part, int32_t il, const int32_t *idx, int32_t n,
                              uint8_t *ready) {
+    if (part == PI2_PART_EXPERTS) return pi2_experts_need(pl, il, idx, n, ready);
     pi2_cache *cache = pl->cache;
     pi2_part *cached = &cache->part[part];
     unit_reads *reads = &pl->units[part];
@@ -183,6 +184,7 @@ static pi2_status check_done(pi2_pipeline *pl, int32_t part, const pi2_io_comple
 }
 
 pi2_status pi2_pipeline_next_ready(pi2_pipeline *pl, int32_t part, int32_t *groups, int32_t *n_groups) {
+    if (part == PI2_PART_EXPERTS) return pi2_experts_next_ready(pl, groups, n_groups);
     pi2_cache *cache = pl->cache;
     unit_reads *reads = &pl->units[part];
     const int32_t cluster = cache->cluster;

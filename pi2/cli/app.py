@@ -370,6 +370,17 @@ def profile_io(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = Mod
                            cache_dir=cache_dir, seconds=seconds)
 
 
+@app.command("profile-experts")
+def profile_experts(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
+                    calib: Optional[Path] = typer.Option(None, "--calib", help="text to route (default: the "
+                                                         "calibration text pi2 ships)"),
+                    calib_tokens: int = typer.Option(2048, "--calib-tokens", help="tokens to route"),
+                    threads: int = ThreadsOpt, verbose: bool = VerboseOpt):
+    """How often a MoE file routes to each expert on a text, saved where --memory-budget finds it: the planner keeps
+    the most routed experts resident."""
+    _commands().profile_experts(_model_path(model, model_opt), calib, calib_tokens, threads)
+
+
 @app.command()
 def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          memory_budget: str = typer.Option(..., "--memory-budget", help="memory the process may hold, e.g. 500M"),
@@ -380,7 +391,8 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"), verbose: bool = VerboseOpt):
     """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
     --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
-    predicted gain): the plan `pi2 run` makes with the same flags."""
+    predicted gain); for a plain MoE GGUF the expert cache's split, expected hit rate and flash bytes per token:
+    the plan `pi2 run` makes with the same flags."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, predictor=use_predictor, memory_budget=memory_budget, io=io,
                     npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, cache_type_k=cache_k, cache_type_v=cache_v)
     _commands().plan(_model_path(model, model_opt), cfg, json_out)

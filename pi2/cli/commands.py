@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 from pi2 import convert as cv
 from pi2.api import Model
 from pi2.convert.predictor import Spec
 from pi2.errors import FileError, UsageError
 from pi2.model.info import describe
 from pi2.model.loader import load_model
+from pi2.plan.experts import profile_experts as run_profile
 from pi2.plan import devices as dv
 from pi2.plan import profile
 from pi2.runtime import bench as rb
@@ -192,6 +195,15 @@ def verbose_report(session) -> None:
     if plan is None:
         return
     st = session.ctx.stream_stats()
+    if getattr(plan, "kind", "") == "experts":   # a MoE file's expert cache
+        print(f"pi2: experts: budget {plan.budget / 2**20:.0f} MiB, {plan.n_hot} hot ({st['hot_bytes'] / 2**20:.1f} "
+              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots, io {plan.io}", file=sys.stderr)
+        print(f"pi2: experts: {st['experts_loaded_per_token']:.2f} per token and layer, hit rate "
+              f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), flash "
+              f"{st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, I/O wait "
+              f"{st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB"
+              + (f", routing ahead {st['expert_ahead_hit_rate']:.1%} right" if plan.ahead else ""), file=sys.stderr)
+        return
     print(f"pi2: cache: budget {plan.budget / 2**20:.0f} MiB, hot {st['hot_bytes'] / 2**20:.1f} MiB, "
           f"cold {plan.n_slots} x {plan.slot_bytes // 1024} KiB slots, cluster {plan.cluster}, io {plan.io}",
           file=sys.stderr)
@@ -295,9 +307,9 @@ def plan(model_path: Path, cfg: RunConfig, json_out: bool) -> None:
         raise UsageError(p.stream_gap or "--memory-budget needs the C engine")
     dec = p.npu.decision
     if json_out:
-        print(json.dumps({**p.cache.as_dict(), "npu": dec.as_dict()}))
+        print(json.dumps({**p.cache.as_dict(), **({"npu": dec.as_dict()} if dec is not None else {})}))
     else:
-        print("\n".join(p.cache.lines() + dec.lines()))
+        print("\n".join(p.cache.lines() + (dec.lines() if dec is not None else [])))
 
 
 def tokenize(model_path: Path, text: str, ids_only: bool, add_special: bool, parse_special: bool,
@@ -370,6 +382,18 @@ def convert(src: Path, out: Optional[Path], *, pred: Optional[tuple], **kw) -> N
 
 def devices(model: Optional[Path], nnapi_lib: Optional[str], json_out: bool) -> None:
     dv.show(model, nnapi_lib, json_out)
+
+
+def profile_experts(model_path: Path, calib, n_tokens: int, threads: int) -> None:
+    """pi2 profile-experts: the rows routed to each expert on the calibration text, saved for the planner."""
+    model = open_model(model_path)
+    path, n_tok, counts = run_profile(model, calib, n_tokens, threads)
+    rows = counts.sum(axis=1, keepdims=True)
+    share = np.sort(counts / np.maximum(rows, 1), axis=1)[:, ::-1]
+    k4 = max(1, counts.shape[1] // 4)
+    print(f"{n_tok} tokens routed; the most used quarter of each layer's experts took "
+          f"{share[rows[:, 0] > 0, :k4].sum(axis=1).mean():.1%} of its rows (uniform: 25.0%)")
+    print(f"saved {path}")
 
 
 def profile_io(model: Path, **kw) -> None:

@@ -147,7 +147,8 @@ class CContext:
             if not c.n_expert:
                 return {}
             return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
-                    "ffn_bytes_per_token": ffn_bytes_per_token(model), "active_bytes_per_token": active_params(model)[1]}
+                    "ffn_bytes_per_token": ffn_bytes_per_token(model), "active_bytes_per_token": active_params(model)[1],
+                    **self.stream_stats()}
         return {**self._ffn_stats(), **self.stream_stats()}
 
     def stream_stats(self) -> dict:
@@ -164,6 +165,8 @@ class CContext:
         prev = getattr(self, "_stream_prev", None) or {k: 0 for k in st}
         self._stream_prev = dict(st)
         d = {k: st[k] - prev[k] for k in st if not k.endswith(("arena_bytes", "hot_bytes"))}
+        if self.cfg.moe_family:
+            return self._expert_stats(st, d)
         need, cold = d["hot"] + d["hits"] + d["misses"], d["hits"] + d["misses"]
         whole = d["layer_loads"] + d["gate_layer_loads"]   # regions read whole (batches, gate rows read whole)
         out = {"cache_hit_rate": round((d["hot"] + d["hits"]) / need, 4) if need else 1.0,
@@ -183,6 +186,26 @@ class CContext:
                        gate_flash_bytes_per_token=int(d["gate_bytes_read"] / d["decoded"]) if d["decoded"] else 0,
                        gate_cache_bytes=st["gate_arena_bytes"], gate_hot_bytes=st["gate_hot_bytes"])
         return out
+
+    def _expert_stats(self, st: dict, d: dict) -> dict:
+        """stream_stats of a MoE file's expert cache: expert_hit_rate (needed experts, per layer and step, found
+        resident or in a slot), experts_loaded_per_token (distinct experts a step needed per token and layer), the
+        routing-ahead hit rate (guessed experts the routing then needed), and the figures every streamed run has."""
+        need = d["expert_hot"] + d["expert_hits"] + d["expert_misses"]
+        layers = sum(1 for il in range(self.cfg.n_layer) if self.cmodel.model.file.tensors.get(
+            f"blk.{il}.ffn_gate_exps.weight") is not None) or 1
+        hit = round((d["expert_hot"] + d["expert_hits"]) / need, 4) if need else 1.0
+        return {"cache_hit_rate": hit, "expert_hit_rate": hit,
+                "cold_hit_rate": round(d["expert_hits"] / (d["expert_hits"] + d["expert_misses"]), 4)
+                if d["expert_hits"] + d["expert_misses"] else 1.0,
+                "experts_loaded_per_token": round(need / d["tokens"] / layers, 2) if d["tokens"] else 0.0,
+                "expert_ahead_hit_rate": round(d["expert_ahead_used"] / d["expert_ahead"], 4)
+                if d["expert_ahead"] else 0.0,
+                "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
+                "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
+                "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
+                "cache_bytes": st["arena_bytes"], "hot_bytes": st["hot_bytes"],
+                "memory_budget": getattr(getattr(self, "plan", None), "budget", 0)}
 
     def _ffn_stats(self) -> dict:
         """As SparseFFN.stats: ffn_keep, ffn_bytes_per_token, and ffn_predicted under the predicted rule."""
@@ -209,11 +232,14 @@ class CContext:
 
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
-                   n_early=None) -> None:
+                   n_early=None, n_expert_slots: int = 0, expert_hot=None, expert_ahead: bool = False) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache/, read by csrc/pipeline/): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
         gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
-        n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention."""
+        n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention.
+        A MoE file streams its experts instead: n_expert_slots cold expert slots, expert_hot[L][X] (bool) resident
+        experts, expert_ahead: guess the next layer's experts and read them ahead (cluster, n_slots and the gate
+        settings are ignored)."""
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
         ghot = np.ascontiguousarray(np.zeros(L) if n_gate_hot is None else n_gate_hot, np.int32)
@@ -227,16 +253,23 @@ class CContext:
         p.n_hot = ffi.from_buffer("int32_t[]", hot)
         p.n_gate_hot = ffi.from_buffer("int32_t[]", ghot)
         p.n_early = ffi.from_buffer("int32_t[]", early)
+        p.n_expert_slots = n_expert_slots
+        p.expert_ahead = int(expert_ahead)
+        if expert_hot is not None:
+            self._stream_expert_hot = np.ascontiguousarray(expert_hot, np.uint8)
+            p.expert_hot = ffi.from_buffer("uint8_t[]", self._stream_expert_hot)
         check(lib.pi2_ctx_set_stream(self._h, p))
         self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth,
-                       "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0}
+                       "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0,
+                       "n_expert_slots": n_expert_slots}
         self._stream_prev = None
         self.stream_stats()      # the figures start after the hot prefixes were read
 
     _CACHE_STATS = ("tokens", "hot", "hits", "misses", "reads", "bytes_read", "layer_loads", "io_wait_s", "read_s",
                     "arena_bytes", "hot_bytes", "gate_hot", "gate_hits", "gate_misses", "gate_bytes_read",
                     "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes", "early_reads", "early_unused",
-                    "layer_loads_ahead")
+                    "layer_loads_ahead", "expert_hot", "expert_hits", "expert_misses", "expert_ahead",
+                    "expert_ahead_used", "expert_rows")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

@@ -20,6 +20,7 @@ from pi2.model.gguf_split import file_parts
 from pi2.model.loader import Model
 from pi2.plan import devices
 from pi2.plan.budget import MARGIN, Plan, context_bytes, fmt, make_plan, runtime_rss, streamable
+from pi2.plan.experts import ExpertPlan, expert_gap, make_expert_plan
 from pi2.runtime import npu
 from pi2.runtime.config import DEFAULT_CTX, RunConfig
 from pi2.runtime.ffn_rule import FFNRule, choose_rule
@@ -44,8 +45,9 @@ class RunPlan:
     cmodel: CModel | None = None
     budget: int | None = None       # the budget the FFN streams within (given, or the fitted limit)
     io: str = ""                    # the resolved backend of streamed reads
-    cache: Plan | None = None       # with the NPU's copies when it computes the hot prefix
-    cache_cpu: Plan | None = None   # the same budget without them (the NPU failing to attach falls back to it)
+    cache: Plan | ExpertPlan | None = None   # with the NPU's copies when it computes the hot prefix (a MoE file:
+                                             # the expert cache's split)
+    cache_cpu: Plan | ExpertPlan | None = None   # the same budget without them (the NPU failing to attach falls back)
     stream_gap: str = ""            # why a budget is not enforced for this file ("" when it is or none was given)
     notes: list = field(default_factory=list)
 
@@ -121,7 +123,10 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     if budget is None and engine == "c":
         budget = _fit_memory(model, cfg, n_ctx, notes)
     stream_gap = ""
-    if budget is not None and not model.config.pi2:
+    moe = _streams_experts(model)
+    if budget is not None and moe and engine == "reference":
+        raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
+    if budget is not None and not model.config.pi2 and not moe:
         stream_gap = streamable(model)
         notes.append(("", "a plain GGUF runs from its mapping and --memory-budget is not enforced; `pi2 convert` "
                           "makes a pi2 file whose FFN streams within the budget"))
@@ -137,7 +142,7 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
                 stream_gap=stream_gap, notes=notes)
     if engine == "c":
         if budget is not None:
-            why = streamable(model) or split_gap(model)
+            why = (expert_gap(model) if moe else streamable(model)) or split_gap(model)
             if why:
                 raise UsageError(why)
             if cfg.no_mmap:
@@ -163,6 +168,11 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     """The neuron cache's split of p.budget and NNAPI's part: with the NPU computing a pi2 file's hot prefix, its
     copies are part of the fixed region and the cache keeps no hot prefix of its own."""
     cfg = p.cfg
+    if p.budget is not None and _streams_experts(model):   # a MoE file: the expert cache (pi2/plan/experts.py)
+        p.cache = p.cache_cpu = make_expert_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io,
+                                                 n_batch=cfg.n_batch)
+        p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
+        return
     if p.budget is not None:
         p.cache = p.cache_cpu = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, rule=p.rule,
                                           type_k=cfg.type_k)
@@ -192,6 +202,10 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | 
     if need <= limit:
         return None
     name = os.path.basename(model.path)
+    if _streams_experts(model):
+        notes.append((f"fit:{name}", f"{name} needs {fmt(need)} but this process may use {fmt(limit)}: its experts "
+                                     f"stream from flash within that (as --memory-budget {limit >> 20}M)"))
+        return limit
     if model.config.pi2 and not streamable(model):
         notes.append((f"fit:{name}", f"{name} needs {fmt(need)} but this process may use {fmt(limit)}: its FFN "
                                      f"streams from flash within that (as --memory-budget {limit >> 20}M)"))
@@ -200,6 +214,12 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | 
                                  "mapping, re-reading weights from flash as they are evicted (slow); `pi2 convert` "
                                  "makes a pi2 file whose FFN streams only the neurons each token needs"))
     return None
+
+
+def _streams_experts(model) -> bool:
+    """A plain MoE GGUF whose experts can stream (csrc/cache/experts.h)."""
+    c = model.config
+    return bool(c.moe_family and c.n_expert and not c.pi2 and not expert_gap(model))
 
 
 def take_notes(p: RunPlan) -> list:

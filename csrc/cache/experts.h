@@ -1,0 +1,57 @@
+/* cache/experts.h — the expert cache of a streamed Mixture-of-Experts context (experts.c): where each expert's
+ * slices of ffn_{gate,up,down}_exps are in a plain GGUF (one contiguous span each: expert e of a {n_in, n_out, X}
+ * tensor is n_out rows from data + e·n_out·row_bytes), resident hot experts, and an LRU of cold expert slots
+ * (slots.c, one "cluster" per expert). A slot holds the three slices of one expert, each read as the 4 KiB-aligned
+ * span enclosing it at a fixed place in the slot; the slice's rows start at slot + span_at[w] + (off - aligned off).
+ * Does not: decide what to read when (csrc/pipeline/experts.c), compute (csrc/ffn/moe_stream.c) or choose sizes
+ * (the planner, pi2/plan/experts.py). */
+#ifndef PI2_CACHE_EXPERTS_H
+#define PI2_CACHE_EXPERTS_H
+#include <stdint.h>
+
+#include "cache/slots.h"
+#include "model.h"
+
+enum { PI2_EXPERT_GATE = 0, PI2_EXPERT_UP = 1, PI2_EXPERT_DOWN = 2, PI2_EXPERT_SLICES = 3 };
+
+typedef struct {
+    int64_t off[PI2_EXPERT_SLICES];     /* file offset of expert 0's slice of gate, up, down (0: no experts) */
+    int64_t bytes[PI2_EXPERT_SLICES];   /* bytes of one expert's slice */
+} pi2_expert_region;
+
+typedef struct pi2_expert_cache {
+    int32_t n_layer, n_expert;
+    pi2_expert_region *layers;          /* [n_layer] */
+    int64_t span_at[PI2_EXPERT_SLICES]; /* where each slice's span starts in a slot */
+    size_t slot_bytes;
+    pi2_slots slots;                    /* cold slots: (layer, expert) */
+    int32_t *hot_of;                    /* [n_layer][n_expert] the hot record holding the expert, or -1 */
+    int32_t n_hot;
+    uint8_t *hot_arena;                 /* [n_hot] records of slot_bytes, 4 KiB-aligned */
+    uint8_t *arena;                     /* [slots.n_slots] slots of slot_bytes, 4 KiB-aligned */
+    int64_t hot, hits, misses, bytes_read, early, early_unused;   /* statistics (per layer and token step) */
+} pi2_expert_cache;
+
+/* 1 when layer il has streamed experts. */
+static inline int pi2_expert_layer(const pi2_expert_cache *ec, int32_t il) { return ec->layers[il].bytes[0] > 0; }
+
+/* File span [*start, *end) of slice w of expert e of layer il, 4 KiB-aligned; *need: where its bytes end. */
+void pi2_expert_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t w, int64_t *start, int64_t *end,
+                     int64_t *need);
+/* The rows of slice w of expert e of layer il in a record (a slot or a hot record) at `rec`. */
+const uint8_t *pi2_expert_rows_in(const pi2_expert_cache *ec, const uint8_t *rec, int32_t il, int32_t e, int32_t w);
+static inline uint8_t *pi2_expert_slot(const pi2_expert_cache *ec, int32_t slot) {
+    return ec->arena + (size_t)slot * ec->slot_bytes;
+}
+static inline uint8_t *pi2_expert_hot_rec(const pi2_expert_cache *ec, int32_t h) {
+    return ec->hot_arena + (size_t)h * ec->slot_bytes;
+}
+
+/* Bytes of one expert slot of m (0 and PI2_ERR_UNSUPPORTED when m has no expert tensors to stream). */
+pi2_status pi2_expert_slot_bytes(const pi2_model *m, int64_t *out);
+/* The regions, n_slots cold slots and the hot records of the experts hot[il·X + e] != 0 (NULL: none); the hot
+ * records are filled by the caller (pi2_cache_create). PI2_ERR_NOMEM, PI2_ERR_INVALID, PI2_ERR_UNSUPPORTED. */
+pi2_status pi2_expert_cache_init(pi2_expert_cache *ec, const pi2_model *m, int32_t n_slots, const uint8_t *hot);
+void pi2_expert_cache_free(pi2_expert_cache *ec);
+
+#endif

@@ -1,0 +1,227 @@
+/* pipeline/experts.c — a MoE layer's expert reads (pipeline/state.h, PI2_PART_EXPERTS): look up the needed experts
+ *       (resident hot record, a cold slot, or three reads into the least recently used slot), submit the misses,
+ *       reap them and say which experts are ready; drain the reads of a layer that failed or was left. Counts hot,
+ *       hits, misses and bytes (cache/experts.h).
+ * Does not: hold the slots or issue the reads (csrc/cache/), route or compute (csrc/ffn/moe*.c). */
+#define _GNU_SOURCE
+#include "pipeline/state.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+pi2_status pi2_experts_init(pi2_pipeline *pl) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    if (!ec) return PI2_OK;
+    const size_t X = (size_t)ec->n_expert;
+    expert_reads *ex = pl->experts = calloc(1, sizeof *ex);
+    if (!ex) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
+    ex->layer = ex->ahead_layer = -1;
+    ex->reqs = malloc(X * PI2_EXPERT_SLICES * sizeof *ex->reqs);
+    ex->pending = calloc(X, sizeof *ex->pending);
+    ex->ahead = calloc(X, 1);
+    int ok = ex->reqs && ex->pending && ex->ahead;
+    for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) ok = ok && (ex->rows[w] = calloc(X, sizeof *ex->rows[w]));
+    return ok ? PI2_OK : pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
+}
+
+void pi2_experts_free(pi2_pipeline *pl) {
+    expert_reads *ex = pl->experts;
+    if (!ex) return;
+    if (ex->n_wait < ex->n_sub) pi2_cache_reap_all(pl->cache);
+    free(ex->reqs);
+    free(ex->pending);
+    free(ex->ahead);
+    for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) free(ex->rows[w]);
+    free(ex);
+    pl->experts = NULL;
+}
+
+int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl) { return pl->experts && pl->experts->ahead_on; }
+
+int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl) { return pl->cache->experts->slots.n_slots; }
+
+const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w) {
+    return (const uint8_t *const *)pl->experts->rows[w];
+}
+
+void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, int32_t n_rows) {
+    const pi2_expert_cache *ec = pl->cache->experts;
+    int32_t first = 0;
+    while (first < ec->n_layer && !pi2_expert_layer(ec, first)) first++;
+    if (il == first) pl->cache->st.tokens += n_tok;
+    pl->cache->st.expert_rows += n_rows;
+}
+
+/* After an error, or reads of a layer left unreaped: wait for what is in flight, forget the experts listed. */
+static void drain(pi2_pipeline *pl) {
+    expert_reads *ex = pl->experts;
+    pi2_slots *slots = &pl->cache->experts->slots;
+    pi2_cache_reap_all(pl->cache);
+    for (int32_t i = 0; i < ex->n_req; i++) {
+        const int32_t slot = pi2_slots_holding(slots, ex->layer, (int32_t)(ex->reqs[i].user / PI2_EXPERT_SLICES));
+        if (slot >= 0) pi2_slots_forget(slots, slot);
+    }
+    ex->n_req = ex->n_sub = ex->n_wait = 0;
+    ex->ahead_layer = -1;
+}
+
+static pi2_status submit(pi2_pipeline *pl) {
+    expert_reads *ex = pl->experts;
+    int32_t accepted = 0;
+    const pi2_status s = pi2_cache_submit(pl->cache, ex->reqs + ex->n_sub, ex->n_req - ex->n_sub, &accepted);
+    ex->n_sub += accepted;
+    if (s) drain(pl);
+    return s;
+}
+
+/* List the three reads of expert e of layer il into the least recently used slot; the slot. */
+static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    expert_reads *ex = pl->experts;
+    const int32_t slot = pi2_slots_take(&ec->slots, il, e);
+    for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) {
+        int64_t start, end;
+        pi2_expert_span(ec, il, e, w, &start, &end, NULL);
+        ex->reqs[ex->n_req++] = (pi2_io_request){.offset = (uint64_t)start, .length = (uint64_t)(end - start),
+                                                 .dest = pi2_expert_slot(ec, slot) + ec->span_at[w],
+                                                 .user = (uint64_t)e * PI2_EXPERT_SLICES + (uint64_t)w};
+    }
+    ex->pending[e] = PI2_EXPERT_SLICES;
+    return slot;
+}
+
+/* Reap every read in flight, keeping what lands (the experts read ahead become cached ones). */
+static pi2_status finish(pi2_pipeline *pl) {
+    expert_reads *ex = pl->experts;
+    int32_t got = 0;
+    while (ex->n_wait < ex->n_req) {
+        pi2_status s = pi2_experts_next_ready(pl, pl->groups, &got);
+        if (s) return s;
+    }
+    return PI2_OK;
+}
+
+pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    expert_reads *ex = pl->experts;
+    const int32_t X = ec->n_expert;
+    if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il) || ex->n_wait < ex->n_req) return PI2_OK;
+    if (2 * n > ec->slots.n_slots) return PI2_OK;   /* the guesses and the token's other misses must both fit */
+    ex->n_req = ex->n_sub = ex->n_wait = 0;
+    ex->layer = il;
+    memset(ex->ahead, 0, (size_t)X);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t e = experts[i];
+        if (ec->hot_of[(size_t)il * X + e] >= 0 || pi2_slots_holding(&ec->slots, il, e) >= 0) continue;
+        list_reads(pl, il, e);
+        ex->ahead[e] = 1;
+        pl->cache->st.expert_ahead++;
+    }
+    if (!ex->n_req) return PI2_OK;
+    ex->ahead_layer = il;
+    ex->t_submit = pi2_now();
+    return submit(pl);
+}
+
+pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n, uint8_t *ready) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    expert_reads *ex = pl->experts;
+    const int32_t X = ec->n_expert;
+    if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il))
+        return pi2_set_error(PI2_ERR_INVALID, "layer %d has no streamed experts", (int)il);
+    int ahead = ex->ahead_layer == il;   /* this layer's guessed experts are in reqs, maybe landed */
+    if (ex->n_wait < ex->n_req && !ahead) drain(pl);   /* another layer's reads, left after an error or an abort */
+    if (ahead && n + ex->n_req / PI2_EXPERT_SLICES > ec->slots.n_slots) {   /* a chunk that could take their slots */
+        const pi2_status s = finish(pl);
+        if (s) return s;
+    }
+    ex->ahead_layer = -1;
+    if (ex->layer != il) memset(ex->ahead, 0, (size_t)X);   /* guesses of another layer */
+    if (!ahead || ex->n_wait == ex->n_req) {   /* nothing in flight: the list starts anew */
+        ex->n_req = ex->n_sub = ex->n_wait = 0;
+        ahead = 0;
+    }
+    ex->layer = il;
+    memset(ready, 1, (size_t)X);
+    int32_t cold = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t e = experts[i], h = ec->hot_of[(size_t)il * X + e];
+        if (h >= 0) {
+            for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++)
+                ex->rows[w][e] = pi2_expert_rows_in(ec, pi2_expert_hot_rec(ec, h), il, e, w);
+            ec->hot++;
+            continue;
+        }
+        if (++cold > ec->slots.n_slots) {
+            drain(pl);
+            return pi2_set_error(PI2_ERR_INVALID, "layer %d needs more experts at once than the %d expert slots",
+                                 (int)il, (int)ec->slots.n_slots);
+        }
+        int32_t slot = pi2_slots_find(&ec->slots, il, e);
+        if (slot >= 0 && ex->ahead[e] == 1) {   /* guessed right: its reads are in flight or landed */
+            ex->ahead[e] = 2;
+            ec->misses++;
+            pl->cache->st.expert_ahead_used++;
+            ready[e] = ex->pending[e] == 0;
+        } else if (slot >= 0) {
+            ec->hits++;
+        } else {
+            slot = list_reads(pl, il, e);
+            ec->misses++;
+            ready[e] = 0;
+        }
+        for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++)
+            ex->rows[w][e] = pi2_expert_rows_in(ec, pi2_expert_slot(ec, slot), il, e, w);
+    }
+    if (ex->n_sub == ex->n_req) return PI2_OK;
+    if (!ahead || !ex->n_sub) ex->t_submit = pi2_now();
+    return submit(pl);
+}
+
+/* Check one completion of the current layer; forget its slot when it failed. */
+static pi2_status check_done(pi2_pipeline *pl, const pi2_io_completion *c) {
+    pi2_cache *cache = pl->cache;
+    pi2_expert_cache *ec = cache->experts;
+    expert_reads *ex = pl->experts;
+    const int32_t e = (int32_t)(c->user / PI2_EXPERT_SLICES), w = (int32_t)(c->user % PI2_EXPERT_SLICES);
+    int64_t start, end, need;
+    pi2_expert_span(ec, ex->layer, e, w, &start, &end, &need);
+    cache->st.reads++;
+    ec->bytes_read += end - start;
+    if ((c->error && c->error != ENODATA) || c->nbytes < need - start) {
+        const int32_t slot = pi2_slots_holding(&ec->slots, ex->layer, e);
+        if (slot >= 0) pi2_slots_forget(&ec->slots, slot);
+        return pi2_set_io_error(c->error ? c->error : ENODATA, cache->path, "reading expert %d of layer %d at offset "
+                                "%lld of %s: %s", (int)e, (int)ex->layer, (long long)start, cache->path,
+                                c->error ? strerror(c->error) : "short read");
+    }
+    return PI2_OK;
+}
+
+pi2_status pi2_experts_next_ready(pi2_pipeline *pl, int32_t *groups, int32_t *n_groups) {
+    expert_reads *ex = pl->experts;
+    *n_groups = 0;
+    pi2_io_completion done[64];
+    while (!*n_groups && ex->n_wait < ex->n_req) {
+        pi2_status s;
+        if (ex->n_sub < ex->n_req && (s = submit(pl))) return s;   /* the queue was full at need: top it up */
+        int32_t got = 0;
+        if ((s = pi2_cache_reap(pl->cache, done, 64, &got))) {
+            drain(pl);
+            return s;
+        }
+        for (int32_t i = 0; i < got; i++) {
+            if ((s = check_done(pl, &done[i]))) {
+                ex->n_wait += got;
+                drain(pl);
+                return s;
+            }
+            const int32_t e = (int32_t)(done[i].user / PI2_EXPERT_SLICES);
+            if (--ex->pending[e] == 0 && ex->ahead[e] != 1) groups[(*n_groups)++] = e;
+        }
+        ex->n_wait += got;
+        if (ex->n_wait == ex->n_req) pl->cache->st.read_s += pi2_now() - ex->t_submit;
+    }
+    return PI2_OK;
+}

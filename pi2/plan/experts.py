@@ -1,0 +1,267 @@
+"""experts.py — the expert cache's split of a memory budget for a plain MoE GGUF (csrc/cache/experts.h): what stays
+mapped (the fixed region: attention, norms, routers, shared experts, embeddings rows, output), the KV cache and
+buffers, and the rest as expert slots (each one expert's gate, up and down slices, 4 KiB-aligned), of which the
+experts a routing profile names most often are resident (hot) and the others an LRU shared by all layers.
+
+Owns: `expert_gap` (why a file cannot stream its experts), `make_expert_plan`, ExpertPlan (its lines for `pi2 plan`,
+its stream_args for CContext.set_stream), the expected hit rate and flash bytes per token, and the routing profile
+(`pi2 profile-experts` writes it; read from ~/.cache/pi2/experts/ when present).
+Does not: read weights or time anything; the neuron cache of pi2 files (budget.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pi2.convert.profile import calib_tokens
+from pi2.engine import CContext, CModel, default_threads
+from pi2.errors import UsageError
+from pi2.model.info_moe import EXPERT
+from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, measured_runtime
+from pi2.plan.profile import cached_throughput, default_cache_dir
+
+ALIGN = 4096
+SLICES = ("gate", "up", "down")
+MIN_COLD_PER_K = 2      # cold slots kept at least 2·k when hot experts are chosen: a token's misses and the next's
+
+
+def _align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def expert_gap(model) -> str:
+    """Why `model` cannot stream its experts under a budget ("" when it can)."""
+    c = model.config
+    if not c.moe_family or not c.n_expert:
+        return f"{os.path.basename(model.path)} has no experts to stream"
+    names = model.file.tensors
+    for il in range(c.n_layer):
+        have = [f"blk.{il}.ffn_{s}_exps.weight" in names for s in SLICES]
+        if any(have) and not all(have):
+            return f"layer {il} has only some of ffn_{{gate,up,down}}_exps"
+    return ""
+
+
+def expert_layers(model) -> list:
+    """Per layer: (bytes of one expert's gate, up, down slice) or None when the layer has no experts."""
+    c, names = model.config, model.file.tensors
+    out = []
+    for il in range(c.n_layer):
+        ts = [names.get(f"blk.{il}.ffn_{s}_exps.weight") for s in SLICES]
+        out.append(None if ts[0] is None else tuple(t.nbytes // c.n_expert for t in ts))
+    return out
+
+
+def slot_bytes(model) -> int:
+    """One expert slot as csrc/cache/experts.c lays it out: per slice, the largest slice rounded up + 4 KiB."""
+    layers = [b for b in expert_layers(model) if b]
+    return sum(max(_align_up(b[w]) + ALIGN for b in layers) for w in range(3))
+
+
+def read_bytes(model) -> list:
+    """Per expert layer: bytes one miss reads (the three enclosing 4 KiB spans, at most)."""
+    return [sum(_align_up(b[w]) + ALIGN for w in range(3)) for b in expert_layers(model) if b]
+
+
+def fixed_region(model, n_ctx: int) -> int:
+    """Mapped bytes the forward pass reads: every tensor but the experts; token embeddings not tied to the output
+    count n_ctx rows of whole pages at most (as budget.fixed_bytes)."""
+    out = model.file.tensors.get("output.weight")
+    total = 0
+    for name, t in model.file.tensors.items():
+        if EXPERT.search(name):
+            continue
+        n = t.nbytes
+        if name == "token_embd.weight" and out is not None:
+            n = min(n, n_ctx * (-(-(n // t.ne[1]) // ALIGN) + 1) * ALIGN)
+        total += n
+    return total
+
+
+def profile_path(model) -> Path:
+    """Where `pi2 profile-experts` keeps a file's routing counts (by name and size)."""
+    st = os.stat(model.path)
+    return default_cache_dir() / "experts" / f"{os.path.basename(model.path)}.{st.st_size}.json"
+
+
+def load_profile(model) -> np.ndarray | None:
+    """[n_layer][n_expert] routed rows per expert from the file's routing profile, or None."""
+    p = profile_path(model)
+    try:
+        counts = np.asarray(json.loads(p.read_text())["expert_rows"], np.float64)
+    except (OSError, ValueError, KeyError):
+        return None
+    c = model.config
+    return counts if counts.shape == (c.n_layer, c.n_expert) else None
+
+
+def save_profile(model, counts: np.ndarray, tokens: int) -> Path:
+    p = profile_path(model)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps({"tokens": int(tokens), "expert_rows": np.asarray(counts).astype(int).tolist()}))
+    return p
+
+
+def profile_experts(model, calib=None, n_tokens: int = 2048, n_threads: int = 0) -> tuple:
+    """Route the calibration text (chunks as `pi2 convert` takes them) through the C engine and save the rows each
+    expert received (the profile the planner picks hot experts from); (path, tokens, counts)."""
+    if expert_gap(model):
+        raise UsageError(expert_gap(model))
+    chunks, _sha, n_tok = calib_tokens(model.tokenizer, calib, n_tokens)
+    ctx = CContext(CModel.from_model(model), max(len(ch) for ch in chunks) + 1, n_threads or default_threads())
+    for ch in chunks:
+        ctx.reset()
+        ctx.decode(ch)
+    counts = ctx.expert_counts
+    return save_profile(model, counts, n_tok), n_tok, counts
+
+
+@dataclass
+class ExpertPlan:
+    budget: int
+    runtime: int
+    fixed: int
+    kv: int
+    scratch: int
+    margin: int
+    slot_bytes: int
+    n_expert: int
+    k: int
+    n_layers: int               # layers with experts
+    n_slots: int                # cold slots
+    hot: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))   # [n_layer][n_expert] resident
+    expert_bytes: int = 0       # every expert's slices in the file
+    miss_bytes: float = 0.0     # mean bytes one miss reads
+    hit_rate: float = 0.0       # expected share of needed experts found hot or cached (decode)
+    flash_bytes: int = 0        # expected bytes read per decoded token
+    profiled: bool = False      # hot experts and the hit rate from a routing profile (else uniform routing)
+    io: str = "auto"
+    queue_depth: int = QUEUE_DEPTH
+    read_mbps: float | None = None
+    profile_note: str = ""
+    ahead: bool = True
+    repacked: int = 0
+    kind: str = "experts"
+
+    @property
+    def min_slots(self) -> int:
+        return self.k
+
+    @property
+    def floor(self) -> int:
+        return self.runtime + self.fixed + self.kv + self.scratch + self.margin + self.min_slots * self.slot_bytes
+
+    @property
+    def n_hot(self) -> int:
+        return int(self.hot.sum())
+
+    @property
+    def hot_bytes(self) -> int:
+        return self.n_hot * self.slot_bytes
+
+    @property
+    def cold_bytes(self) -> int:
+        return self.n_slots * self.slot_bytes
+
+    def stream_args(self) -> dict:
+        return {"cluster": 8, "n_slots": 0, "io": self.io, "queue_depth": self.queue_depth,
+                "n_expert_slots": self.n_slots, "expert_hot": self.hot.astype(np.uint8) if self.n_hot else None,
+                "expert_ahead": self.ahead}
+
+    @property
+    def io_bound_tps(self) -> float | None:
+        if not self.read_mbps:
+            return None
+        return float("inf") if not self.flash_bytes else self.read_mbps * 1e6 / self.flash_bytes
+
+    def lines(self) -> list:
+        total = self.n_layers * self.n_expert
+        tps = self.io_bound_tps
+        pred = (f"predicted          no device profile ({self.profile_note or 'run pi2 profile-io MODEL'})"
+                if tps is None else
+                f"predicted          at most {tps:.2f} tokens/s from reads alone ({self.read_mbps:.0f} MB/s at "
+                f"{self.slot_bytes // 3 // 1024} KiB reads: {self.profile_note})")
+        return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
+                f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
+                f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, routers, shared experts, "
+                f"embeddings, output)",
+                f"KV cache           {fmt(self.kv)}",
+                f"scratch + margin   {fmt(self.scratch + self.margin)}",
+                f"experts            {fmt(self.expert_bytes)} on flash: {self.n_layers} layers x {self.n_expert} "
+                f"experts, {self.k} per token",
+                f"hot experts        {fmt(self.hot_bytes)}: {self.n_hot} of {total} resident"
+                + (" (the routing profile's most used)" if self.n_hot else
+                   " (no routing profile: `pi2 profile-experts MODEL` makes one)" if not self.profiled else ""),
+                f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
+                f"LRU shared by all layers ({(self.n_slots + self.n_hot) / max(total, 1):.1%} of the experts held; "
+                f"at least {self.min_slots} slots)",
+                f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT; next layer's experts "
+                f"guessed and read ahead: {'yes' if self.ahead else 'no'}",
+                f"hit rate           {self.hit_rate:.1%} expected ("
+                + ("routing profile" if self.profiled else "uniform routing: a worst case") + ")",
+                f"flash per token    {fmt(self.flash_bytes)} expected ({self.k} experts x {self.n_layers} layers x "
+                f"{1 - self.hit_rate:.1%} misses x {fmt(int(self.miss_bytes))})",
+                pred]
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("kind", "budget", "runtime", "fixed", "kv", "scratch", "margin",
+                                           "slot_bytes", "min_slots", "n_slots", "n_hot", "hot_bytes", "io",
+                                           "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
+                                           "io_bound_tps", "profiled", "ahead")}
+        d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
+                 n_layers=self.n_layers)
+        return d
+
+
+def _hit_rate(freq: np.ndarray, hot: np.ndarray, n_slots: int, k: int) -> float:
+    """Expected share of needed experts hot or in the LRU: hot ones by their routing share; the LRU (shared by all
+    layers) holds about the most recent n_slots cold experts, modelled as the n_slots most frequent cold ones."""
+    rows = freq.sum(axis=1, keepdims=True)
+    p = np.where(rows > 0, freq / np.maximum(rows, 1e-300), 0.0)       # per layer: share of routed rows
+    layers = int((rows[:, 0] > 0).sum()) or 1
+    hot_share = float((p * hot).sum()) / layers
+    cold = np.sort((p * ~hot).ravel())[::-1]
+    return min(1.0, hot_share + float(cold[:n_slots].sum()) / layers)
+
+
+def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto",
+                     n_batch: int = 512, ahead: bool = True) -> ExpertPlan:
+    """The budget's split (UsageError when it is below the floor: the fixed region, KV, buffers and k slots)."""
+    c = model.config
+    kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch)
+    layers = expert_layers(model)
+    n_layers = sum(1 for b in layers if b)
+    reads = read_bytes(model)
+    p = ExpertPlan(budget=budget, runtime=measured_runtime(model), fixed=fixed_region(model, n_ctx), kv=kv,
+                   scratch=scratch, margin=MARGIN, slot_bytes=slot_bytes(model), n_expert=c.n_expert,
+                   k=c.n_expert_used, n_layers=n_layers, n_slots=0, io=io, ahead=ahead,
+                   expert_bytes=sum(sum(b) * c.n_expert for b in layers if b),
+                   miss_bytes=float(np.mean(reads)) if reads else 0.0)
+    if budget < p.floor:
+        raise UsageError(f"--memory-budget {budget >> 20}M is below what this model needs with experts streamed "
+                         f"({fmt(p.floor)}: fixed region {fmt(p.fixed)}, KV cache {fmt(kv)}, buffers, and {p.k} "
+                         f"expert slots of {fmt(p.slot_bytes)})", hint=f"give --memory-budget {-(-p.floor >> 20)}M "
+                                                                      "or more, or a smaller -c")
+    n_total = min((budget - p.floor) // p.slot_bytes + p.min_slots, n_layers * c.n_expert)
+    prof = load_profile(model)
+    mask = np.array([b is not None for b in layers])[:, None]
+    freq = (prof if prof is not None else np.ones((c.n_layer, c.n_expert))) * mask
+    p.profiled = prof is not None
+    hot = np.zeros((c.n_layer, c.n_expert), bool)
+    n_cold = n_total
+    if p.profiled:     # the most routed experts resident, keeping 2·k cold slots for the rest
+        n_hot = max(0, n_total - MIN_COLD_PER_K * p.k)
+        order = np.argsort(-(freq / np.maximum(freq.sum(axis=1, keepdims=True), 1)).ravel(), kind="stable")[:n_hot]
+        hot.ravel()[order] = True
+        hot &= mask
+        n_cold = n_total - int(hot.sum())
+    p.hot, p.n_slots = hot, int(max(n_cold, p.min_slots))
+    p.hit_rate = _hit_rate(freq, hot, p.n_slots, p.k)
+    p.flash_bytes = int(round(n_layers * p.k * (1 - p.hit_rate) * p.miss_bytes))
+    p.read_mbps, p.profile_note = cached_throughput(model.path, _align_up(max(reads)) if reads else ALIGN,
+                                                    p.queue_depth)
+    return p

@@ -7,7 +7,13 @@ Usage: python -m tests.faults.faultfs SRC_DIR MOUNTPOINT CONTROL_FILE
 CONTROL_FILE holds one JSON object, read again on every request (a test arms a fault by rewriting it):
   {"mode": "none" | "eio" | "short" | "stall", "after": reads to let through first (default 0),
    "count": faulty reads at most (default: all after), "stall_s": seconds a stalled read sleeps (default 1)}
-eio fails the read with EIO; short returns half the bytes asked for; stall sleeps, then answers correctly.
+eio fails the read with EIO; short returns half the bytes asked for; stall sleeps, then answers correctly (a new
+rule ends a stall at once: a test releases a read that "never returns" that way).
+Each new rule also moves the file's reported mtime, so the kernel drops its cached pages of the file (mapped ones
+too: FUSE's auto_inval_data) at the next stat: a mapping reads through the file system again, as after the page
+cache was evicted.
+The server logs (mfusepy's messages) to stderr: give it a file, not a pipe nobody reads (a full pipe blocks the
+server, and the client then waits for its answer forever).
 Every request is logged in CONTROL_FILE + ".log" as `offset length ok|MODE`; `reads` counts since the last
 control write are the lines of that log (the test truncates it).
 """
@@ -28,8 +34,8 @@ class FaultFS(fuse.Operations):
 
     def __init__(self, src: str, control: str):
         self.src, self.control = src, control
-        self.lock = threading.Lock()
-        self.stamp, self.seen, self.hits = None, 0, 0
+        self._mutex = threading.Lock()       # not `lock`: that name is FUSE's POSIX-lock operation
+        self.stamp, self.seen, self.hits, self.generation = None, 0, 0, 0
 
     def _rule(self) -> dict:
         try:
@@ -40,7 +46,17 @@ class FaultFS(fuse.Operations):
             return {"mode": "none"}
         if (st.st_mtime_ns, st.st_ino) != self.stamp:     # a new rule: count from zero
             self.stamp, self.seen, self.hits = (st.st_mtime_ns, st.st_ino), 0, 0
+            self.generation += 1
         return rule
+
+    def _stall(self, seconds: float) -> None:
+        stamp, end = self.stamp, time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.05)
+            with self._mutex:
+                self._rule()
+                if self.stamp != stamp:
+                    return
 
     def _real(self, path: str) -> str:
         return os.path.join(self.src, path.lstrip("/"))
@@ -48,7 +64,10 @@ class FaultFS(fuse.Operations):
     def getattr(self, path, fh=None):
         st = os.lstat(self._real(path))
         d = {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_size", "st_uid", "st_gid")}
-        d.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+        with self._mutex:
+            self._rule()
+            moved = self.generation * 1_000_000_000
+        d.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns + moved, st_ctime=st.st_ctime_ns)
         d["st_mode"] &= ~0o222
         return d
 
@@ -65,7 +84,7 @@ class FaultFS(fuse.Operations):
         return 0
 
     def read(self, path, size, offset, fh):
-        with self.lock:
+        with self._mutex:
             r = self._rule()
             mode = r.get("mode", "none")
             hit = (mode != "none" and self.seen >= int(r.get("after", 0)) and
@@ -77,7 +96,7 @@ class FaultFS(fuse.Operations):
         if hit and mode == "eio":
             raise fuse.FuseOSError(errno.EIO)
         if hit and mode == "stall":
-            time.sleep(float(r.get("stall_s", 1.0)))
+            self._stall(float(r.get("stall_s", 1.0)))
         data = os.pread(fh, size, offset)
         if hit and mode == "short":
             data = data[:len(data) // 2]

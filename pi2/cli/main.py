@@ -60,7 +60,8 @@ def error_line(e: Pi2Error) -> str:
     msg = f"pi2: error: {_one_line(str(e))}"
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
-        what = [f"{name}: {os.strerror(e.errno)}"] if name and name not in msg else []
+        text = os.strerror(e.errno) if name else ""
+        what = [name if text in msg else f"{name}: {text}"] if name and name not in msg else []
         what += [str(e.filename)] if e.filename and str(e.filename) not in msg else []
         msg += f" ({', '.join(what)})" if what else ""
     return msg

@@ -157,19 +157,25 @@ def paused_runs(paths: dict, budget: str) -> dict:
     as its first generated token is out: {backend: (process, bytes so far)}."""
     runs = {b: (pi2_run(path, budget, b, n=N_TOKENS), bytearray()) for b, path in paths.items()}
     waiting, deadline = dict(runs), time.monotonic() + 120
-    while waiting and time.monotonic() < deadline:
-        fds = {p.stdout.fileno(): b for b, (p, _) in waiting.items()}
-        for fd in select.select(list(fds), [], [], 0.5)[0]:
-            p, head = waiting[fds[fd]]
-            chunk = os.read(fd, HEAD - len(head))
-            assert chunk, p.communicate()[1].decode()
-            head += chunk
-            if len(head) == HEAD:
-                p.send_signal(signal.SIGSTOP)
-                del waiting[fds[fd]]
-    assert not waiting, f"no first token from {sorted(waiting)}"
-    for b, (p, _) in runs.items():
-        assert p.poll() is None, f"{b}: finished before the fault"
+    try:
+        while waiting and time.monotonic() < deadline:
+            fds = {p.stdout.fileno(): b for b, (p, _) in waiting.items()}
+            for fd in select.select(list(fds), [], [], 0.5)[0]:
+                p, head = waiting[fds[fd]]
+                chunk = os.read(fd, HEAD - len(head))
+                assert chunk, p.communicate()[1].decode()
+                head += chunk
+                if len(head) == HEAD:
+                    p.send_signal(signal.SIGSTOP)
+                    del waiting[fds[fd]]
+        assert not waiting, f"no first token from {sorted(waiting)}"
+        for b, (p, _) in runs.items():
+            assert p.poll() is None, f"{b}: finished before the fault"
+    except BaseException:
+        for p, _ in runs.values():              # none left behind stopped
+            p.kill()
+            p.communicate()
+        raise
     return {b: (p, bytes(head)) for b, (p, head) in runs.items()}
 
 

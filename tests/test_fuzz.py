@@ -102,3 +102,19 @@ def test_pi2_key_of_the_wrong_type(files, tmp_path):
     at = b.index(gguf_str("pi2.ffn.default_keep")) + 8 + len("pi2.ffn.default_keep")
     bad = patched(files["pi2"], tmp_path / "t.gguf", [(at, struct.pack("<I", 4))])     # F32 read as UINT32
     assert_error(cli("info", bad), 1, match=r"pi2.ffn.default_keep must be a number in \[0, 1\]")
+
+
+def test_sliding_window_wider_than_int32(tmp_path):
+    """Found (seed 1903, execution 14863): gemma3.attention.sliding_window = 2^32 - 1 (a uint32, as llama.cpp reads
+    it) reached the C parameters (OverflowError). A window wider than any context attends to everything, as
+    llama.cpp's uint32 window does: the run gives the tokens of a window wider than its context."""
+    key = gguf_str("gemma3.attention.sliding_window")
+    wide = write_model(tmp_path / "wide.gguf", arch="gemma3", sliding_window=1 << 20, seed=5)
+    at = wide.read_bytes().index(key) + len(key) + 4       # after the key and its value type (UINT32)
+    huge = patched(wide, tmp_path / "huge.gguf", [(at, struct.pack("<I", 0xFFFFFFFF))])
+    args = ["-p", "hello world", "-n", "4", "--temp", "0", "--ignore-eos"]
+    want, got = cli("run", wide, *args), cli("run", huge, *args)
+    assert want.code == 0 and got.code == 0 and "Traceback" not in got.err, got.err
+    assert got.out == want.out
+    neg = patched(wide, tmp_path / "neg.gguf", [(at - 4, struct.pack("<I", 5)), (at, struct.pack("<i", -1))])
+    assert_error(cli("info", neg), 1, match=r"gemma3.attention.sliding_window is -1")

@@ -1,14 +1,16 @@
 """test_io_faults.py — I/O faults in the middle of a run, for every read backend (io_uring, AIO, pread, mmap):
 reads failing with EIO, returning short or stalling (a FUSE file system, tests/faults/faultfs.py, makes the kernel
-deliver them), and the model file truncated or replaced while pi2 runs (a plain file, the run paused with SIGSTOP
-at its third token). Each must end in a clean one-line error naming the file and the errno, or, for a stall or a
-replacement, the same tokens; never a hang and never a token the clean run does not emit.
+deliver them), and the model file truncated or replaced while pi2 runs (a plain file). Every fault is injected while
+the run is paused (SIGSTOP) after its first generated token. Each must end in a clean one-line error naming the file
+and the errno, or, for a short stall or a replacement, the same tokens; a read that never returns must not keep
+Ctrl-C from working; never a hang and never a token the clean run does not emit.
 PI2_FAULT_TABLE=FILE writes the fault x backend table (markdown) there."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("uring", "aio", "pread", "mmap")
 ARGS = ["-p", "Once upon a time", "-n", "24", "--temp", "0", "--ignore-eos", "-c", "128", "-t", "1"]
 TABLE: dict = {}
+N_TOKENS = 200          # long enough that the run is still going when it is paused after its first token
 
 
 def _fuse_ok() -> str:
@@ -82,9 +85,9 @@ def record(fault, backend, outcome):
 @pytest.fixture(scope="module")
 def clean(model):
     path, budget = model
-    out = {}
+    out, runs = {}, {b: pi2_run(path, budget, b, n=N_TOKENS) for b in BACKENDS}
     for b in BACKENDS:
-        code, o, err = finish(pi2_run(path, budget, b))
+        code, o, err = finish(runs[b])
         if code != 0 and b in ("uring", "aio") and "not usable" in err:
             continue
         assert code == 0, err
@@ -98,12 +101,15 @@ class Mount:
         self.mnt, self.ctl = root / "mnt", root / "control.json"
         self.mnt.mkdir()
         self.arm({"mode": "none"})
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.faults.faultfs", str(src.parent), str(self.mnt),
-                                      str(self.ctl)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.log = root / "faultfs.err"          # a file: a pipe nobody reads would block the server when full
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.faults.faultfs", str(src.parent),
+                                          str(self.mnt), str(self.ctl)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                         stderr=err)
         deadline = time.monotonic() + 20
         while not os.path.ismount(self.mnt):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("faultfs did not mount: " + self.proc.stderr.read().decode(errors="replace"))
+                raise RuntimeError("faultfs did not mount: " + self.log.read_text(errors="replace"))
             time.sleep(0.05)
         self.path = self.mnt / src.name
 
@@ -113,15 +119,23 @@ class Mount:
         tmp.write_text(json.dumps(rule))
         os.replace(tmp, self.ctl)          # a new inode: faultfs counts from zero
 
-    def reads(self) -> int:
-        return len(Path(str(self.ctl) + ".log").read_text().splitlines())
+    def hits(self) -> dict:
+        """The faulty requests since the last arm, by process: {pid: count}."""
+        out: dict = {}
+        for ln in Path(str(self.ctl) + ".log").read_text().splitlines():
+            *_, mode, pid = ln.split()
+            if mode != "ok":
+                out[int(pid)] = out.get(int(pid), 0) + 1
+        return out
 
     def close(self) -> None:
-        subprocess.run(["fusermount3", "-u", str(self.mnt)], check=False)
+        if subprocess.run(["fusermount3", "-u", str(self.mnt)], check=False).returncode:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -134,71 +148,170 @@ def fuse_mount(model, tmp_path_factory):
     m.close()
 
 
-@pytest.mark.skip(reason="known hang: an EIO from the FUSE file system mid-run leaves the run in uninterruptible "
-                         "sleep with the aio and mmap backends (docs/robustness.md, 'Open')")
+HEAD = len(b"Once upon a time") + 1     # the prompt and the first generated token
+_OUTCOMES: dict = {}
+
+
+def paused_runs(paths: dict, budget: str) -> dict:
+    """One run of N_TOKENS per backend (paths: backend -> model file), all at once, each paused (SIGSTOP) as soon
+    as its first generated token is out: {backend: (process, bytes so far)}."""
+    runs = {b: (pi2_run(path, budget, b, n=N_TOKENS), bytearray()) for b, path in paths.items()}
+    waiting, deadline = dict(runs), time.monotonic() + 120
+    try:
+        while waiting and time.monotonic() < deadline:
+            fds = {p.stdout.fileno(): b for b, (p, _) in waiting.items()}
+            for fd in select.select(list(fds), [], [], 0.5)[0]:
+                p, head = waiting[fds[fd]]
+                chunk = os.read(fd, HEAD - len(head))
+                assert chunk, p.communicate()[1].decode()
+                head += chunk
+                if len(head) == HEAD:
+                    p.send_signal(signal.SIGSTOP)
+                    del waiting[fds[fd]]
+        assert not waiting, f"no first token from {sorted(waiting)}"
+        for b, (p, _) in runs.items():
+            assert p.poll() is None, f"{b}: finished before the fault"
+    except BaseException:
+        for p, _ in runs.values():              # none left behind stopped
+            p.kill()
+            p.communicate()
+        raise
+    return {b: (p, bytes(head)) for b, (p, head) in runs.items()}
+
+
+def arm_paused(mount, rule) -> None:
+    """Arm a fault for paused runs: from now on every read of the file meets it (stat: the kernel drops its
+    cached pages of the file, so a mapping reads through the file system too, as after an eviction)."""
+    mount.arm(rule)
+    os.stat(mount.path)
+
+
+def finish_all(runs: dict, timeout=120) -> dict:
+    """SIGCONT every paused run, then {backend: (status, all its stdout, stderr, seconds until it ended)}."""
+    t0 = time.monotonic()
+    for p, _ in runs.values():
+        p.send_signal(signal.SIGCONT)
+    out = {}
+    for b, (p, head) in runs.items():
+        code, rest, err = finish(p, timeout)
+        out[b] = (code, head + rest, err, time.monotonic() - t0)
+    return out
+
+
+def read_fault_outcomes(mount, model, clean, fault) -> dict:
+    """{backend: (status, stdout, stderr, seconds, faulty reads)} of one run per usable backend meeting `fault`
+    from its first token on, the runs all at once (once per fault: the tests read it backend by backend)."""
+    if fault not in _OUTCOMES:
+        mount.arm({"mode": "none"})
+        runs = paused_runs({b: mount.path for b in clean}, model[1])
+        arm_paused(mount, {"mode": fault, "count": 2 if fault == "stall" else 1 << 30, "stall_s": 1.5})
+        out = finish_all(runs)
+        hits = mount.hits()
+        _OUTCOMES[fault] = {b: (*out[b], hits.get(runs[b][0].pid, 0)) for b in out}
+    return _OUTCOMES[fault]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("fault", ["eio", "short", "stall"])
 def test_read_fault_mid_run(fuse_mount, model, clean, backend, fault):
     if backend not in clean:
         pytest.skip(f"{backend} is not usable here")
-    want, budget = clean[backend], model[1]
-    fuse_mount.arm({"mode": "none"})
-    code, got, err = finish(pi2_run(fuse_mount.path, budget, backend))
-    assert code == 0 and got == want, err       # through FUSE, unharmed
-    n_all = fuse_mount.reads()
-    fuse_mount.arm({"mode": "none"})
-    code, _, err = finish(pi2_run(fuse_mount.path, budget, backend, n=1))
-    n_first = fuse_mount.reads()                # the load, the probe and the prompt: the fault comes after them
-    assert code == 0 and n_all > n_first, (n_all, n_first, err)
-    rule = {"mode": fault, "after": (n_first + n_all) // 2, "count": 2 if fault == "stall" else 1 << 30,
-            "stall_s": 1.5}
-    fuse_mount.arm(rule)
-    t0 = time.monotonic()
-    code, got, err = finish(pi2_run(fuse_mount.path, budget, backend))
-    hits = [ln for ln in Path(str(fuse_mount.ctl) + ".log").read_text().splitlines() if not ln.endswith(" ok")]
-    assert hits, f"the fault never fired ({fuse_mount.reads()} reads, armed after {rule['after']})"
+    want = clean[backend]
+    code, got, err, seconds, hits = read_fault_outcomes(fuse_mount, model, clean, fault)[backend]
+    assert hits, f"the fault never fired: {err}"
     assert want.startswith(got), (got, want)                 # never a token the clean run does not emit
-    if fault == "stall":
-        assert code == 0 and got == want and time.monotonic() - t0 >= 1.5, err
-        record(fault, backend, f"same {len(want)} bytes, {time.monotonic() - t0:.1f} s")
+    if fault == "stall":                                      # through FUSE, slowed, unharmed
+        assert code == 0 and got == want and seconds >= 1.5, err
+        record(fault, backend, f"same {len(want)} bytes ({hits} reads stalled 1.5 s)")
         return
     assert code == 1, (code, err)
     line = error_line(err)
     assert str(fuse_mount.path) in line, line
     errno_text = re.search(r"(Input/output error|No data available|short read)", line)
-    assert errno_text, line
+    assert errno_text and line.count(errno_text.group(1)) == 1, line     # the errno said once
     assert not line.startswith("pi2: error: EngineError"), line
     record(fault, backend, f"exit 1 after {len(got)}/{len(want)} bytes: {errno_text.group(1)}")
 
 
+def never_returns_outcomes(mount, model, clean) -> dict:
+    """Every usable backend's run meets reads that do not return from its first token on; a second after the first
+    read stalled, each run gets SIGINT; the reads are let go once every run said `pi2: interrupted` (or 10 s).
+    {backend: (seconds from SIGINT to the message or None, still held by its read then, status, stdout, stderr)}"""
+    if "never" not in _OUTCOMES:
+        mount.arm({"mode": "none"})
+        runs = paused_runs({b: mount.path for b in clean}, model[1])
+        arm_paused(mount, {"mode": "stall", "stall_s": 300})
+        for p, _ in runs.values():
+            p.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while not mount.hits() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)                        # every run is waiting on a read by now (each token reads)
+        sent = time.monotonic()
+        for p, _ in runs.values():
+            p.send_signal(signal.SIGINT)
+        said, errs = {}, {b: b"" for b in runs}
+        while len(said) < len(runs) and time.monotonic() - sent < 10:
+            fds = {runs[b][0].stderr.fileno(): b for b in runs if b not in said}
+            for fd in select.select(list(fds), [], [], 0.05)[0]:
+                b = fds[fd]
+                errs[b] += os.read(fd, 4096)
+                if b"pi2: interrupted" in errs[b]:
+                    said[b] = time.monotonic() - sent
+        held = {b: p.poll() is None for b, (p, _) in runs.items()}
+        mount.arm({"mode": "none"})            # the device answers at last
+        out = finish_all(runs, timeout=30)
+        _OUTCOMES["never"] = {b: (said.get(b), held[b], out[b][0], out[b][1],
+                                  errs[b].decode(errors="replace") + out[b][2]) for b in runs}
+    return _OUTCOMES["never"]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fault", ["truncate", "replace"])
-def test_file_changed_mid_run(model, clean, tmp_path, backend, fault):
-    """The file truncated to half, or replaced (a new file renamed over it, as `pi2 convert` does), while the run is
-    paused (SIGSTOP) after its first generated token."""
+def test_read_never_returns(fuse_mount, model, clean, backend):
+    """A read that does not return (a stalled device): Ctrl-C still ends the run within seconds with
+    `pi2: interrupted`; the process exits 130 as soon as the kernel gives the read back (it cannot be cancelled)."""
     if backend not in clean:
         pytest.skip(f"{backend} is not usable here")
-    path = tmp_path / "m.pi2.gguf"
-    shutil.copyfile(model[0], path)
-    code, want, err = finish(pi2_run(path, model[1], backend, n=200))
-    assert code == 0, err
-    p = pi2_run(path, model[1], backend, n=200)
-    head = b""
-    while len(head) < len(b"Once upon a time") + 1:
-        chunk = os.read(p.stdout.fileno(), 1)
-        assert chunk, p.communicate()[1].decode()
-        head += chunk
-    p.send_signal(signal.SIGSTOP)
-    assert p.poll() is None, "finished before the fault"
-    if fault == "truncate":
-        os.truncate(path, path.stat().st_size // 2)
-    else:
-        other = tmp_path / "other.gguf"
-        other.write_bytes(os.urandom(path.stat().st_size))
-        os.replace(other, path)
-    p.send_signal(signal.SIGCONT)
-    code, rest, err = finish(p)
-    got = head + rest
+    waited, held, code, got, err = never_returns_outcomes(fuse_mount, model, clean)[backend]
+    assert held, "the run was not waiting on the stalled read"      # else it would have ended at once
+    assert waited is not None and waited < 5, (waited, err)
+    assert code == 130 and "Traceback" not in err, (code, err)
+    assert clean[backend].startswith(got), (got, clean[backend])
+    record("stall, never returns", backend, f"Ctrl-C: `pi2: interrupted` in {waited:.1f} s; exit 130 once the "
+           "read returned")
+
+
+def file_changed_outcomes(model, clean, root: Path, fault) -> dict:
+    """One run per usable backend, each on its own copy of the model, all at once, paused after the first token;
+    then every copy truncated to half or replaced (a new file renamed over it, as `pi2 convert` does).
+    {backend: (status, stdout, stderr, seconds, the copy's path)}"""
+    if fault not in _OUTCOMES:
+        paths = {}
+        for b in clean:
+            (root / b).mkdir()
+            paths[b] = root / b / "m.pi2.gguf"
+            shutil.copyfile(model[0], paths[b])
+        runs = paused_runs(paths, model[1])
+        for path in paths.values():
+            if fault == "truncate":
+                os.truncate(path, path.stat().st_size // 2)
+            else:
+                other = path.with_name("other.gguf")
+                other.write_bytes(os.urandom(path.stat().st_size))
+                os.replace(other, path)
+        out = finish_all(runs)
+        _OUTCOMES[fault] = {b: (*out[b], paths[b]) for b in out}
+    return _OUTCOMES[fault]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fault", ["truncate", "replace"])
+def test_file_changed_mid_run(model, clean, tmp_path_factory, backend, fault):
+    """The file truncated to half, or replaced, while the run is paused (SIGSTOP) after its first generated token."""
+    if backend not in clean:
+        pytest.skip(f"{backend} is not usable here")
+    want = clean[backend]
+    code, got, err, _, path = file_changed_outcomes(model, clean, tmp_path_factory.mktemp(fault), fault)[backend]
     assert want.startswith(got), (got, want)                 # never a token the clean run does not emit
     if fault == "replace":                                    # the run keeps the file it opened
         assert code == 0 and got == want, err

@@ -34,6 +34,11 @@ _STATUS = [130]      # exit status of an interruption: 128 + the signal (SIGINT 
 def _interrupted() -> None:
     print("\npi2: interrupted" if _STATUS[0] == 130 else f"\npi2: terminated (signal {_STATUS[0] - 128})",
           file=sys.stderr)
+    context = sys.modules.get("pi2.engine.context")
+    if context is not None and context.STUCK:     # a decode still blocked in a read: no clean-up may free its
+        sys.stdout.flush()                         # memory under it; the process ends when the kernel lets it
+        sys.stderr.flush()
+        os._exit(_STATUS[0])
     sys.exit(_STATUS[0])
 
 
@@ -55,7 +60,8 @@ def error_line(e: Pi2Error) -> str:
     msg = f"pi2: error: {_one_line(str(e))}"
     if isinstance(e, OSError):
         name = errno.errorcode.get(e.errno or 0, "")
-        what = [f"{name}: {os.strerror(e.errno)}"] if name and name not in msg else []
+        text = os.strerror(e.errno) if name else ""
+        what = [name if text in msg else f"{name}: {text}"] if name and name not in msg else []
         what += [str(e.filename)] if e.filename and str(e.filename) not in msg else []
         msg += f" ({', '.join(what)})" if what else ""
     return msg

@@ -29,6 +29,8 @@ def default_threads() -> int:
 
 
 _LONG_DECODE_BYTES = 1 << 30   # decodes reading more weight bytes than this run interruptibly
+_ABORT_GRACE_S = 2.0            # how long Ctrl-C waits for a decode to stop before leaving it to its read
+STUCK: list = []                # contexts whose decode did not stop (a read that never returns): never freed
 
 
 class CContext:
@@ -304,7 +306,9 @@ class CContext:
         args = (self._h, ffi.from_buffer("int32_t[]", toks), n,
                 ffi.from_buffer("float[]", out, require_writable=True), -_first if _first else int(all_logits))
         t0 = time.perf_counter()
-        status, msg = self._interruptible(args, n * self.cmodel.n_bytes >= _LONG_DECODE_BYTES)
+        # a streamed decode reads the file: any read may stall, so it is always interruptible
+        status, msg = self._interruptible(args, n * self.cmodel.n_bytes >= _LONG_DECODE_BYTES
+                                          or bool(getattr(self, "stream", None)))
         self._decode_s = getattr(self, "_decode_s", 0.0) + time.perf_counter() - t0
         self._decoded = getattr(self, "_decoded", 0) + n
         if status == lib.PI2_ERR_ABORTED:
@@ -317,7 +321,10 @@ class CContext:
     def _interruptible(self, args, long: bool) -> tuple:
         """Run pi2_decode. A long one called from the main thread runs in a helper thread, so that
         Ctrl-C (which Python handles only in the main thread, between bytecodes) can call pi2_abort
-        meanwhile; a short one (a token of a small model) is not worth the thread's ~50 us."""
+        meanwhile; a short one (a token of a small model) is not worth the thread's ~50 us.
+        The abort takes effect at a layer boundary; a decode blocked in a read that does not return (a stalled
+        device: the kernel cannot cancel it) is left running after _ABORT_GRACE_S: the context goes into STUCK
+        (never freed while it runs) and KeyboardInterrupt is raised, so the CLI says so and exits."""
         def call():   # the error record is the calling thread's: read it there
             st = lib.pi2_decode(*args)
             return st, (last_error() if st < 0 else None)
@@ -338,6 +345,9 @@ class CContext:
                     th.start()
                 if finished.wait(0.1):
                     break
+                if stop and th.is_alive() and time.monotonic() - stop[0] > _ABORT_GRACE_S:
+                    STUCK.append(self)      # its decode still uses the handle, the model and the slots
+                    break
                 if th.is_alive():
                     idle_since = None
                 elif idle_since is None:
@@ -345,7 +355,8 @@ class CContext:
                 elif time.monotonic() - idle_since > 1.0:   # interrupted before the thread was created
                     break
             except KeyboardInterrupt:
-                stop.append(True)
+                if not stop:
+                    stop.append(time.monotonic())
                 lib.pi2_abort(self._h)
         if stop:
             raise KeyboardInterrupt

@@ -162,7 +162,10 @@ class ModelConfig:
             return cls(rope_neox=True, qkv_bias=True, **common)
         # gemma3
         common["logit_softcap"] = float(get("final_logit_softcapping", 0.0) or 0.0)
+        window = int(get("attention.sliding_window", 0) or 0)
+        if window < 0:
+            raise ModelFormatError(f"{arch}.attention.sliding_window is {window}")
         return cls(rope_neox=True, qk_norm=True, post_norms=True, ffn_act="gelu", embd_scale=math.sqrt(n_embd),
-                   q_prescale=True,
-                   sliding_window=int(get("attention.sliding_window", 0) or 0), swa_period=6,
+                   q_prescale=True,    # a window wider than any context (2^24, the C side's int32) sees everything
+                   sliding_window=min(window, 1 << 24), swa_period=6,
                    rope_base_local=10000.0, **common)

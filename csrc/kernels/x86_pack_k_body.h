@@ -13,6 +13,12 @@
 #define PKK_Q4K_COL (8 * 144)   /* bytes of one block column of a Q4_K group: d, dmin, scales at 32, qs at 128 */
 #define PKK_Q6K_COL (8 * 210)   /* Q6_K: ql at 0, qh at 1024, scales at 1536, d at 1664 */
 
+/* Prefetch the block column two columns ahead (the next group's when this one ends: groups are contiguous).
+ * A column's fields are read out of order (Q6_K: ql, ql + 256, qh interleaved), which the hardware stream
+ * prefetchers follow poorly. */
+#define PKK_PREFETCH(b, col) \
+    do { for (int o_ = 0; o_ < (col); o_ += 64) _mm_prefetch((const char *)(b) + 2 * (col) + o_, _MM_HINT_T0); } while (0)
+
 #ifndef PKK_LD32
 #define PKK_LD32
 static inline int32_t pkk_ld32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
@@ -66,6 +72,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_pack_ro
     for (int t = 0; t < NT; t++) acc[t] = accm[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const uint8_t *b = g + (size_t)i * PKK_Q4K_COL;
+        PKK_PREFETCH(b, PKK_Q4K_COL);
         const __m256i u0 = _mm256_loadu_si256((const __m256i *)(b + 32)), u1 = _mm256_loadu_si256((const __m256i *)(b + 64)),
                       u2 = _mm256_loadu_si256((const __m256i *)(b + 96));
         const __m256i s_lo = _mm256_and_si256(u0, m3f), m_lo = _mm256_and_si256(u1, m3f);
@@ -158,6 +165,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_pack_ro
     for (int m = 0; m < 8; m++) accv[m] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const uint8_t *b = g + (size_t)i * PKK_Q6K_COL;
+        PKK_PREFETCH(b, PKK_Q6K_COL);
         __m256i sc[16];   /* sub-block scale, sign-extended, as an int16 pair per lane */
         for (int a = 0; a < 4; a++) {
             const __m256i u = _mm256_loadu_si256((const __m256i *)(b + 1536 + 32 * a));
@@ -165,7 +173,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_pack_ro
         }
         const __m256 xd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 1664)));
         const blk_q8_K *y[4];
-        __m256i isum[4], lane[8];
+        __m256i isum[4][2], lane[8];   /* two partial sums per token (by h): shorter dependency chains */
         for (int t = 0; t < NT; t++) {
             y[t] = (const blk_q8_K *)((const uint8_t *)xq + (size_t)t * xq_stride) + i;
             __m256i off = _mm256_setzero_si256();   /* Σ scale·bsum per row */
@@ -177,10 +185,15 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_pack_ro
                 if (TILED) off = _mm256_add_epi32(off, o);
                 else lane[m] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(o, 5));
             }
-            if (TILED) isum[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+            if (TILED) {
+                isum[t][0] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+                isum[t][1] = _mm256_setzero_si256();
+            }
         }
-        for (int h = 0; h < 2; h++)
-            for (int c = 0; c < 8; c++) {
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[0]->d), xd);
+        for (int c = 0; c < 8; c++) {
+            __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int h = 0; h < 2; h++) {
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 32 * (16 * h + c)));
                 const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 32 * (16 * h + 8 + c)));
                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 1024 + 32 * (8 * h + c)));
@@ -194,18 +207,21 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_pack_ro
                     for (int t = 0; t < NT; t++) {
                         const __m256i yv = _mm256_set1_epi32(pkk_ld32(y[t]->qs + 128 * h + 32 * k + 4 * c));
                         const __m256i p = _mm256_maddubs_epi16(q[k], yv);
-                        if (TILED) isum[t] = X86_FN(pkk_wsum)(isum[t], p, scv);
-                        else lane[c] = X86_FN(pkk_wsum)(lane[c], p, scv);
+                        if (TILED) isum[t][h] = X86_FN(pkk_wsum)(isum[t][h], p, scv);
+                        else part[h] = X86_FN(pkk_wsum)(part[h], p, scv);
                     }
                 }
             }
-        if (TILED)
-            for (int t = 0; t < NT; t++)
-                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum[t]), xd), _mm256_set1_ps(y[t]->d), acc[t]);
-        else {
-            const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[0]->d), xd);
-            for (int m = 0; m < 8; m++) accv[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane[m]), dd, accv[m]);
+            if (!TILED) {   /* lane c of every row for this block: exact, then its float step */
+                const __m256i l = _mm256_add_epi32(lane[c], _mm256_add_epi32(part[0], part[1]));
+                accv[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), dd, accv[c]);
+            }
         }
+        if (TILED)
+            for (int t = 0; t < NT; t++) {
+                const __m256i is = _mm256_add_epi32(isum[t][0], isum[t][1]);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(is), xd), _mm256_set1_ps(y[t]->d), acc[t]);
+            }
     }
     if (TILED)
         for (int t = 0; t < NT; t++) _mm256_storeu_ps(s + (size_t)t * s_stride, acc[t]);

@@ -16,6 +16,7 @@
 #define MIN_ROWS 8
 #define TILE_TOK 16
 #define PACK_TOK 256         /* tokens per unpacking of a packed group (its 8 rows stay in L1 for them) */
+#define PACK_K_TOK 32        /* tokens per pass over a task's packed K-quant groups (their activations stay in L2) */
 
 typedef struct {
     const pi2_mm *mm;
@@ -132,6 +133,32 @@ static void tile_rows(const mm_job *j, int32_t i, const uint8_t *base, int64_t r
 #undef ROW
 }
 
+/* Packed rows [r0, r1) of a type whose packed kernels take batches (the K-quants): per tile of PACK_K_TOK tokens,
+ * each group computed on up to four tokens at a time where they are in the batch order, one at a time otherwise. */
+static void packed_rows_batch(const mm_job *j, int32_t i, int64_t r0, int64_t r1) {
+    const pi2_weight *w = j->mm[i].w;
+    const pi2_type_traits *tr = j->tr[i];
+    float *out = j->mm[i].out;
+    for (int32_t s0 = 0; s0 < j->n_tok; s0 += PACK_K_TOK) {
+        const int32_t s1 = s0 + PACK_K_TOK < j->n_tok ? s0 + PACK_K_TOK : j->n_tok;
+        for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
+            const uint8_t *g = w->packed + (size_t)r * w->row_bytes;
+            for (int32_t t = s0; t < s1;) {
+                const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
+                if (uses_batch(j, tr, t)) {   /* up to 4 tokens, all in the batch order */
+                    int32_t nt = 1;
+                    while (nt < 4 && t + nt < s1 && uses_batch(j, tr, t + nt)) nt++;
+                    tr->vec_dot_pack_batch(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, g, xq, j->xq_row[i], nt);
+                    t += nt;
+                } else {
+                    j->pack[i](w->n_in, &out[(size_t)t * w->n_out + r], g, xq);
+                    t++;
+                }
+            }
+        }
+    }
+}
+
 /* Packed rows [r0, r1) (whole groups): one token, eight rows per call; a batch, each group unpacked once per
  * PACK_TOK tokens into a stack buffer and computed as plain rows (the same kernels, the same results). */
 static void packed_rows(const mm_job *j, int32_t i, int64_t r0, int64_t r1) {
@@ -139,6 +166,10 @@ static void packed_rows(const mm_job *j, int32_t i, int64_t r0, int64_t r1) {
     if (j->n_tok == 1) {
         for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS)
             j->pack[i](w->n_in, &j->mm[i].out[r], w->packed + (size_t)r * w->row_bytes, j->xq[i]);
+        return;
+    }
+    if (j->tr[i]->vec_dot_pack_batch) {
+        packed_rows_batch(j, i, r0, r1);
         return;
     }
     uint8_t buf[PI2_PACK_ROWS * PI2_PACK_MAX_ROW_BYTES];

@@ -57,6 +57,9 @@ pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, co
  * with `impl`'s kernels; scratch allocated here. PI2_ERR_NOMEM. */
 pi2_status pi2_test_matmul(pi2_pool *pool, const void *w, int32_t type, int64_t n_in, int64_t n_out, size_t row_bytes,
                            const float *x, int32_t n_tok, float *out, int32_t impl);
+/* The same with `packed` (pi2_repack_rows of w, or NULL) as the weight's packed copy: matmul.c's packed paths. */
+pi2_status pi2_test_matmul_packed(pi2_pool *pool, const void *w, const void *packed, int32_t type, int64_t n_in,
+                                  int64_t n_out, size_t row_bytes, const float *x, int32_t n_tok, float *out, int32_t impl);
 
 /* ---- the neuron cache's slot LRU (cache/slots.c) ---- */
 typedef struct pi2_test_slots pi2_test_slots;

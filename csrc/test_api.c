@@ -37,7 +37,13 @@ pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, co
 
 pi2_status pi2_test_matmul(pi2_pool *pool, const void *w, int32_t type, int64_t n_in, int64_t n_out, size_t row_bytes,
                            const float *x, int32_t n_tok, float *out, int32_t impl) {
-    const pi2_weight weight = {.data = w, .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = row_bytes};
+    return pi2_test_matmul_packed(pool, w, NULL, type, n_in, n_out, row_bytes, x, n_tok, out, impl);
+}
+
+pi2_status pi2_test_matmul_packed(pi2_pool *pool, const void *w, const void *packed, int32_t type, int64_t n_in,
+                                  int64_t n_out, size_t row_bytes, const float *x, int32_t n_tok, float *out, int32_t impl) {
+    const pi2_weight weight = {.data = w, .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = row_bytes,
+                               .packed = packed};
     const pi2_mm mm = {&weight, out};
     const size_t need = pi2_matmul_scratch(&mm, 1, n_tok, impl);
     uint8_t *scratch = malloc(need ? need : 1);

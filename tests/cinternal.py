@@ -95,6 +95,18 @@ def matmul(pool: Pool, raw: np.ndarray, qtype: int, n_in: int, x: np.ndarray, im
     return out
 
 
+def matmul_packed(pool: Pool, raw: np.ndarray, packed: np.ndarray, qtype: int, n_in: int, x: np.ndarray,
+                  impl: str) -> np.ndarray:
+    """matmul with `packed` (pi2_repack_rows of raw) as the weight's packed copy: matmul.c's packed paths."""
+    raw, packed = np.ascontiguousarray(raw, np.uint8), np.ascontiguousarray(packed, np.uint8)
+    x = np.ascontiguousarray(x, np.float32)
+    n_tok, n_out = x.shape[0], raw.shape[0]
+    out = np.empty((n_tok, n_out), np.float32)
+    check(lib.pi2_test_matmul_packed(pool.h, ffi.from_buffer(raw), ffi.from_buffer(packed), qtype, n_in, n_out,
+                                     raw.shape[1], _f32(x), n_tok, _f32(out), IMPLS[impl]))
+    return out
+
+
 class Slots:
     """The neuron cache's slot LRU (csrc/cache/slots.c) of n_slots slots over n_layer layers of n_cl clusters."""
 

@@ -15,7 +15,7 @@ int pi2_pack_fields(int32_t type, int32_t f[4]) {
     case PI2_T_Q5_1: f[0] = 2; f[1] = 2; f[2] = 4; f[3] = 16; return 4;
     case PI2_T_Q8_0: f[0] = 2; f[1] = 32; return 2;
     }
-    return 0;
+    return pi2_pack_k_fields(type, f);   /* the K-quants' layout (pack_k.c) */
 }
 
 /* memcpy of the field sizes there are, each a constant size (moves, not calls). */
@@ -52,6 +52,10 @@ static void convert_group(int32_t type, uint8_t *plain, size_t row_bytes, uint8_
 
 void pi2_pack_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_blocks, uint8_t *dst) {
     int32_t f[4];
+    if (pi2_pack_k_fields(type, f)) {
+        pi2_pack_k_rows(type, src, n_rows, n_blocks, dst);
+        return;
+    }
     const int nf = pi2_pack_fields(type, f);
     size_t ts = 0;
     for (int k = 0; k < nf; k++) ts += (size_t)f[k];
@@ -62,6 +66,11 @@ void pi2_pack_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_b
 }
 
 void pi2_unpack_group(int32_t type, const uint8_t *group, int64_t n_blocks, uint8_t *dst, size_t row_bytes) {
+    int32_t f[4];
+    if (pi2_pack_k_fields(type, f)) {
+        pi2_unpack_k_group(type, group, n_blocks, dst, row_bytes);
+        return;
+    }
     convert_group(type, dst, row_bytes, (uint8_t *)group, n_blocks, 0);
 }
 

@@ -5,6 +5,7 @@
  *   block's own field order, that field of the 8 rows' block i: Q4_1 = d[8] (fp16), m[8], qs[8][16];
  *   Q5_0 = d[8], qh[8][4], qs[8][16]; Q8_0 = d[8], qs[8][32]. Same bytes as the plain rows, so the same size;
  *   a kernel converts 8 scales with one instruction and streams one contiguous run per group.
+ *   Q4_K and Q6_K: the same, their fields longer than 2 bytes interleaved in 4-byte units (pack_k.c).
  * Does: pack and unpack (exact inverses), name the packable types, say which CPU variant runs (x86.c, neon.c).
  * Does not: compute (the kernels are the traits' vec_dot_pack) or decide what to pack (model.c). */
 #ifndef PI2_KERNELS_PACK_H
@@ -21,6 +22,12 @@ int pi2_pack_fields(int32_t type, int32_t f[4]);
 void pi2_pack_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_blocks, uint8_t *dst);
 /* dst = the 8 plain rows (row_bytes apart) of one packed group. */
 void pi2_unpack_group(int32_t type, const uint8_t *group, int64_t n_blocks, uint8_t *dst, size_t row_bytes);
+
+/* The K-quants (Q4_K, Q6_K) in 4-byte units (pack_k.c): their field sizes into f (0: not a K-quant layout), and
+ * pack/unpack as above (pi2_pack_rows and pi2_unpack_group call these for those types). */
+int pi2_pack_k_fields(int32_t type, int32_t f[4]);
+void pi2_pack_k_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_blocks, uint8_t *dst);
+void pi2_unpack_k_group(int32_t type, const uint8_t *group, int64_t n_blocks, uint8_t *dst, size_t row_bytes);
 
 /* The CPU variant the auto table was built for (x86.c / neon.c): a short name ("zen4-zmm", "intel-zmm",
  * "intel-ymm", "avx2", "dotprod", ...) and a reason line for `pi2 devices`; software prefetch distance in bytes

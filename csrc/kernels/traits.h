@@ -64,6 +64,10 @@ typedef void (*pi2_axpy_group_fn)(int64_t n, float *y, const void *rows, size_t 
                                   const float *h, int32_t k);
 /* s[r] = row r of one x8 packed group (pack.h) · x_q for r < 8, each bit for bit vec_dot's result on that row. */
 typedef void (*pi2_vec_dot_pack_fn)(int64_t n, float *s, const void *group, const void *x_q);
+/* s[t·s_stride + r] = row r of one x8 packed group · token t (x_q + t·x_stride bytes), r < 8, t < n_tok (≤ 4):
+ * tokens in vec_dot_batch's order, each bit for bit vec_dot_batch's result on that row. */
+typedef void (*pi2_vec_dot_pack4_fn)(int64_t n, float *s, size_t s_stride, const void *group, const void *x_q,
+                                     size_t x_stride, int32_t n_tok);
 /* dst = the n floats of x as vec_dot_type blocks, bit-exact with pi2/quants.py quantize_act. */
 typedef void (*pi2_quantize_fn)(const float *x, void *dst, int64_t n);
 
@@ -81,6 +85,7 @@ typedef struct {
     pi2_vec_dot4_fn vec_dot4;      /* vec_dot on 4 tokens at once (NULL: none) */
     pi2_axpy_group_fn axpy_group;  /* NULL for activation-only types */
     pi2_vec_dot_pack_fn vec_dot_pack; /* rows in the x8 layout of pack.h (NULL: this table reads plain rows only) */
+    pi2_vec_dot_pack4_fn vec_dot_pack_batch; /* packed rows, four tokens in the batch order (NULL: batches unpack) */
 } pi2_type_traits;
 
 /* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in

@@ -23,6 +23,7 @@ static int32_t pk_prefetch;
 #include "x86_body.h"
 #include "x86_tile_body.h"
 #include "x86_pack_body.h"
+#include "x86_pack_k_body.h"
 #undef X86_TARGET
 #undef X86_FN
 #undef X86_VNNI
@@ -34,6 +35,7 @@ static int32_t pk_prefetch;
 #include "x86_tile_body.h"
 #include "x86_rows_body.h"
 #include "x86_pack_body.h"
+#include "x86_pack_k_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
@@ -179,6 +181,11 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q4_1].vec_dot_pack = zmm ? q4_1_dot_pack_z_vnni : vnni ? q4_1_dot_pack_vnni : q4_1_dot_pack_avx2;
     t[PI2_T_Q5_0].vec_dot_pack = zmm ? q5_0_dot_pack_z_vnni : vnni ? q5_0_dot_pack_vnni : q5_0_dot_pack_avx2;
     t[PI2_T_Q8_0].vec_dot_pack = zmm ? q8_0_dot_pack_z_vnni : vnni ? q8_0_dot_pack_vnni : q8_0_dot_pack_avx2;
+    /* K-quants in their x8 layout (pack_k.c): lanes are rows, batches computed on the packed groups. */
+    t[PI2_T_Q4_K].vec_dot_pack = vnni ? q4_K_dot_pack_vnni : q4_K_dot_pack_avx2;
+    t[PI2_T_Q4_K].vec_dot_pack_batch = vnni ? q4_K_gemm_pack_vnni : q4_K_gemm_pack_avx2;
+    t[PI2_T_Q6_K].vec_dot_pack = vnni ? q6_K_dot_pack_vnni : q6_K_dot_pack_avx2;
+    t[PI2_T_Q6_K].vec_dot_pack_batch = vnni ? q6_K_tiled_pack_vnni : q6_K_tiled_pack_avx2;
     /* K-quants scale int16 pair sums: VNNI's vpdpwssd fuses the batch kernels' madd + add, and AVX-512BW
      * halves the instructions of the one-token kernels (x86_rows_body.h). */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");

@@ -335,14 +335,24 @@ PACK_ROWS = 8
 PACK_FIELDS = {Q4_0: (2, 16), Q4_1: (2, 2, 16), Q5_0: (2, 4, 16), Q5_1: (2, 2, 4, 16), Q8_0: (2, 32)}
 
 
+# the K-quants (csrc/kernels/pack_k.c): fields longer than 2 bytes interleaved in 4-byte units
+PACK_FIELDS_K = {Q4_K: (2, 2, 12, 128), Q6_K: (128, 64, 16, 2)}
+
+
 def pack_rows(raw: np.ndarray, qtype: int) -> np.ndarray:
     """The x8 layout of raw (n_rows, row_bytes) blocks: per group of 8 rows and block column, each field of
-    the 8 rows side by side (the C twin: pi2_repack_rows / pi2_pack_rows). Same shape and bytes, reordered."""
-    fields = PACK_FIELDS[qtype]
+    the 8 rows side by side (the C twin: pi2_repack_rows / pi2_pack_rows). Same shape and bytes, reordered.
+    Q4_K and Q6_K: a field longer than 2 bytes goes unit by unit, 4 bytes of each of the 8 rows per unit."""
+    k_quant = qtype in PACK_FIELDS_K
+    fields = PACK_FIELDS_K[qtype] if k_quant else PACK_FIELDS[qtype]
     n, rb = raw.shape
     ts = sum(fields)
-    blocks = raw.reshape(n // PACK_ROWS, PACK_ROWS, rb // ts, ts)             # group, row, column, byte
+    g, cols = n // PACK_ROWS, rb // ts
+    blocks = raw.reshape(g, PACK_ROWS, cols, ts)                              # group, row, column, byte
     offs = np.cumsum((0,) + fields)
-    parts = [blocks[..., a:b].transpose(0, 2, 1, 3).reshape(n // PACK_ROWS, rb // ts, -1)
-             for a, b in zip(offs[:-1], offs[1:])]                               # group, column, 8 rows' field
+    parts = []
+    for a, b in zip(offs[:-1], offs[1:]):
+        u = 4 if k_quant and b - a > 2 else b - a                              # bytes per unit
+        f = blocks[..., a:b].reshape(g, PACK_ROWS, cols, (b - a) // u, u)       # group, row, column, unit, byte
+        parts.append(f.transpose(0, 2, 3, 1, 4).reshape(g, cols, -1))          # group, column, unit, row, byte
     return np.concatenate(parts, axis=2).reshape(n, rb)

@@ -661,6 +661,9 @@ int main(void) {
     static const int packed[] = {PI2_T_Q4_0, PI2_T_Q4_1, PI2_T_Q5_0, PI2_T_Q5_1, PI2_T_Q8_0};
     for (size_t i = 0; i < sizeof packed / sizeof packed[0]; i++)
         for (int s = 0; s < N_SIZES && SIZES[s] <= 256; s++) test_packed(packed[i], pool, SIZES[s], SIZES[s] < 32 ? 8 : 24);
+    static const int packed_k[] = {PI2_T_Q4_K, PI2_T_Q6_K};   /* 256-value blocks: fewer of them */
+    for (size_t i = 0; i < sizeof packed_k / sizeof packed_k[0]; i++)
+        for (int nb = 1; nb <= 7; nb += 3) test_packed(packed_k[i], pool, nb, nb < 4 ? 8 : 24);
     pi2_pool_free(pool);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
@@ -709,10 +712,11 @@ static void test_lowbit(int bits, int size) {
 
 /* The x8 layout (kernels/pack.h) of n_out rows of n_blocks blocks: unpack(pack(w)) == w byte for byte; every
  * table's packed kernel equals that table's vec_dot on the plain rows bit for bit; pi2_matmul on the packed
- * copy (one token: the packed kernel; batches: groups unpacked) equals pi2_matmul on the plain rows. */
+ * copy (one token: the packed kernel; batches: groups unpacked, or the K-quants' packed batch kernels in the
+ * batch orders) equals pi2_matmul on the plain rows. */
 static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out) {
     const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
-    const int64_t n = (int64_t)n_blocks * 32;
+    const int64_t n = (int64_t)n_blocks * ref->block_size;
     const size_t rb = (size_t)n_blocks * ref->type_size, xrow = act_bytes(ref, n);
     enum { MAX_TOK = 259 };   /* past PACK_TOK (256): a group unpacked twice */
     uint8_t *w = malloc(rb * n_out), *pk = malloc(rb * n_out), *back = malloc(rb * n_out), *xq = malloc(xrow * MAX_TOK);
@@ -732,8 +736,8 @@ static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out) {
             for (int r = 0; r < PI2_PACK_ROWS; r++) t->vec_dot(n, &b[g * PI2_PACK_ROWS + r], w + (g * PI2_PACK_ROWS + r) * rb, xq);
         }
         check(same_bits(a, b, n_out), "packed-vs-vec-dot", ref->name, t->vec_dot_impl, n_blocks, nmse(a, b, n_out));
-        static const int toks[] = {1, 9, MAX_TOK};
-        for (int k = 0; k < 3; k++) {
+        static const int toks[] = {1, 7, 9, MAX_TOK};   /* Q4_K: GEMM groups of 4 + GEMV; Q6_K: tiled from 8 */
+        for (int k = 0; k < 4; k++) {
             const pi2_weight plain = {w, type, n, n_out, rb, NULL}, packed = {w, type, n, n_out, rb, pk};
             const pi2_mm ma = {&packed, a}, mb = {&plain, b};
             uint8_t *scratch = malloc(pi2_matmul_scratch(&ma, 1, toks[k], impl));

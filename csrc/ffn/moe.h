@@ -57,6 +57,10 @@ void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, 
 /* xa row r = row r of x (n_rows rows of n values) in the format products with `type` read. */
 void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n);
 
+/* The in-memory Q4_0 experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are done, or
+ * this CPU has no x8 kernel); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
+pi2_status pi2_moe_repack(pi2_model *m);
+
 /* ReGLU / SwiGLU as ggml computes them on a row of n: ggml_v_silu 16 at a time, libm expf for the n % 16 tail. */
 void pi2_moe_activate(float *g, const float *u, int64_t n, int32_t act);
 

@@ -2,10 +2,14 @@
  * (pi2/reference/moe_matmul.py): dense weights (ggml_mul_mat) by pi2_moe_matmul, the experts (ggml_mul_mat_id) by
  * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
  * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
- * Q4_0 the repacked GEMV; Q6_K experts the tiled kernel from 8 rows; every other type its vec_dot (pi2_matmul
- * for dense weights, which picks the batch kernels as ggml does). Threads split output rows only. */
+ * Q4_0 the repacked GEMV (experts copied at load into the x8 layout by moe_pack.c: its kernel, four rows of an
+ * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q6_K experts the tiled kernel
+ * from 8 rows; every other type its vec_dot (pi2_matmul for dense weights, which picks the batch kernels as ggml
+ * does). Threads split output rows only. */
 #include "ffn/moe.h"
 #include "kernels/ggml_order.h"
+#include "kernels/ggml_x8.h"
+#include "kernels/pack.h"
 
 #include <string.h>
 
@@ -114,7 +118,33 @@ typedef struct {
     const pi2_weight *const *w;
     float *const *out;
     int32_t n_w, by_token, tasks_per_expert;
+    pi2_go_x8_fn x8;
 } expert_job;
+
+/* Expert e's rows of w, and whether they are in the x8 layout (*x8 = 1: w's copy from moe_pack.c) or the file's
+ * (rows row_bytes apart: the mapping, or wherever an expert streamed from flash landed). The one place that finds an
+ * expert's bytes: each expert is read in the layout its pointer has. */
+static const uint8_t *expert_rows(const pi2_weight *w, int32_t e, int *x8) {
+    const size_t off = (size_t)e * (size_t)w->n_out * w->row_bytes;
+    *x8 = w->packed != NULL;
+    return (w->packed ? w->packed : w->data) + off;
+}
+
+/* Rows r0..r1 (whole 8-row groups) of an x8 expert for its cnt rows of the batch, four at a time. */
+static void expert_x8(const struct pi2_moe *moe, pi2_go_x8_fn x8, const pi2_weight *w, const uint8_t *base,
+                      int64_t r0, int64_t r1, const int32_t *ids, int32_t cnt, int32_t by_token, float *out) {
+    const blk_q8_0 *x[PI2_X8_MAX_TOK];
+    float *s[PI2_X8_MAX_TOK];
+    for (int32_t i = 0; i < cnt; i += PI2_X8_MAX_TOK) {
+        const int32_t nt = cnt - i < PI2_X8_MAX_TOK ? cnt - i : PI2_X8_MAX_TOK;
+        for (int32_t t = 0; t < nt; t++) {
+            const int32_t id = ids[i + t];
+            x[t] = (const blk_q8_0 *)(moe->xa + (size_t)(by_token ? id / moe->k : id) * moe->xa_row);
+            s[t] = out + (size_t)id * w->n_out + r0;
+        }
+        x8(w->n_in, base + (size_t)r0 * w->row_bytes, (r1 - r0) / PI2_PACK_ROWS, nt, x, s);
+    }
+}
 
 static void expert_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
@@ -133,8 +163,13 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
         const int64_t n_out = w->n_out;
         const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * ROWS_PER_TASK;
         const int64_t r1 = r0 + ROWS_PER_TASK < n_out ? r0 + ROWS_PER_TASK : n_out;
-        const uint8_t *base = w->data + (size_t)e * (size_t)n_out * w->row_bytes;
+        int x8;
+        const uint8_t *base = expert_rows(w, e, &x8);
         float *out = j->out[m];
+        if (x8) {
+            expert_x8(moe, j->x8, w, base, r0, r1, moe->list + first, cnt, j->by_token, out);
+            continue;
+        }
         for (int32_t i = 0; i < cnt; i++) {
             const int32_t id = moe->list[first + i];
             const uint8_t *xa = moe->xa + (size_t)(j->by_token ? id / k : id) * moe->xa_row;
@@ -160,6 +195,7 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
 }
 
 void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, int32_t n_w, int32_t by_token) {
-    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK)};
+    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK),
+                    pi2_go_q4_0_x8()};
     pi2_pool_run(c->pool, expert_task, &j, c->moe->n_active * j.tasks_per_expert);
 }

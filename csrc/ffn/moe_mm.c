@@ -14,7 +14,8 @@
 #include <string.h>
 
 enum { KIND_F32, KIND_F16, KIND_Q4_0, KIND_VEC };
-enum { ROWS_PER_TASK = 16 };
+enum { ROWS_PER_TASK = 16,
+       EXPERT_ROWS_PER_TASK = 64 };   /* whole 8-row groups; a task claim costs a shared cache line's round trip */
 
 static int kind_of(const pi2_weight *w) {
     if (w->type == PI2_T_F32) return KIND_F32;
@@ -161,8 +162,8 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
         const pi2_vec_dot_rows4_fn rows4 = dot == tr->vec_dot ? pi2_kernels_dot_rows4(w->type, j->c->p.impl) : NULL;
         const pi2_go_rows8_fn rows8 = kind == KIND_Q4_0 ? pi2_go_q4_0_rows8() : NULL;
         const int64_t n_out = w->n_out;
-        const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * ROWS_PER_TASK;
-        const int64_t r1 = r0 + ROWS_PER_TASK < n_out ? r0 + ROWS_PER_TASK : n_out;
+        const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * EXPERT_ROWS_PER_TASK;
+        const int64_t r1 = r0 + EXPERT_ROWS_PER_TASK < n_out ? r0 + EXPERT_ROWS_PER_TASK : n_out;
         int x8;
         const uint8_t *base = expert_rows(w, e, &x8);
         float *out = j->out[m];
@@ -195,7 +196,7 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
 }
 
 void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, int32_t n_w, int32_t by_token) {
-    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK),
+    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + EXPERT_ROWS_PER_TASK - 1) / EXPERT_ROWS_PER_TASK),
                     pi2_go_q4_0_x8()};
     pi2_pool_run(c->pool, expert_task, &j, c->moe->n_active * j.tasks_per_expert);
 }

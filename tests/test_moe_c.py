@@ -9,6 +9,7 @@ its greedy tokens; the CLI runs MoE files on C by default; bad descriptors are r
 """
 import hashlib
 import json
+import platform
 
 import numpy as np
 import pytest
@@ -134,7 +135,8 @@ def test_q4_0_experts_equal_reference(tmp_path, monkeypatch, arch):
     want = ref.decode(PROMPT, all_logits=True)
     step = ref.decode([5])
     packed = CModel.from_model(m)
-    assert packed.repack(ffn=True) > 0          # the experts in the x8 layout (ffn/moe_pack.c)
+    n_packed = packed.repack(ffn=True)      # the experts in the x8 layout (ffn/moe_pack.c), where x86 kernels exist
+    assert n_packed > 0 or platform.machine() not in ("x86_64", "AMD64")
     for cm in (CModel.from_model(m), packed):
         for threads in (1, 2):
             c = CContext(cm, 64, n_threads=threads)

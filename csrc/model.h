@@ -48,7 +48,8 @@ struct pi2_model {
     pi2_layer *layers;           /* [n_layer] */
     pi2_fp16 *gelu_table;        /* [65536] when ffn_act is GELU, else NULL */
     void *packs[2];              /* pi2_model_repack's copies (attention and output; FFN), or NULL */
-    int64_t packed_bytes;        /* their size */
+    void *moe_pack;              /* pi2_moe_repack's copy of the in-memory experts (ffn/moe_pack.c), or NULL */
+    int64_t packed_bytes;        /* the size of all these copies */
 };
 
 /* Whether every mapped file of m is still whole (io_map_guard_check of each part). */

@@ -7,6 +7,7 @@
  * Does not: change any result (each packed kernel returns its plain kernel's bits), pack types or
  *       tables without a packed kernel, or pack matrices whose rows are not 8-row groups of tight rows. */
 #define _GNU_SOURCE
+#include "ffn/moe.h"
 #include "internal.h"
 #include "kernels/pack.h"
 #include "model.h"
@@ -87,6 +88,10 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
         free(w);
         m->packs[pass] = arena;
         m->packed_bytes += (int64_t)total;
+    }
+    if (ffn) {   /* a MoE model's experts, in their own layout's kernels */
+        const pi2_status s = pi2_moe_repack(m);
+        if (s != PI2_OK) return s;
     }
     if (bytes) *bytes = m->packed_bytes;
     return PI2_OK;

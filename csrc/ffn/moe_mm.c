@@ -2,15 +2,20 @@
  * (pi2/reference/moe_matmul.py): dense weights (ggml_mul_mat) by pi2_moe_matmul, the experts (ggml_mul_mat_id) by
  * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
  * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
- * Q4_0 the repacked GEMV; Q6_K experts the tiled kernel from 8 rows; every other type its vec_dot (pi2_matmul
- * for dense weights, which picks the batch kernels as ggml does). Threads split output rows only. */
+ * Q4_0 the repacked GEMV (experts copied at load into the x8 layout by moe_pack.c: its kernel, four rows of an
+ * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q6_K experts the tiled kernel
+ * from 8 rows; every other type its vec_dot (pi2_matmul for dense weights, which picks the batch kernels as ggml
+ * does). Threads split output rows only. */
 #include "ffn/moe.h"
 #include "kernels/ggml_order.h"
+#include "kernels/ggml_x8.h"
+#include "kernels/pack.h"
 
 #include <string.h>
 
 enum { KIND_F32, KIND_F16, KIND_Q4_0, KIND_VEC };
-enum { ROWS_PER_TASK = 16 };
+enum { ROWS_PER_TASK = 16,
+       EXPERT_ROWS_PER_TASK = 64 };   /* whole 8-row groups; a task claim costs a shared cache line's round trip */
 
 static int kind_of(const pi2_weight *w) {
     if (w->type == PI2_T_F32) return KIND_F32;
@@ -114,7 +119,24 @@ typedef struct {
     const pi2_weight *const *w;
     float *const *out;
     int32_t n_w, by_token, tasks_per_expert;
+    pi2_go_x8_fn x8;
 } expert_job;
+
+/* Rows r0..r1 (whole 8-row groups) of an x8 expert for its cnt rows of the batch, four at a time. */
+static void expert_x8(const struct pi2_moe *moe, pi2_go_x8_fn x8, const pi2_weight *w, const uint8_t *base,
+                      int64_t r0, int64_t r1, const int32_t *ids, int32_t cnt, int32_t by_token, float *out) {
+    const blk_q8_0 *x[PI2_X8_MAX_TOK];
+    float *s[PI2_X8_MAX_TOK];
+    for (int32_t i = 0; i < cnt; i += PI2_X8_MAX_TOK) {
+        const int32_t nt = cnt - i < PI2_X8_MAX_TOK ? cnt - i : PI2_X8_MAX_TOK;
+        for (int32_t t = 0; t < nt; t++) {
+            const int32_t id = ids[i + t];
+            x[t] = (const blk_q8_0 *)(moe->xa + (size_t)(by_token ? id / moe->k : id) * moe->xa_row);
+            s[t] = out + (size_t)id * w->n_out + r0;
+        }
+        x8(w->n_in, base + (size_t)r0 * w->row_bytes, (r1 - r0) / PI2_PACK_ROWS, nt, x, s);
+    }
+}
 
 static void expert_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
@@ -131,10 +153,15 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
         const pi2_vec_dot_rows4_fn rows4 = dot == tr->vec_dot ? pi2_kernels_dot_rows4(w->type, j->c->p.impl) : NULL;
         const pi2_go_rows8_fn rows8 = kind == KIND_Q4_0 ? pi2_go_q4_0_rows8() : NULL;
         const int64_t n_out = w->n_out;
-        const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * ROWS_PER_TASK;
-        const int64_t r1 = r0 + ROWS_PER_TASK < n_out ? r0 + ROWS_PER_TASK : n_out;
-        const uint8_t *base = pi2_moe_expert_rows(moe, w, e);
+        const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * EXPERT_ROWS_PER_TASK;
+        const int64_t r1 = r0 + EXPERT_ROWS_PER_TASK < n_out ? r0 + EXPERT_ROWS_PER_TASK : n_out;
+        int x8;
+        const uint8_t *base = pi2_moe_expert_rows(moe, w, e, &x8);
         float *out = j->out[m];
+        if (x8) {
+            expert_x8(moe, j->x8, w, base, r0, r1, moe->list + first, cnt, j->by_token, out);
+            continue;
+        }
         for (int32_t i = 0; i < cnt; i++) {
             const int32_t id = moe->list[first + i];
             const uint8_t *xa = moe->xa + (size_t)(j->by_token ? id / k : id) * moe->xa_row;
@@ -160,6 +187,7 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
 }
 
 void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, int32_t n_w, int32_t by_token) {
-    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK)};
+    expert_job j = {c, w, out, n_w, by_token, (int32_t)((w[0]->n_out + EXPERT_ROWS_PER_TASK - 1) / EXPERT_ROWS_PER_TASK),
+                    pi2_go_q4_0_x8()};
     pi2_pool_run(c->pool, expert_task, &j, c->moe->n_active * j.tasks_per_expert);
 }

@@ -52,8 +52,15 @@ class CContext:
         self.n_ctx, self.n_threads = n_ctx, p.n_threads
         self._logits = np.empty(self.cfg.n_vocab, np.float32)
         self._trace_cb = None
-        if self.cfg.moe_family:   # llama-perplexity's rows only: the MoE family's last layer computes just those
-            self.decode_from = self._decode_from
+
+    def __getattr__(self, name: str):
+        # decode_from, on the MoE family only (llama-perplexity's rows: its last layer computes just those). Not a
+        # bound method stored on the instance: that cycle kept the context and its model (mapping and repacked
+        # copies) alive until the next garbage collection, so a second context (pi2 bench -t 1,2) doubled the RSS.
+        cfg = self.__dict__.get("cfg")
+        if name == "decode_from" and cfg is not None and cfg.moe_family:
+            return self._decode_from
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def n_past(self) -> int:

@@ -1,0 +1,64 @@
+/* moe_pack.c — pi2_moe_repack: a Mixture-of-Experts model's in-memory Q4_0 experts copied once into the x8 layout
+ * (kernels/pack.h) that the x8 kernels (kernels/ggml_x8.c) stream, with the same bits as the plain rows' product.
+ * Does: choose the expert tensors (Q4_0, experts of whole 8-row groups, tight rows, n_in ≤ 32·PI2_X8_MAX_BLOCKS, an
+ *       x8 kernel on this CPU), copy them into one 2 MiB-aligned block (huge pages where the kernel allows them),
+ *       point each tensor's `packed` at its copy, and release each tensor's mapped pages right after its copy (the
+ *       peak stays near one copy of the experts, not two).
+ * Does not: touch experts streamed from flash (they keep the file's layout: moe_mm.c reads each expert in the
+ *       layout its pointer has), or change any result. */
+#define _GNU_SOURCE
+#include "ffn/moe.h"
+#include "internal.h"
+#include "kernels/ggml_x8.h"
+#include "kernels/pack.h"
+#include "model.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+enum { HUGE_PAGE = 1 << 21 };
+
+/* Bytes of w's x8 copy (all n_expert experts), or 0 when it stays plain. */
+static size_t packable(const pi2_weight *w, int64_t n_expert) {
+    if (!w->data || w->packed || w->type != PI2_T_Q4_0 || w->n_out % PI2_PACK_ROWS || w->n_in % 32 ||
+        w->n_in / 32 > PI2_X8_MAX_BLOCKS || w->row_bytes != (size_t)(w->n_in / 32) * sizeof(blk_q4_0))
+        return 0;
+    return (size_t)n_expert * (size_t)w->n_out * w->row_bytes;
+}
+
+static void release_pages(const uint8_t *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) / page * page,
+                    b = ((uintptr_t)p + n) / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+pi2_status pi2_moe_repack(pi2_model *m) {
+    const int64_t X = m->hp.n_expert;
+    if (m->hp.arch != PI2_ARCH_MOE || !X || m->moe_pack || !pi2_go_q4_0_x8()) return PI2_OK;
+    size_t total = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        pi2_layer *L = &m->layers[il];
+        total += packable(&L->gate_exps, X) + packable(&L->up_exps, X) + packable(&L->down_exps, X);
+    }
+    if (!total) return PI2_OK;
+    total = (total + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    uint8_t *arena = aligned_alloc(HUGE_PAGE, total);
+    if (!arena) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %zu bytes of repacked experts", total);
+    madvise(arena, total, MADV_HUGEPAGE);   /* fewer TLB misses over the experts' stream; advice only */
+    size_t off = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        pi2_weight *w[3] = {&m->layers[il].gate_exps, &m->layers[il].up_exps, &m->layers[il].down_exps};
+        for (int i = 0; i < 3; i++) {
+            const size_t sz = packable(w[i], X);
+            if (!sz) continue;
+            pi2_pack_rows(PI2_T_Q4_0, w[i]->data, X * w[i]->n_out, w[i]->n_in / 32, arena + off);
+            release_pages(w[i]->data, sz);
+            w[i]->packed = arena + off;
+            off += sz;
+        }
+    }
+    m->moe_pack = arena;
+    m->packed_bytes += (int64_t)total;
+    return PI2_OK;
+}

@@ -176,23 +176,27 @@ AVX2 static inline __m256i q5_1_vals(const uint8_t *blk) {
                                                        _mm256_add_ps(_mm256_mul_ps(S, _mm256_cvtepi32_ps(s32[r])), M))); \
     } while (0)
 
-static inline int32_t ld32(const uint8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
+/* the leading 32-bit words (d, m) of eight blocks bs bytes apart: dword l of a 32-byte load that starts 4·l bytes
+ * before block l (inside the blocks before it), blended; no gather (vpgatherdd is slow on Zen 4) and no vector
+ * built through the stack (a store-forwarding stall per step) */
+AVX2 static inline __m256i dm_words(const uint8_t *q, size_t bs) {
+#define DM_AT(l) _mm256_loadu_si256((const __m256i *)(q + (l) * bs - 4 * (l)))
+    const __m256i a = _mm256_blend_epi32(DM_AT(0), DM_AT(1), 0x02), b = _mm256_blend_epi32(DM_AT(2), DM_AT(3), 0x08);
+    const __m256i c = _mm256_blend_epi32(DM_AT(4), DM_AT(5), 0x20), d = _mm256_blend_epi32(DM_AT(6), DM_AT(7), 0x80);
+#undef DM_AT
+    return _mm256_blend_epi32(_mm256_blend_epi32(a, b, 0x0C), _mm256_blend_epi32(c, d, 0xC0), 0xF0);
 }
 
 /* qx1_prepare of blocks [b, b + 8) of the chunk (the same operations per block), every row in turn so that the
  * sums stay in registers and the kernel then finds these blocks' bytes in L1: d and m read as one 32-bit word
- * per block (scalar loads: vpgatherdd is slow on Zen 4), converted by F16C (exact, as pi2_fp16_to_f32). */
+ * per block (dm_words), converted by F16C (exact, as pi2_fp16_to_f32). */
 AVX2F16C static void qx1_prepare8_avx2(qx_group *g, size_t bs, const float *p, int32_t k, int64_t b0, int32_t b) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 M = _mm256_setzero_ps(), mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
     for (int32_t i = 0; i < k; i++) {
         const __m256 pv = _mm256_set1_ps(p[i]);
         const uint8_t *q = g->r[i] + (size_t)(b0 + b) * bs;
-        const __m256i w = _mm256_setr_epi32(ld32(q), ld32(q + bs), ld32(q + 2 * bs), ld32(q + 3 * bs), ld32(q + 4 * bs),
-                                            ld32(q + 5 * bs), ld32(q + 6 * bs), ld32(q + 7 * bs));
+        const __m256i w = dm_words(q, bs);
         const __m256i dm = _mm256_permute4x64_epi64(
             _mm256_packus_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(w, 16)), 0xD8);
         const __m256 d = _mm256_cvtph_ps(_mm256_castsi256_si128(dm)), m = _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1));

@@ -62,7 +62,8 @@ def test_group_part_is_its_definition(qtype):
 
 @pytest.mark.parametrize("qtype", [Q4_1, Q5_1])
 def test_close_to_float_sum(qtype):
-    """The 8-bit activations cost about what the dense product's q8 activations cost: NMSE ~1e-5 of the output."""
+    """The 8-bit activations of a 64-neuron group cost NMSE ~1.5e-4 of the output here (about 1.2 % relative
+    error, 4-6x the dense product's q8 activations of 32 neurons; far below the 4- and 5-bit rows' own)."""
     rng = np.random.default_rng(2)
     n_ff, e = 300, 96
     raw = quantize_weight(rng.normal(size=(n_ff, e)).astype(np.float32), qtype).reshape(n_ff, -1)
@@ -71,5 +72,5 @@ def test_close_to_float_sum(qtype):
     got = axpy_rows_qx1(h, raw, qtype, e, sparse.GROUP)
     want = h.astype(np.float64) @ dequantize(raw, qtype, e).astype(np.float64)
     nmse = float(((got - want) ** 2).sum() / (want ** 2).sum())
-    assert 0 < nmse < 1e-4
+    assert 0 < nmse < 5e-4
     assert np.array_equal(sparse.axpy_rows(h, QuantLinear.from_raw(raw, qtype, e)), got)

@@ -2,10 +2,11 @@
  *   y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) + h[k-1]·v_{k-1}[j]   for j < n,
  * v_i = row idx[i]'s values as to_float gives them, one float product and one float sum per term
  * (no FMA), so every implementation agrees bit for bit with the scalar one and with pi2/sparse.py.
- * Does: the reference kernel for every type (to_float, then the sums) and AVX2 kernels for the row
- *       types pi2 files use (Q8_0, Q5_1, Q4_1, F16, F32) that convert in registers and keep the partial
- *       sums of 64 columns in registers across the group, AVX-512 ones (Q8_0, Q5_1, Q4_1) with 128 columns;
- *       pi2_kernels_install_axpy_x86 puts them in a table. */
+ * Does: the reference kernel for every float-summed type (to_float, then the sums) and AVX2 kernels for
+ *       the row types pi2 files use (Q8_0, F16, F32) that convert in registers and keep the partial sums of
+ *       64 columns in registers across the group, an AVX-512 one (Q8_0) with 128 columns;
+ *       pi2_kernels_install_axpy_x86 puts them in a table.
+ * Does not: Q4_1 and Q5_1 rows, summed in integers (axpy_qx1.c), nor I8 rows (axpy_i8.c). */
 #include "traits.h"
 
 #define CHUNK 64   /* columns whose partial sums a kernel keeps in registers */
@@ -32,8 +33,8 @@ static void axpy_group_ref(const pi2_type_traits *t, int64_t n, float *y, const 
                              int32_t k) {                                                                      \
         axpy_group_ref(pi2_traits(T, PI2_K_IMPL_REF), n, y, rows, rb, idx, h, k);                            \
     }
-REF_AXPY(PI2_T_F32) REF_AXPY(PI2_T_F16) REF_AXPY(PI2_T_BF16) REF_AXPY(PI2_T_Q4_0) REF_AXPY(PI2_T_Q4_1)
-REF_AXPY(PI2_T_Q5_0) REF_AXPY(PI2_T_Q5_1) REF_AXPY(PI2_T_Q8_0) REF_AXPY(PI2_T_Q4_K) REF_AXPY(PI2_T_Q5_K)
+REF_AXPY(PI2_T_F32) REF_AXPY(PI2_T_F16) REF_AXPY(PI2_T_BF16) REF_AXPY(PI2_T_Q4_0)
+REF_AXPY(PI2_T_Q5_0) REF_AXPY(PI2_T_Q8_0) REF_AXPY(PI2_T_Q4_K) REF_AXPY(PI2_T_Q5_K)
 REF_AXPY(PI2_T_Q6_K)
 
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab) {
@@ -41,9 +42,7 @@ void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab) {
     tab[PI2_T_F16].axpy_group = axpy_ref_PI2_T_F16;
     tab[PI2_T_BF16].axpy_group = axpy_ref_PI2_T_BF16;
     tab[PI2_T_Q4_0].axpy_group = axpy_ref_PI2_T_Q4_0;
-    tab[PI2_T_Q4_1].axpy_group = axpy_ref_PI2_T_Q4_1;
     tab[PI2_T_Q5_0].axpy_group = axpy_ref_PI2_T_Q5_0;
-    tab[PI2_T_Q5_1].axpy_group = axpy_ref_PI2_T_Q5_1;
     tab[PI2_T_Q8_0].axpy_group = axpy_ref_PI2_T_Q8_0;
     tab[PI2_T_Q4_K].axpy_group = axpy_ref_PI2_T_Q4_K;
     tab[PI2_T_Q5_K].axpy_group = axpy_ref_PI2_T_Q5_K;
@@ -82,58 +81,6 @@ AVX2 static void axpy_q8_0_avx2(int64_t n, float *y, const void *rows, size_t rb
         for (int r = 0; r < 4 * nb; r++) _mm256_storeu_ps(y + j0 + 8 * r, _mm256_add_ps(_mm256_loadu_ps(y + j0 + 8 * r), p[r]));
     }
 }
-
-/* the 32 5-bit values of a Q5_1 block as bytes, value order of q5_1_to_float */
-AVX2 static inline __m256i q5_1_bytes(const blk_q5_1 *b) {
-    uint32_t qh;
-    memcpy(&qh, b->qh, 4);
-    const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(qs, m4), hi = _mm_and_si128(_mm_srli_epi16(qs, 4), m4);
-    /* bit j of qh to byte j: spread the 32 bits over 32 bytes */
-    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf);
-    const __m256i mask = _mm256_set1_epi64x((long long)0x7fbfdfeff7fbfdfeULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(bits, mask), _mm256_set1_epi64x(-1));
-    return _mm256_or_si256(_mm256_set_m128i(hi, lo), _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-}
-
-/* the 32 4-bit values of a Q4_1 block as bytes, value order of q4_1_to_float (low nibbles, then high) */
-AVX2 static inline __m256i q4_1_bytes(const blk_q4_1 *b) {
-    const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-}
-
-/* Q5_1 and Q4_1 rows (value = d·q + m): chunks of 64 columns, two blocks each, partial sums in 8 registers */
-#define AXPY_QX_1(NAME, BLK, BYTES)                                                                              \
-    AVX2 static void NAME(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx, const float *h,  \
-                          int32_t k) {                                                                        \
-        const uint8_t *base = rows;                                                                           \
-        for (int64_t j0 = 0; j0 < n; j0 += CHUNK) {                                                           \
-            const int nb = n - j0 >= CHUNK ? 2 : 1;                                                           \
-            __m256 p[8];                                                                                      \
-            for (int r = 0; r < 8; r++) p[r] = _mm256_setzero_ps();                                           \
-            const size_t off = (size_t)(j0 / 32) * sizeof(BLK);                                               \
-            for (int32_t i = 0; i < k; i++) {                                                                 \
-                const BLK *b = (const BLK *)(base + (size_t)idx[i] * rb + off);                               \
-                const __m256 hv = _mm256_set1_ps(h[i]);                                                       \
-                for (int q = 0; q < nb; q++) {                                                                \
-                    const __m256 d = _mm256_set1_ps(pi2_fp16_to_f32(b[q].d)), m = _mm256_set1_ps(pi2_fp16_to_f32(b[q].m)); \
-                    const __m256i qb = BYTES(&b[q]);                                                          \
-                    const __m128i q0 = _mm256_castsi256_si128(qb), q1 = _mm256_extracti128_si256(qb, 1);      \
-                    const __m256 v[4] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q0)),                        \
-                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q0, 8))),     \
-                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q1)),                        \
-                                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q1, 8)))};    \
-                    for (int r = 0; r < 4; r++) TERM(p[4 * q + r], hv, _mm256_add_ps(_mm256_mul_ps(v[r], d), m)); \
-                }                                                                                             \
-            }                                                                                                 \
-            for (int r = 0; r < 4 * nb; r++)                                                                  \
-                _mm256_storeu_ps(y + j0 + 8 * r, _mm256_add_ps(_mm256_loadu_ps(y + j0 + 8 * r), p[r]));        \
-        }                                                                                                     \
-    }
-AXPY_QX_1(axpy_q5_1_avx2, blk_q5_1, q5_1_bytes)
-AXPY_QX_1(axpy_q4_1_avx2, blk_q4_1, q4_1_bytes)
 
 /* F32 and F16 rows: chunks of 64 columns, a tail of fewer (n is any multiple of 1) done 8 or 1 at a time */
 #define AXPY_FLOAT(NAME, LOAD8, LOAD1, ELEM)                                                                     \
@@ -193,45 +140,14 @@ AVX512 static void axpy_q8_0_avx512(int64_t n, float *y, const void *rows, size_
     }
 }
 
-#define AXPY_QX_1_512(NAME, BLK, BYTES)                                                                          \
-    AVX512 static void NAME(int64_t n, float *y, const void *rows, size_t rb, const int32_t *idx, const float *h, \
-                            int32_t k) {                                                                      \
-        const uint8_t *base = rows;                                                                           \
-        for (int64_t j0 = 0; j0 < n; j0 += CHUNK16) {                                                         \
-            const int nb = n - j0 >= CHUNK16 ? 4 : (int)((n - j0) / 32);                                      \
-            __m512 p[8];                                                                                      \
-            for (int r = 0; r < 8; r++) p[r] = _mm512_setzero_ps();                                           \
-            const size_t off = (size_t)(j0 / 32) * sizeof(BLK);                                               \
-            for (int32_t i = 0; i < k; i++) {                                                                 \
-                const BLK *b = (const BLK *)(base + (size_t)idx[i] * rb + off);                               \
-                const __m512 hv = _mm512_set1_ps(h[i]);                                                       \
-                for (int q = 0; q < nb; q++) {                                                                \
-                    const __m512 d = _mm512_set1_ps(pi2_fp16_to_f32(b[q].d)), m = _mm512_set1_ps(pi2_fp16_to_f32(b[q].m)); \
-                    const __m256i qb = BYTES(&b[q]);                                                          \
-                    const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(qb)));   \
-                    const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(qb, 1))); \
-                    TERM16(p[2 * q], hv, _mm512_add_ps(_mm512_mul_ps(v0, d), m));                             \
-                    TERM16(p[2 * q + 1], hv, _mm512_add_ps(_mm512_mul_ps(v1, d), m));                         \
-                }                                                                                             \
-            }                                                                                                 \
-            for (int r = 0; r < 2 * nb; r++)                                                                  \
-                _mm512_storeu_ps(y + j0 + 16 * r, _mm512_add_ps(_mm512_loadu_ps(y + j0 + 16 * r), p[r]));      \
-        }                                                                                                     \
-    }
-AXPY_QX_1_512(axpy_q5_1_avx512, blk_q5_1, q5_1_bytes)
-AXPY_QX_1_512(axpy_q4_1_avx512, blk_q4_1, q4_1_bytes)
 
 void pi2_kernels_install_axpy_x86(pi2_type_traits *tab, int allow_ext) {
     tab[PI2_T_Q8_0].axpy_group = axpy_q8_0_avx2;
-    tab[PI2_T_Q5_1].axpy_group = axpy_q5_1_avx2;
-    tab[PI2_T_Q4_1].axpy_group = axpy_q4_1_avx2;
     tab[PI2_T_F32].axpy_group = axpy_f32_avx2;
     tab[PI2_T_F16].axpy_group = axpy_f16_avx2;
     __builtin_cpu_init();
     if (allow_ext && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
         tab[PI2_T_Q8_0].axpy_group = axpy_q8_0_avx512;
-        tab[PI2_T_Q5_1].axpy_group = axpy_q5_1_avx512;
-        tab[PI2_T_Q4_1].axpy_group = axpy_q4_1_avx512;
     }
 }
 #else

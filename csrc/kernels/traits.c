@@ -1,7 +1,7 @@
 /* traits.c — the dispatch tables: filled once from CPU features, then read-only.
  * Does: hold the reference, baseline-SIMD and auto tables, fill them on first use
  *       (pthread_once), answer pi2_traits(type, impl).
- * Does not: contain kernels (ref.c, x86.c, neon.c, axpy.c, axpy_i8.c) or read the environment; tests select the
+ * Does not: contain kernels (ref.c, x86.c, neon.c, axpy.c, axpy_i8.c, axpy_qx1.c) or read the environment; tests select the
  *       reference by passing impl = PI2_K_IMPL_REF, never through a global switch. */
 #include "traits.h"
 
@@ -15,6 +15,7 @@ static void init_once(void) {
     pi2_kernels_fill_ref(tables[PI2_K_IMPL_REF]);
     pi2_kernels_fill_axpy_ref(tables[PI2_K_IMPL_REF]);
     pi2_kernels_fill_axpy_i8(tables[PI2_K_IMPL_REF]);
+    pi2_kernels_fill_axpy_qx1(tables[PI2_K_IMPL_REF]);
     memcpy(tables[PI2_K_IMPL_BASE], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     memcpy(tables[PI2_K_IMPL_AUTO], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     const uint32_t base_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0)
@@ -27,6 +28,8 @@ static void init_once(void) {
     }
     pi2_kernels_install_axpy_i8(tables[PI2_K_IMPL_BASE], base_isa);
     pi2_kernels_install_axpy_i8(tables[PI2_K_IMPL_AUTO], auto_isa);
+    pi2_kernels_install_axpy_qx1(tables[PI2_K_IMPL_BASE], base_isa);
+    pi2_kernels_install_axpy_qx1(tables[PI2_K_IMPL_AUTO], auto_isa);
 }
 
 const pi2_type_traits *pi2_traits(int32_t type, int32_t impl) {

@@ -59,7 +59,8 @@ typedef void (*pi2_vec_dot_rows4_fn)(int64_t n, float *s, const void *w, size_t 
 /* The grouped row sum of the sparse FFN (axpy.c): y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) for
  * j < n, v_i the values of the row at rows + idx[i]·row_bytes (to_float's), one product and one sum per
  * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary.
- * I8 rows sum differently: an int8 weight per row and exact integer sums, k ≤ 64 (axpy_i8.c). */
+ * I8 rows sum differently: an int8 weight per row and exact integer sums, k ≤ 64 (axpy_i8.c); Q4_1 and Q5_1
+ * rows too: 8-bit activations per block and exact integer sums (axpy_qx1.c). */
 typedef void (*pi2_axpy_group_fn)(int64_t n, float *y, const void *rows, size_t row_bytes, const int32_t *idx,
                                   const float *h, int32_t k);
 /* s[r] = row r of one x8 packed group (pack.h) · x_q for r < 8, each bit for bit vec_dot's result on that row. */
@@ -140,6 +141,10 @@ void pi2_kernels_install_axpy_x86(pi2_type_traits *tab, int allow_ext);
  * that `isa` (PI2_K_* bits the table's other kernels use) allows. */
 void pi2_kernels_fill_axpy_i8(pi2_type_traits *tab);
 void pi2_kernels_install_axpy_i8(pi2_type_traits *tab, uint32_t isa);
+/* Q4_1 and Q5_1 rows (axpy_qx1.c): the integer grouped row sum with 8-bit activations; fill puts the scalar
+ * kernel in `tab`, install the fast ones `isa` allows. */
+void pi2_kernels_fill_axpy_qx1(pi2_type_traits *tab);
+void pi2_kernels_install_axpy_qx1(pi2_type_traits *tab, uint32_t isa);
 /* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
 void pi2_kernels_fill_ref(pi2_type_traits *tab);
 

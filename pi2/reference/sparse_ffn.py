@@ -7,7 +7,8 @@ per-token top-F for plain GGUF files), reading a layer's FFN weights (dense GGUF
 bundles), and the FFN over the active neurons with the bytes it touched.
 The FFN over active neurons is llama.cpp's dense FFN with the inactive neurons' h = act(gate)·up set to 0
 (gate and up rows are the same quantized dot products); with every neuron active it is the dense FFN bit
-for bit. Down stored as rows (PowerInfer, pi2) is the axpy y = Σ_i h_i·down_row_i in float32.
+for bit. Down stored as rows (PowerInfer, pi2) is the axpy y = Σ_i h_i·down_row_i in float32; Q4_1 and Q5_1 rows
+are summed in integers with 8-bit activations (down_qx1.py), int8 rows likewise (down_i8.py).
 It is the specification csrc/ffn/ is tested against. Does not: choose the rule (pi2/runtime/ffn_rule.py, the same
 for both engines) or parse the bundle layout (pi2/model/ffn_layout.py).
 """
@@ -22,6 +23,7 @@ from pi2.model.ffn_layout import bundle_layout, bytes_touched, row_bytes
 from pi2.model.gguf_file import TYPE_IDS
 from pi2.reference import ggml_order as go
 from pi2.reference.down_i8 import I8Rows, axpy_rows_i8
+from pi2.reference.down_qx1 import QX1_TYPES, axpy_rows_qx1
 from pi2.reference.predictor import LowbitGate, LowrankGate
 from pi2.reference.quants import QuantLinear, dequantize
 
@@ -248,7 +250,10 @@ def axpy_rows(h: np.ndarray, down: QuantLinear) -> np.ndarray:
     """y = Σ_i h_i·down_row_i in float32, in the order csrc/pi2.h gives for FFN_DOWN_ROWS: neurons in groups
     of GROUP; a group's partial sum starts at +0 and adds the products h_i·v_i of its neurons with h_i != 0
     in ascending order (v_i = the row's dequantized values); y starts at +0 and adds the groups' partial
-    sums in ascending order. (Neurons with h_i = 0 would only add ±0, which changes nothing.)"""
+    sums in ascending order. (Neurons with h_i = 0 would only add ±0, which changes nothing.)
+    Q4_1 and Q5_1 rows: each group's part as down_qx1.py computes it, in integers."""
+    if down.qtype in QX1_TYPES:
+        return axpy_rows_qx1(h, down.raw, down.qtype, down.n_in, GROUP)
     if getattr(down, "_rows_f32", None) is None:
         down._rows_f32 = dequantize(down.raw, down.qtype, down.n_in)
     rows, zero = down._rows_f32, np.float32(0)

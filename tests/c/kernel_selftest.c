@@ -369,34 +369,93 @@ static void test_type(int type, pi2_pool *pool) {
 
 /* ---------------- grouped row sums (axpy_group) against their definition ---------------- */
 
+/* Q4_1 and Q5_1 rows (axpy_qx1.c), written out per block b: a_i = p_i·d_ib, M = ((+0 + p_0·m_0b) + ...),
+ * mx = max|a_i|, z_i = nearbyint(a_i·(127/mx)), y[j] = y[j] + ((mx/127)·(float)Σ z_i·q_ij + M); blocks with mx
+ * outside [1e-30, FLT_MAX] add M alone. */
+static void axpy_qx1_model(int type, int64_t n, float *y, const uint8_t *rows, size_t rb, const int32_t *idx,
+                           const float *p, int32_t k) {
+    const size_t bs = type == PI2_T_Q5_1 ? 24 : 20;
+    for (int64_t b = 0; b < n / 32; b++) {
+        float a[64], M = 0.0f, mx = 0.0f;
+        int32_t acc[32] = {0};
+        for (int32_t i = 0; i < k; i++) {
+            const uint8_t *blk = rows + (size_t)idx[i] * rb + (size_t)b * bs;
+            pi2_fp16 d, m;
+            memcpy(&d, blk, 2);
+            memcpy(&m, blk + 2, 2);
+            a[i] = p[i] * pi2_fp16_to_f32(d);
+            M = M + p[i] * pi2_fp16_to_f32(m);
+            mx = fabsf(a[i]) > mx ? fabsf(a[i]) : mx;
+        }
+        const int ok = mx >= 1e-30f && mx <= FLT_MAX;
+        for (int32_t i = 0; i < k && ok; i++) {
+            const uint8_t *blk = rows + (size_t)idx[i] * rb + (size_t)b * bs;
+            const int32_t z = (int32_t)nearbyintf(a[i] * (127.0f / mx));
+            uint32_t qh = 0;
+            if (type == PI2_T_Q5_1) memcpy(&qh, blk + 4, 4);
+            const uint8_t *qs = blk + (type == PI2_T_Q5_1 ? 8 : 4);
+            for (int j = 0; j < 32; j++) {
+                const int32_t q = (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4) | (int32_t)((qh >> j) & 1u) << 4;
+                acc[j] += z * q;
+            }
+        }
+        for (int j = 0; j < 32; j++) y[b * 32 + j] = y[b * 32 + j] + ((ok ? mx / 127.0f : 0.0f) * (float)acc[j] + M);
+    }
+}
+
 /* Every table's axpy_group equals the term-by-term definition on the row values (to_float), bit for
  * bit: y += (((+0 + h0·v0) + h1·v1) + ...), rows picked by idx from a strided matrix, starting at a
- * block boundary of the row. */
+ * block boundary of the row; Q4_1 and Q5_1 rows equal axpy_qx1_model instead, also with 64 rows of only the
+ * largest values and equal h (every z = 127: the widest int16 sums), all h = 0, and k = 0, and stay within the
+ * 8-bit activations' error of the float sum (NMSE ≤ 1e-3). */
 static void test_axpy(int type, int size) {
     const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
+    const int qx1 = type == PI2_T_Q4_1 || type == PI2_T_Q5_1;
     const int64_t bs = ref->block_size, n = cols_for(ref, size), skip = bs < 64 ? 64 : bs;
-    const int32_t n_rows = 80, ks[] = {1, 7, 64};
+    const int32_t n_rows = 80, ks[] = {1, 7, 64, 64, 7, 0};
+    const int n_cases = qx1 ? 6 : 3;
     const size_t rb = (size_t)((n + skip) / bs) * (size_t)ref->type_size + 8;   /* + padding, like a bundle */
-    uint8_t *w = calloc(rb, n_rows);
+    uint8_t *w = calloc(rb, n_rows + 64);
     for (int32_t r = 0; r < n_rows; r++) fill_weights(type, w + (size_t)r * rb, (n + skip) / bs, ref->type_size);
+    for (int32_t r = n_rows; r < n_rows + 64 && qx1; r++) {   /* every value the largest, d = 1, m = 0.5 */
+        fill_weights(type, w + (size_t)r * rb, (n + skip) / bs, ref->type_size);
+        for (int64_t b = 0; b < (n + skip) / bs; b++) {
+            uint8_t *blk = w + (size_t)r * rb + (size_t)b * (size_t)ref->type_size;
+            const pi2_fp16 one = pi2_f32_to_fp16(1.0f), half = pi2_f32_to_fp16(0.5f);
+            memcpy(blk, &one, 2);
+            memcpy(blk + 2, &half, 2);
+            memset(blk + 4, 0xFF, (size_t)ref->type_size - 4);
+        }
+    }
     const size_t off = (size_t)(skip / bs) * (size_t)ref->type_size;
     float *y0 = rand_floats(n, 1.0f), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
     float *v = malloc(sizeof(float) * n), *p = malloc(sizeof(float) * n), h[64];
     int32_t idx[64];
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < n_cases; c++) {
         const int32_t k = ks[c];
-        for (int32_t i = 0; i < k; i++) { idx[i] = (int32_t)(i * n_rows / k + (int32_t)(next_u32() % (uint32_t)(n_rows / k))); h[i] = next_f(); }
+        for (int32_t i = 0; i < k; i++) {
+            idx[i] = c == 3 ? n_rows + i : (int32_t)(i * n_rows / k + (int32_t)(next_u32() % (uint32_t)(n_rows / k)));
+            h[i] = c == 3 ? -2.0f : c == 4 ? 0.0f : next_f();
+        }
         for (int64_t j = 0; j < n; j++) p[j] = 0.0f;
         for (int32_t i = 0; i < k; i++) {
             ref->to_float(w + (size_t)idx[i] * rb + off, v, n);
             for (int64_t j = 0; j < n; j++) p[j] += h[i] * v[j];
         }
         for (int64_t j = 0; j < n; j++) want[j] = y0[j] + p[j];
+        if (qx1) {
+            for (int64_t j = 0; j < n; j++) p[j] = want[j];   /* the float sum, for the error bound */
+            memcpy(want, y0, sizeof(float) * n);
+            axpy_qx1_model(type, n, want, w + off, rb, idx, h, k);
+            if (c >= 4) check(same_bits(want, y0, n), "axpy_group-qx1-unchanged", ref->name, "model", size * 100 + c, 0);
+            check(nmse(want, p, n) <= 1e-3 || c == 3, "axpy_group-qx1-vs-float", ref->name, "model", size * 100 + c,
+                  nmse(want, p, n));
+        }
         for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl++) {
             memcpy(got, y0, sizeof(float) * n);
             pi2_traits(type, impl)->axpy_group(n, got, w + off, rb, idx, h, k);
             check(same_bits(got, want, n), "axpy_group", ref->name, impl == 0 ? "auto" : impl == 1 ? "ref" : "base",
-                  size, nmse(got, want, n));
+                  size * 100 + c, nmse(got, want, n));
         }
     }
     free(w); free(y0); free(want); free(got); free(v); free(p);

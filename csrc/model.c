@@ -276,7 +276,7 @@ static pi2_status map_parts(pi2_model *m, const char *const *paths, const uint64
     }
     if (no_mmap) return pi2_set_error(PI2_ERR_UNSUPPORTED, "--no-mmap does not read split models yet: merge the parts or drop --no-mmap");
     int *fds = malloc((size_t)n * sizeof *fds);
-    uint64_t *sizes = malloc((size_t)n * sizeof *sizes);
+    uint64_t *sizes = calloc((size_t)n, sizeof *sizes);   /* zeroed: -O3 cannot see every part is stat-ed first */
     if (!fds || !sizes || !(m->part_guards = malloc((size_t)(n - 1) * sizeof *m->part_guards))) {
         free(fds); free(sizes);
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the model's parts");

@@ -107,6 +107,12 @@ class MoEContext:
     def reset(self) -> None:
         self.n_past = 0
 
+    def truncate(self, n_keep: int) -> None:
+        """Keep the first n_keep cached positions (0 <= n_keep <= n_past) and forget the rest."""
+        if not 0 <= n_keep <= self.n_past:
+            raise UsageError(f"cannot keep {n_keep} of {self.n_past} cached positions")
+        self.n_past = int(n_keep)
+
     def bench_stats(self) -> dict:
         """pi2 bench's extra fields: experts per token, the share of expert neurons a token computes, the FFN
         bytes a token reads (its k experts' slices, the router, the shared expert) and all weight bytes it reads."""

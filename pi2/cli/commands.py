@@ -113,11 +113,11 @@ def run(opts: RunOptions) -> None:
     _mlock(opts, seq.session)
     prompt_tokens = model.tokenize(opts.prompt)
     check_prompt(prompt_tokens, seq.n_ctx)
-    if not opts.json_out and opts.display_prompt:
-        _write(opts.prompt)
-    stream = seq.stream(prompt_tokens, max_tokens=max(opts.n_predict, -1), ignore_eos=opts.ignore_eos,
-                        special=opts.special, reverse=opts.reverse, timings=timings)
-    try:
+    try:                            # from the prompt's echo on: a signal once output began prints the timings
+        if not opts.json_out and opts.display_prompt:
+            _write(opts.prompt)
+        stream = seq.stream(prompt_tokens, max_tokens=max(opts.n_predict, -1), ignore_eos=opts.ignore_eos,
+                            special=opts.special, reverse=opts.reverse, timings=timings)
         for piece in stream:
             if piece.text and not opts.json_out:
                 _write(piece.text)

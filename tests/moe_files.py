@@ -21,6 +21,8 @@ from gguf import GGUFWriter
 from gguf.quants import quantize
 
 from fixtures import _add_vocab
+from pi2.engine import CModel
+from pi2.model.loader import load_model
 from pi2.reference.kquant import quantize_q4_k, quantize_q5_k, quantize_q6_k
 
 ARCHS = ("qwen3", "qwen3moe", "llama", "qwen2moe", "olmoe", "granitemoe", "smallthinker")
@@ -249,3 +251,14 @@ def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, drop=(), alter
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def loaded_moe(tmp_path_factory, files: dict, arch: str, wtype: str) -> tuple:
+    """(path, loaded model, CModel) of the synthetic `arch` file in `wtype`, written once per `files` (a test
+    module's own cache: a module that repacks its models keeps them to itself)."""
+    key = (arch, wtype)
+    if key not in files:
+        path = write_moe(tmp_path_factory.mktemp("moe") / f"{arch}.{wtype}.gguf", arch, wtype)
+        m = load_model(path)
+        files[key] = (path, m, CModel.from_model(m))
+    return files[key]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import DATA
-from moe_files import ARCHS, WTYPES, write_moe
+from moe_files import ARCHS, WTYPES, loaded_moe, write_moe
 from pi2.engine import CContext, CModel
 from pi2.model.loader import load_model
 from pi2.reference.moe import MoEContext
@@ -27,12 +27,7 @@ _files: dict = {}
 
 
 def loaded(tmp_path_factory, arch, wtype):
-    key = (arch, wtype)
-    if key not in _files:
-        path = write_moe(tmp_path_factory.mktemp("moec") / f"{arch}.{wtype}.gguf", arch, wtype)
-        m = load_model(path)
-        _files[key] = (path, m, CModel.from_model(m))
-    return _files[key]
+    return loaded_moe(tmp_path_factory, _files, arch, wtype)
 
 
 def first_diff(ref, c, tokens, **kw):

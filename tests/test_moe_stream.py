@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 from clirun import assert_error, cli
-from moe_files import ARCHS, SPECS, write_moe
+from moe_files import ARCHS, SPECS, loaded_moe, write_moe
 
 from pi2.engine import CContext, CModel, flash_io
 from pi2.errors import EngineError, UnsupportedError
@@ -28,12 +28,7 @@ _files: dict = {}
 
 
 def loaded(tmp_path_factory, arch, wtype):
-    key = (arch, wtype)
-    if key not in _files:
-        path = write_moe(tmp_path_factory.mktemp("moes") / f"{arch}.{wtype}.gguf", arch, wtype)
-        m = load_model(path)
-        _files[key] = (path, m, CModel.from_model(m))
-    return _files[key]
+    return loaded_moe(tmp_path_factory, _files, arch, wtype)
 
 
 def run(c) -> list:

@@ -166,6 +166,21 @@ static void willneed(const pi2_model *m, const pi2_weight *w) {
             MADV_WILLNEED);
 }
 
+/* The fixed region's matrices read ahead: output, attention, and the mapped gate (gate) or the router (router). */
+static void willneed_fixed(const pi2_cache *cache, int gate, int router) {
+    const pi2_model *m = cache->m;
+    willneed(m, &m->output);
+    for (int32_t il = 0; il < cache->n_layer; il++) {
+        const pi2_layer *L = &m->layers[il];
+        willneed(m, &L->q);
+        willneed(m, &L->k);
+        willneed(m, &L->v);
+        willneed(m, &L->o);
+        if (gate) willneed(m, &L->gate);
+        if (router) willneed(m, &L->router);
+    }
+}
+
 /* Keep the streamed parts out of the page cache: no read-ahead anywhere in the mapping (a fault in the fixed region
  * would read the neighbouring bundles), the streamed ranges dropped from it, the file's cached pages that no
  * mapping holds dropped (what reading the file's tables left), then the fixed region's matrices read ahead. */
@@ -180,15 +195,7 @@ static void advise(pi2_cache *cache) {
             if (inner1 > inner0) madvise((void *)(m->map + inner0), (size_t)(inner1 - inner0), MADV_DONTNEED);
         }
     pi2_io_drop_cache(cache->io);
-    willneed(m, &m->output);
-    for (int32_t il = 0; il < cache->n_layer; il++) {
-        const pi2_layer *L = &m->layers[il];
-        willneed(m, &L->q);
-        willneed(m, &L->k);
-        willneed(m, &L->v);
-        willneed(m, &L->o);
-        if (cache->n_parts < 2) willneed(m, &L->gate);
-    }
+    willneed_fixed(cache, cache->n_parts < 2, 0);
 }
 
 /* A MoE file: no read-ahead in the mapping, the expert tensors' pages dropped from it and from the page cache, the
@@ -204,15 +211,7 @@ static void advise_experts(pi2_cache *cache) {
             if (inner1 > inner0) madvise((void *)(m->map + inner0), (size_t)(inner1 - inner0), MADV_DONTNEED);
         }
     pi2_io_drop_cache(cache->io);
-    willneed(m, &m->output);
-    for (int32_t il = 0; il < cache->n_layer; il++) {
-        const pi2_layer *L = &m->layers[il];
-        willneed(m, &L->q);
-        willneed(m, &L->k);
-        willneed(m, &L->v);
-        willneed(m, &L->o);
-        willneed(m, &L->router);
-    }
+    willneed_fixed(cache, 0, 1);
 }
 
 /* The expert cache of a MoE file: slots, hot records read now (in large requests), the mapping advised. */

@@ -4,7 +4,9 @@
  *       duplicates, type, shape against the hyper-parameters, byte size, alignment, bounds against
  *       the file size) before making a view of it; require every tensor the architecture reads (the
  *       predictors are optional: fc1 and fc2, pi2-made or PowerInfer's, come together, of matching width).
- * Does not: parse GGUF (Python describes the tensors) or compute. */
+ * Does not: parse GGUF (Python describes the tensors) or compute.
+ * Past 400 lines since split models and no_mmap: mapping and checking are one load; the mapping functions
+ * (read_file, map_file, map_parts) are the part to move out if it grows again. */
 #define _GNU_SOURCE
 #include "model.h"
 #include "internal.h"

@@ -152,7 +152,7 @@ def test_failing_read_is_an_error_then_recovers(tmp_path_factory, tmp_path):
 def fixed_runtime(monkeypatch):
     """The planner's runtime figure fixed (the test process's RSS drifts between in-process CLI calls)."""
     import pi2.plan.experts as experts
-    monkeypatch.setattr(experts, "measured_runtime", lambda model: 96 << 20)
+    monkeypatch.setattr(experts, "runtime_bounds", lambda model: (96 << 20, 96 << 20))
 
 
 def test_cli_run_within_budget_equals_mapped(tmp_path_factory, monkeypatch):

@@ -235,7 +235,7 @@ class Plan:
         d = {k: getattr(self, k) for k in ("budget", "runtime", "fixed", "kv", "scratch", "margin", "cluster",
                                            "slot_bytes", "min_slots", "n_slots", "hot_bytes", "io", "queue_depth",
                                            "ffn_bytes", "npu_bytes", "gate")}
-        d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
+        d.update(floor=self.minimum or self.floor, cold_bytes=self.cold_bytes, n_hot=[int(h) for h in self.n_hot],
                  n_early=[int(e) for e in self.n_early], flash_bytes=self.flash_bytes, read_mbps=self.read_mbps, io_bound_tps=self.io_bound_tps)
         if self.gate:
             d.update({k: getattr(self, k) for k in ("gate_bytes", "gate_slot_bytes", "n_gate_slots", "gate_hot_bytes",
@@ -301,15 +301,16 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     why = streamable(model)
     if why:
         raise UsageError(why)
-    runtime = measured_runtime(model) if runtime is None else runtime
+    runtime, up = runtime_bounds(model) if runtime is None else (runtime, runtime)
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
     need = min_budget(model, cmodel, n_ctx, n_threads, io, n_batch, cluster, runtime, npu, rule, type_k=type_k)
+    shown = need + up - runtime     # the minimum as printed: with the RSS rounded up
     if budget < need:
         kv = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k)[0]
         gate = rule is not None and rule.rule == "predicted"
-        raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(need)} for this model at a "
+        raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(shown)} for this model at a "
                          f"context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
-                         hint=f"give at least {(need + MiB - 1) // MiB}M" + (" or a smaller -c" if kv > need // 4 else ""))
+                         hint=f"give at least {(shown + MiB - 1) // MiB}M" + (" or a smaller -c" if kv > need // 4 else ""))
     c0 = cluster or cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"])
 
     def fit(c):
@@ -325,7 +326,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     # the budget is at least the minimum: some cluster size fits (the preferred one, else the first that does)
     first = fit(c0) or next(p for p in (fit(c) for c in CLUSTERS if c != c0) if p is not None)
     whole = first.gate_whole
-    first.minimum = need
+    first.minimum = shown
     if cluster or first.read_mbps is None:
         return first
     best = first
@@ -338,7 +339,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
             continue
         if p.read_mbps and p.read_seconds < best.read_seconds:
             best = p
-    best.minimum = need
+    best.minimum = shown
     return best
 
 
@@ -357,10 +358,19 @@ def min_budget(model, cmodel, n_ctx: int, n_threads: int, io: str = "auto", n_ba
 
 
 def measured_runtime(model) -> int:
-    """runtime_rss rounded up to 4 MiB: the interpreter's RSS varies by a MiB or two between processes (`pi2 plan`
-    and `pi2 run` with the same flags), and their minimum budgets must agree."""
+    """runtime_rss rounded up to 4 MiB: what every minimum printed (the plan's, a refused budget's hint) counts."""
+    return runtime_bounds(model)[1]
+
+
+def runtime_bounds(model) -> tuple:
+    """runtime_rss on a 4 MiB grid, rounded (down, up). The interpreter's RSS varies by a MiB or two between
+    processes (`pi2 plan` and `pi2 run` with the same flags): a budget is checked (and split) with the RSS rounded
+    down and every minimum is printed with it rounded up, so the minimum one process prints is one another, whose
+    RSS differs by less than a step, accepts (one grid rounded one way both times fails when the RSS sits on a
+    step; the 32 MiB margin covers the step)."""
     step = 4 * MiB
-    return (runtime_rss(model) + step - 1) // step * step
+    rss = runtime_rss(model)
+    return rss // step * step, (rss + step - 1) // step * step
 
 
 def _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,

@@ -21,7 +21,7 @@ from pi2.convert.profile import calib_tokens
 from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
 from pi2.model.info_moe import EXPERT
-from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, measured_runtime
+from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, runtime_bounds
 from pi2.plan.profile import cached_throughput, default_cache_dir
 
 ALIGN = 4096
@@ -146,6 +146,7 @@ class ExpertPlan:
     ahead: bool = True
     repacked: int = 0
     kind: str = "experts"
+    up: int = 0                 # the runtime's RSS rounded up less rounded down (runtime_bounds): printed, not checked
 
     @property
     def min_slots(self) -> int:
@@ -154,6 +155,11 @@ class ExpertPlan:
     @property
     def floor(self) -> int:
         return self.runtime + self.fixed + self.kv + self.scratch + self.margin + self.min_slots * self.slot_bytes
+
+    @property
+    def minimum(self) -> int:
+        """The floor as printed (pi2 plan, a refused budget's hint): one another process accepts."""
+        return self.floor + self.up
 
     @property
     def n_hot(self) -> int:
@@ -185,7 +191,7 @@ class ExpertPlan:
                 if tps is None else
                 f"predicted          at most {tps:.2f} tokens/s from reads alone ({self.read_mbps:.0f} MB/s at "
                 f"{self.slot_bytes // 3 // 1024} KiB reads: {self.profile_note})")
-        return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.floor)})",
+        return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.minimum)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, routers, shared experts, "
                 f"embeddings, output)",
@@ -212,7 +218,7 @@ class ExpertPlan:
                                            "slot_bytes", "min_slots", "n_slots", "n_hot", "hot_bytes", "io",
                                            "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
                                            "io_bound_tps", "profiled", "ahead")}
-        d.update(floor=self.floor, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
+        d.update(floor=self.minimum, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
                  n_layers=self.n_layers)
         return d
 
@@ -236,15 +242,16 @@ def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io:
     layers = expert_layers(model)
     n_layers = sum(1 for b in layers if b)
     reads = read_bytes(model)
-    p = ExpertPlan(budget=budget, runtime=measured_runtime(model), fixed=fixed_region(model, n_ctx), kv=kv,
+    low, up = runtime_bounds(model)     # checked with the RSS rounded down, the minimum printed with it rounded up
+    p = ExpertPlan(budget=budget, runtime=low, up=up - low, fixed=fixed_region(model, n_ctx), kv=kv,
                    scratch=scratch, margin=MARGIN, slot_bytes=slot_bytes(model), n_expert=c.n_expert,
                    k=c.n_expert_used, n_layers=n_layers, n_slots=0, io=io, ahead=ahead,
                    expert_bytes=sum(sum(b) * c.n_expert for b in layers if b),
                    miss_bytes=float(np.mean(reads)) if reads else 0.0)
     if budget < p.floor:
         raise UsageError(f"--memory-budget {budget >> 20}M is below what this model needs with experts streamed "
-                         f"({fmt(p.floor)}: fixed region {fmt(p.fixed)}, KV cache {fmt(kv)}, buffers, and {p.k} "
-                         f"expert slots of {fmt(p.slot_bytes)})", hint=f"give --memory-budget {-(-p.floor >> 20)}M "
+                         f"({fmt(p.minimum)}: fixed region {fmt(p.fixed)}, KV cache {fmt(kv)}, buffers, and {p.k} "
+                         f"expert slots of {fmt(p.slot_bytes)})", hint=f"give --memory-budget {-(-p.minimum >> 20)}M "
                                                                       "or more, or a smaller -c")
     n_total = min((budget - p.floor) // p.slot_bytes + p.min_slots, n_layers * c.n_expert)
     prof = load_profile(model)

@@ -5,12 +5,12 @@ when a command runs, so `pi2 --help` stays fast. main() is in pi2/cli/main.py.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from pi2.cli.load_flags import LoadModeOpt, NoMmapOpt, load_notes
 from pi2.cli.prompt import read_prompt
 from pi2.errors import FileError, UsageError
 from pi2.hub import pull as hub_pull
@@ -173,12 +173,10 @@ def run(
                                         "(llama.cpp's context shift; off by default, as there)"),
     keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
                                     "--keep; pi2's --keep is the FFN fraction)"),
-    no_mmap: bool = typer.Option(False, "--no-mmap", help="read the whole model into memory at load instead of "
-                                 "mapping it (the C engine; not with --memory-budget)"),
+    no_mmap: bool = NoMmapOpt,
     mlock: bool = typer.Option(False, "--mlock", help="lock the model's pages in memory (as llama.cpp: a warning "
                                "when the limit refuses)"),
-    load_mode: Optional[str] = typer.Option(None, "-lm", "--load-mode", help="auto | mmap | none | dio (none, dio: as "
-                                            "--no-mmap) | mlock | mmap+mlock (as --mlock)"),
+    load_mode: Optional[str] = LoadModeOpt,
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
@@ -188,7 +186,7 @@ def run(
     text = read_prompt(prompt, file, escape and not no_escape)
     sys_text = read_prompt(system, system_file, escape and not no_escape)
     template = _template(chat_template, chat_template_file)
-    mlock, no_mmap = _load_notes(no_mmap, mlock, load_mode)
+    mlock, no_mmap = load_notes(no_mmap, mlock, load_mode)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
                     n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens, cache_type_k=cache_k,
@@ -233,18 +231,6 @@ def _template(name: Optional[str], file: Optional[Path]) -> Optional[str]:
     return name
 
 
-def _load_notes(no_mmap: bool, mlock: bool, load_mode: Optional[str]) -> tuple:
-    """(lock, read): whether to lock the model's pages (--mlock, -lm mlock / mmap+mlock) and whether to read the whole
-    file into memory instead of mapping it (--no-mmap, -lm none / dio, as llama.cpp's loaders do)."""
-    if load_mode is not None and load_mode not in ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio"):
-        raise UsageError(f"invalid -lm {load_mode!r}: auto, none, mmap, mlock, mmap+mlock or dio")
-    read = no_mmap or load_mode in ("none", "dio")
-    lock = mlock or load_mode in ("mlock", "mmap+mlock")
-    if read and lock:
-        print("pi2: note: --mlock not applied: --no-mmap reads the model into memory", file=sys.stderr)
-    return lock and not read, read
-
-
 @app.command()
 def tokenize(
     model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
@@ -281,11 +267,12 @@ def perplexity(
     threads: int = ThreadsOpt, engine: str = EngineOpt,
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
-    verbose: bool = VerboseOpt,
+    no_mmap: bool = NoMmapOpt, load_mode: Optional[str] = LoadModeOpt, verbose: bool = VerboseOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
+    _, no_mmap = load_notes(no_mmap, False, load_mode, locks=False)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
-                    memory_budget=memory_budget, io=io, cache_type_k=cache_k, cache_type_v=cache_v)
+                    memory_budget=memory_budget, io=io, cache_type_k=cache_k, cache_type_v=cache_v, no_mmap=no_mmap)
     _commands().perplexity(_model_path(model, model_opt), file, cfg, chunks, verbose=_verbose(ctx))
 
 
@@ -302,6 +289,11 @@ def bench(
     type_k: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache types: f16,q8_0 "
                                                "(default f16)"),
     type_v: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types: f16"),
+    load_mode: Optional[List[str]] = typer.Option(None, "-lm", "--load-mode", help="load modes: mmap,none (auto = "
+                                                  "mmap, dio = none: read into memory)"),
+    mmap: Optional[List[str]] = typer.Option(None, "-mmp", "--mmap", help="0: read the model into memory, 1: map "
+                                             "it (a list: 0,1)"),
+    no_mmap: bool = typer.Option(False, "--no-mmap", help="as -mmp 0"),
     reps: int = typer.Option(5, "-r", "--repetitions", help="timed repetitions per test"),
     output: str = typer.Option("md", "-o", "--output", help="md | json | jsonl | csv"),
     engine: str = typer.Option(RUN.engine, "--engine", envvar="PI2_ENGINE", help="engine, or a comma list of engines"),
@@ -318,7 +310,8 @@ def bench(
                     nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack)
     hf_model = [_model_path(None, None, hf)] if hf else []
     _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
-                      engine, warmup=not no_warmup, progress=progress, run=cfg, type_k=type_k, type_v=type_v)
+                      engine, warmup=not no_warmup, progress=progress, run=cfg, type_k=type_k, type_v=type_v,
+                      load_mode=load_mode, mmap=[*(mmap or []), *(["0"] if no_mmap else [])])
 
 
 @app.command()

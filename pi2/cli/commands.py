@@ -368,10 +368,10 @@ def perplexity(model_path: Path, file: Path, cfg: RunConfig, n_chunks: int, verb
 
 
 def bench(models: list, n_prompt, n_gen, pg, batch, threads, reps: int, output: str, engine: str, *, warmup: bool,
-          progress: bool, run: RunConfig, type_k=None, type_v=None) -> None:
+          progress: bool, run: RunConfig, **lists) -> None:
     """pi2 bench: llama-bench's table (or JSON, CSV) on stdout as each test finishes, progress on stderr."""
     rb.run(rb.make_params(models, n_prompt, n_gen, pg, batch, threads, reps, output, engine, warmup=warmup,
-                          progress=progress, run=run, type_k=type_k, type_v=type_v))
+                          progress=progress, run=run, **lists))
 
 
 def convert(src: Path, out: Optional[Path], *, pred: Optional[tuple], **kw) -> None:

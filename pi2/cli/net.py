@@ -11,6 +11,7 @@ import typer
 
 from pi2.cli.app import (RUN, SAMPLE, BudgetOpt, DenseOpt, EngineOpt, HfOpt, IoOpt, KeepOpt, ModelArg, ModelOpt,
                          NnapiLibOpt, NpuGbpsOpt, NpuOpt, PredOpt, ThreadsOpt, VerboseOpt, _model_path, app)
+from pi2.cli.load_flags import LoadModeOpt, NoMmapOpt, load_notes
 from pi2.errors import Pi2Error, UsageError
 from pi2.hub import pull as hub_pull
 from pi2.runtime.config import parse_size
@@ -44,11 +45,13 @@ def serve(
     repeat_last_n: int = typer.Option(SAMPLE.repeat_last_n, "--repeat-last-n", help="default penalty window"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
-    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, verbose: bool = VerboseOpt,
+    memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, no_mmap: bool = NoMmapOpt,
+    load_mode: Optional[str] = LoadModeOpt, verbose: bool = VerboseOpt,
 ):
     """Serve a model over HTTP, OpenAI-compatible (like llama-server): /v1/chat/completions, /v1/completions,
     /v1/models, /health, /tokenize, /detokenize."""
     path = _model_path(model, model_opt, hf)
+    _, no_mmap = load_notes(no_mmap, False, load_mode, locks=False)
     template = None
     if chat_template_file is not None:
         try:
@@ -64,7 +67,7 @@ def serve(
                max_body=parse_size(max_body), chat_template=template, batched=batch,
                stream_interval_ms=stream_interval,
                n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
-               memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
+               memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, no_mmap=no_mmap,
                temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                repeat_last_n=repeat_last_n)
 

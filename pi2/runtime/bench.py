@@ -37,6 +37,7 @@ class BenchParams:
     n_threads: tuple = ()            # () = the cores this process may use
     type_k: tuple = ("f16",)         # -ctk: K cache types (llama-bench's lists)
     type_v: tuple = ("f16",)         # -ctv
+    load_mode: tuple = ("mmap",)     # -lm / -mmp: mmap (the file mapped) or none (read into memory, --no-mmap)
     engines: tuple = ("auto",)
     reps: int = 5
     output: str = "md"
@@ -56,6 +57,7 @@ class Test:
     n_gen: int
     type_k: str = "f16"
     type_v: str = "f16"
+    load_mode: str = "mmap"
     samples_ns: list = field(default_factory=list)
 
     @property
@@ -123,11 +125,37 @@ def _types(values, flag: str) -> tuple:
     return out
 
 
+# -lm values pi2 bench times: llama.cpp's load modes that mean mapping the file or reading it into memory
+_LOAD_MODES = {"auto": "mmap", "mmap": "mmap", "none": "none", "dio": "none"}
+
+
+def _load_modes(load_mode, mmap) -> tuple:
+    """-lm lists (0c1e570's llama-bench) and -mmp / --mmap 0,1 lists (earlier llama-bench's) as the modes timed, in
+    the order given (duplicates dropped); mmap when neither is given."""
+    out = []
+    for s in load_mode or ():
+        for v in (v.strip().lower() for v in str(s).split(",")):
+            if v in ("mlock", "mmap+mlock"):
+                raise UsageError(f"-lm {v} is not timed by pi2 bench: it locks pages only in pi2 run",
+                                 hint="use -lm mmap or -lm none")
+            if v not in _LOAD_MODES:
+                raise UsageError(f"invalid value '{v}' for -lm", hint="-lm takes auto, mmap, none or dio (a list: "
+                                 "mmap,none)")
+            out.append(_LOAD_MODES[v])
+    for s in mmap or ():
+        for v in (v.strip() for v in str(s).split(",")):
+            if v not in ("0", "1"):
+                raise UsageError(f"invalid value '{v}' for -mmp", hint="-mmp takes 0 (read into memory) or 1 (map), "
+                                 "or a list: 0,1")
+            out.append("mmap" if v == "1" else "none")
+    return tuple(dict.fromkeys(out)) or ("mmap",)
+
+
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
                 engine="auto", warmup=True, progress=False, run: RunConfig | None = None, type_k=None,
-                type_v=None) -> BenchParams:
+                type_v=None, load_mode=None, mmap=None) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams; run: the options every
-    test shares (RunConfig's defaults when None)."""
+    test shares (RunConfig's defaults when None); load_mode / mmap: the -lm and -mmp lists."""
     models = tuple(str(m) for m in models or ())
     if not models:
         raise UsageError("no model given", hint="pi2 bench -m MODEL.gguf [-p 512] [-n 128] [-t 1,2]")
@@ -142,7 +170,7 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
                     n_threads=_ints(threads, "-t", (), 1), type_k=_types(type_k, "-ctk"), type_v=_types(type_v, "-ctv"),
-                    engines=engines, reps=reps, output=output,
+                    load_mode=_load_modes(load_mode, mmap), engines=engines, reps=reps, output=output,
                     warmup=warmup, progress=progress, run=run or RunConfig())
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
@@ -154,9 +182,9 @@ def tests_for(p: BenchParams, model: str) -> list:
     out = []
     for engine in p.engines:
         for nb in p.n_batch:
-            for tk, tv in ((tk, tv) for tk in p.type_k for tv in p.type_v):
+            for tk, tv, lm in ((tk, tv, lm) for tk in p.type_k for tv in p.type_v for lm in p.load_mode):
                 for nt in p.n_threads or (default_threads(),):
-                    kv = {"type_k": tk, "type_v": tv}
+                    kv = {"type_k": tk, "type_v": tv, "load_mode": lm}
                     out += [Test(model, engine, nb, nt, n, 0, **kv) for n in p.n_prompt if n > 0]
                     out += [Test(model, engine, nb, nt, 0, n, **kv) for n in p.n_gen if n > 0]
                     out += [Test(model, engine, nb, nt, pp, tg, **kv) for pp, tg in p.n_pg]
@@ -226,10 +254,10 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         n_ctx = _ctx_size(tests)
         groups: dict = {}
         for t in tests:
-            groups.setdefault((t.engine, t.n_threads, t.type_k, t.type_v), []).append(t)
-        for (engine, nt, tk, tv), group in groups.items():
+            groups.setdefault((t.engine, t.n_threads, t.type_k, t.type_v, t.load_mode), []).append(t)
+        for (engine, nt, tk, tv, lm), group in groups.items():
             session = open_session(model, replace(p.run, n_ctx=n_ctx, n_threads=nt, engine=engine, cache_type_k=tk,
-                                                  cache_type_v=tv))
+                                                  cache_type_v=tv, no_mmap=lm == "none"))
             resolved = session.engine
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))

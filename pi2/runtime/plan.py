@@ -145,6 +145,9 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
             why = (expert_gap(model) if moe else streamable(model)) or split_gap(model)
             if why:
                 raise UsageError(why)
+            if cfg.no_mmap and cfg.memory_budget is None:     # _fit_memory chose to stream
+                raise UsageError(f"--no-mmap reads the whole model into memory, and {os.path.basename(model.path)} "
+                                 f"does not fit in the {fmt(budget)} this process may use", hint="drop --no-mmap")
             if cfg.no_mmap:
                 raise UsageError("--no-mmap reads the whole model into memory; --memory-budget streams its FFN from "
                                  "the file", hint="give one of them")

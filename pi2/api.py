@@ -19,6 +19,7 @@ from pi2.errors import ContextFullError, UsageError
 from pi2.model.chat import render_chat, select_template
 from pi2.runtime.config import RunConfig, SamplerParams
 from pi2.runtime.generate import Generation, Timings, generate_steps
+from pi2.runtime.kept_tokens import KeptTokens, common_prefix
 from pi2.runtime.plan import plan_run
 from pi2.runtime.sampling import Sampler
 from pi2.runtime.session import open_model, open_session
@@ -191,8 +192,13 @@ class Sequence:
     def __init__(self, model: "Model"):
         self.model = model
         self.session = open_session(model.model, model.plan)
-        self.tokens: List[int] = []
+        self.kept = KeptTokens(self.session.ctx)    # what the cache holds, through context shifts (ctx_shift=True)
         self._busy = threading.Lock()
+
+    @property
+    def tokens(self) -> List[int]:
+        """The tokens evaluated since the cache was emptied (after a context shift, the dropped ones too)."""
+        return self.kept.history
 
     @property
     def n_ctx(self) -> int:
@@ -204,18 +210,13 @@ class Sequence:
         not streamed, no NNAPI hot prefix, and ffn_down stored as a matrix."""
         s = self.session
         return (s.engine == "c" and s.cache is None and s.plan.rule.rule == "dense" and s.npu.state != "nnapi"
-                and not s.model.config.ffn_down_t and not s.model.config.pi2)
+                and not s.model.config.ffn_down_t and not s.model.config.pi2 and not s.plan.cfg.ctx_shift)
 
     def _sync(self, gen) -> None:
-        self.tokens = (list(gen.prompt_tokens) + list(gen.tokens))[:self.session.n_past]
+        self.kept.synced(list(gen.prompt_tokens) + list(gen.tokens))
 
     def common_prefix(self, tokens: Seq[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.tokens, tokens)
 
     def stream(self, prompt_tokens: Seq[int], *, max_tokens: int = -1, sampling: SamplerParams | None = None,
                stop: Seq[str] = (), ignore_eos: bool = False, special: bool = False, reverse: Seq[str] = (),
@@ -230,24 +231,25 @@ class Sequence:
         n_vocab = self.model.n_vocab
         if any(not 0 <= t < n_vocab for t in prompt):
             raise UsageError(f"token ids must be in [0, {n_vocab})")
-        limit = self.n_ctx - 4
-        if len(prompt) > limit:
-            raise ContextFullError(f"the prompt is too long ({len(prompt)} tokens, the context holds {limit})",
-                                   hint="raise -c or shorten the prompt")
+        n_keep = self.kept.reusable(prompt)     # after a context shift, a conversation extended goes on from it
+        if not self.kept.fits(n_keep, len(prompt) - n_keep):
+            if self.kept.positions(n_keep) != n_keep:     # it would go on from a shifted cache
+                msg = f"the new tokens ({len(prompt) - n_keep}) do not fit in the context even after a shift"
+            else:
+                msg = f"the prompt is too long ({len(prompt)} tokens, the context holds {self.n_ctx - 4})"
+            raise ContextFullError(msg, hint="raise -c or shorten the prompt")
         if max_tokens < -1:
             raise UsageError(f"invalid max_tokens {max_tokens}")
         sampler = Sampler(sampling or self.model.sampling, n_vocab, self.n_ctx, tokenizer=self.model.tokenizer)
         if not self._busy.acquire(blocking=False):
             raise UsageError("this sequence is already generating")
         try:
-            n_keep = min(self.common_prefix(prompt), len(prompt) - 1)   # at least one token gives the logits
-            self.session.ctx.truncate(n_keep)
-            self.tokens = self.tokens[:n_keep]
+            self.kept.keep(n_keep)      # at least one token is evaluated: it gives the logits
         except BaseException:
             self._busy.release()
             raise
         gen, timings = Generation(prompt), timings or Timings()
-        steps = generate_steps(self.session.ctx, self.model.tokenizer, gen, max_tokens, sampler, timings,
+        steps = generate_steps(self.kept, self.model.tokenizer, gen, max_tokens, sampler, timings,
                                ignore_eos, special, n_cached=n_keep, stop=tuple(reverse))
         return Stream(self, steps, gen, sampler, timings, _StopFilter(list(stop)), n_keep)
 

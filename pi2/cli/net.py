@@ -45,6 +45,11 @@ def serve(
     repeat_last_n: int = typer.Option(SAMPLE.repeat_last_n, "--repeat-last-n", help="default penalty window"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
+    ctx_shift: bool = typer.Option(False, "--context-shift/--no-context-shift",
+                                   help="a full slot drops half of its context after the kept tokens and goes on, "
+                                        "and a conversation extended after it goes on from there (llama-server's)"),
+    keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
+                                    "--keep)"),
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, no_mmap: bool = NoMmapOpt,
     load_mode: Optional[str] = LoadModeOpt, verbose: bool = VerboseOpt,
 ):
@@ -68,6 +73,7 @@ def serve(
                stream_interval_ms=stream_interval,
                n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, no_mmap=no_mmap,
+               ctx_shift=ctx_shift, n_keep=keep_tokens,
                temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                repeat_last_n=repeat_last_n)
 

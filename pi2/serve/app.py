@@ -166,7 +166,7 @@ class Server:
         req = parse_gen(await self._json(request), chat, self.model.sampling)
         tokens = await run_in_threadpool(self._prompt_tokens, req)
         limit = self.model.n_ctx - 4
-        if len(tokens) > limit:
+        if len(tokens) > limit and not self.model.run.ctx_shift:   # shifting: the slot's sequence decides
             raise ApiError(400, f"the prompt is {len(tokens)} tokens; the context holds {limit} (-c {self.model.n_ctx})",
                            "invalid_request_error", "context_length_exceeded", "messages" if chat else "prompt")
         q = Channel(asyncio.get_running_loop(), final_only=not req.stream)

@@ -114,9 +114,9 @@ static pi2_status check_params(const pi2_ctx_params *p) {
 
 /* A quantized K cache needs whole blocks per head (llama.cpp's check with flash attention). */
 static pi2_status check_kv(const pi2_model *m, const pi2_ctx_params *p) {
-    if (p->type_k == PI2_T_Q8_0 && m->hp.head_dim % QK8_0)
-        return pi2_set_error(PI2_ERR_UNSUPPORTED, "K cache type Q8_0 with block size %d does not divide head_dim %d",
-                             QK8_0, (int)m->hp.head_dim);
+    if (p->type_k != PI2_T_F16 && m->hp.head_dim % QK8_0)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "K cache type %s with block size %d does not divide head_dim %d",
+                             pi2_traits(p->type_k, PI2_IMPL_AUTO)->name, QK8_0, (int)m->hp.head_dim);
     return PI2_OK;
 }
 

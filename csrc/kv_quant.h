@@ -1,5 +1,6 @@
-/* kv_quant.h — the KV cache's key types (internal): F16 keys (floats, transposed) or Q8_0 keys (blocks, one row of
- * n_head_kv * head_dim values per cell), with llama.cpp's Walsh-Hadamard rotation of queries and quantized keys.
+/* kv_quant.h — the KV cache's key types (internal): F16 keys (floats, transposed) or Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+ * keys (blocks, one row of n_head_kv * head_dim values per cell), with llama.cpp's Walsh-Hadamard rotation of queries
+ * and quantized keys.
  * pi2/reference/kv_cache.py is the specification. */
 #ifndef PI2_KV_QUANT_H
 #define PI2_KV_QUANT_H
@@ -11,7 +12,7 @@
 
 struct pi2_ctx;
 
-/* Whether pi2 computes attention over a K cache of ggml type `type_k` (F16 or Q8_0). */
+/* Whether pi2 computes attention over a K cache of ggml type `type_k` (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). */
 int pi2_kv_type_ok(int32_t type_k);
 /* Bytes of the K cache for these parameters (the V cache is always F16 values kept as floats). */
 size_t pi2_kv_k_bytes(const pi2_model_params *hp, int32_t type_k, int32_t n_ctx);
@@ -23,10 +24,12 @@ int32_t pi2_kv_rot_size(int32_t head_dim, int32_t type_k);
 /* ggml_compute_forward_fwht in place on n_vals / n runs of n values: x·(1/sqrtf(n)), then butterflies
  * (u + v, u - v) for strides 1, 2, 4, ... */
 void pi2_kv_fwht(float *x, int64_t n_vals, int32_t n);
-/* Store one token's keys k (n_head_kv * head_dim floats, already rotated) at cell pos of layer il as Q8_0. */
+/* Store one token's keys k (n_head_kv * head_dim floats, already rotated) at cell pos of layer il in the cache's
+ * type (ggml_set_rows' quantizer: quantize_row_q8_0, or the 4- and 5-bit types' scalar reference quantizers). */
 void pi2_kv_store_k(struct pi2_ctx *c, int32_t il, size_t pos, const float *k);
-/* s[j] = scale · (q · key j of KV head hkv) for j in [j0, j1), the query quantized to Q8_0 into qq (head_dim/32
- * blocks) and each key multiplied by the Q8_0 vec_dot (ggml_vec_dot_q8_0_q8_0; tinyBLAS adds in the same order). */
+/* s[j] = scale · (q · key j of KV head hkv) for j in [j0, j1), the query quantized to the keys' vec_dot type into qq
+ * (head_dim/32 blocks of Q8_0 or Q8_1) and each key multiplied by the type's vec_dot (ggml_vec_dot_q8_0_q8_0,
+ * _q4_0_q8_0, ...; tinyBLAS adds in the same order where it applies). */
 void pi2_kv_scores(const pi2_type_traits *kt, const uint8_t *keys, size_t cell_bytes, int32_t hkv, int32_t head_dim,
                    const float *q, float scale, float *s, int32_t j0, int32_t j1, void *qq);
 /* A context shift of layer il's quantized keys: cells n_keep + n_discard + t move to n_keep + t (t < m), each

@@ -252,9 +252,9 @@ typedef struct {
                            first n_keep and moves the rest down, their keys rotated by RoPE (llama.cpp's context
                            shift, the cache kept in position order); 0: it refuses (PI2_ERR_INVALID) */
     int32_t n_keep;     /* positions a context shift keeps (>= 0) */
-    int32_t type_k;     /* ggml type of the K cache: 1 F16; 8 Q8_0 (llama.cpp's -ctk q8_0 with flash attention off:
-                           queries and keys rotated by a Walsh-Hadamard matrix when head_dim is a multiple of 64,
-                           keys stored as Q8_0, K·Q by the Q8_0 dot product); V is always F16 */
+    int32_t type_k;     /* ggml type of the K cache: 1 F16; 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1 (llama.cpp's
+                           -ctk with flash attention off: queries and keys rotated by a Walsh-Hadamard matrix when
+                           head_dim is a multiple of 64, keys stored in the type, K·Q by its dot product); V is F16 */
 } pi2_ctx_params;
 
 /* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO, no context shift, F16 keys. */

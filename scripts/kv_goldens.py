@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""kv_goldens.py — llama.cpp's outputs with a quantized K cache (-ctk q8_0 -fa off) on the real test models, for
-tests/test_kv_cache_llamacpp.py: greedy continuations (llama-completion's text) and llama-perplexity's chunk figures.
+"""kv_goldens.py — llama.cpp's outputs with a quantized K cache (-ctk TYPE -fa off) on the real test models, for
+tests/test_kv_cache.py and tests/test_kv_types.py: greedy continuations (llama-completion's text) and
+llama-perplexity's chunk figures.
 
-    python3 scripts/kv_goldens.py LLAMA_BIN_DIR [OUT.json]
+    python3 scripts/kv_goldens.py LLAMA_BIN_DIR [OUT.json] [--ctk TYPE]
 
 LLAMA_BIN_DIR holds llama-completion and llama-perplexity of llama.cpp 0c1e570 (CPU backend). Models come from
-~/.cache/pi2/models (scripts/fetch_models.py). Writes tests/data/kvcache-llamacpp.json by default.
+~/.cache/pi2/models (scripts/fetch_models.py). TYPE: q8_0 (the default; writes tests/data/kvcache-llamacpp.json),
+q4_0, q4_1, q5_0 or q5_1 (tests/data/kvcache-llamacpp-TYPE.json).
 """
 from __future__ import annotations
 
@@ -21,23 +23,30 @@ PROMPTS = ["Tom and his sister Mia found an old map in the attic. The map showed
            "The three most important rules of writing clean code are"]
 N_PREDICT = 48
 PPL = ["-c", "128", "--chunks", "3"]
-COMMON = ["-ctk", "q8_0", "-fa", "off", "-t", "1"]
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    ctk = "q8_0"
+    if "--ctk" in args:
+        i = args.index("--ctk")
+        ctk = args[i + 1]
+        del args[i:i + 2]
+    if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    bins = Path(sys.argv[1])
+    common = ["-ctk", ctk, "-fa", "off", "-t", "1"]
+    bins = Path(args[0])
     root = Path(__file__).resolve().parent.parent
-    out = Path(sys.argv[2]) if len(sys.argv) > 2 else root / "tests" / "data" / "kvcache-llamacpp.json"
+    name = "kvcache-llamacpp.json" if ctk == "q8_0" else f"kvcache-llamacpp-{ctk}.json"
+    out = Path(args[1]) if len(args) > 1 else root / "tests" / "data" / name
     text_file = root / "tests" / "data" / "moe-text.txt"
     models = Path.home() / ".cache" / "pi2" / "models"
     data = {"provenance": {
         "llama.cpp": "0c1e570 (llama-cpp-python 0.3.36 sdist, CPU backend)",
-        "greedy": f"llama-completion -m MODEL -p PROMPT -n {N_PREDICT} --temp 0 -no-cnv -c 256 {' '.join(COMMON)} "
+        "greedy": f"llama-completion -m MODEL -p PROMPT -n {N_PREDICT} --temp 0 -no-cnv -c 256 {' '.join(common)} "
                   "(stdout, trailing newlines removed)",
-        "perplexity": f"llama-perplexity -m MODEL -f tests/data/moe-text.txt {' '.join(PPL + COMMON)} "
+        "perplexity": f"llama-perplexity -m MODEL -f tests/data/moe-text.txt {' '.join(PPL + common)} "
                       "([1]a,[2]b,... chunk figures as printed)",
         "date": datetime.date.today().isoformat(), "script": "scripts/kv_goldens.py"}, "models": {}}
     for key, name in MODELS.items():
@@ -45,10 +54,10 @@ def main() -> int:
         entry = {"file": name, "greedy": [], "ppl": None}
         for prompt in PROMPTS:
             r = subprocess.run([str(bins / "llama-completion"), "-m", str(path), "-p", prompt, "-n", str(N_PREDICT),
-                                "--temp", "0", "-no-cnv", "-c", "256", *COMMON],
+                                "--temp", "0", "-no-cnv", "-c", "256", *common],
                                capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
             entry["greedy"].append({"prompt": prompt, "text": r.stdout.rstrip("\n")})
-        r = subprocess.run([str(bins / "llama-perplexity"), "-m", str(path), "-f", str(text_file), *PPL, *COMMON],
+        r = subprocess.run([str(bins / "llama-perplexity"), "-m", str(path), "-f", str(text_file), *PPL, *common],
                            capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL)
         chunks = re.findall(r"\[\d+\]([0-9.]+)", r.stdout + r.stderr)
         entry["ppl"] = [float(c) for c in chunks]

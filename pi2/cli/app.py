@@ -93,7 +93,8 @@ def _model_path(pos: Optional[Path], opt: Optional[Path], hf: Optional[str] = No
 
 
 CacheKOpt = typer.Option("f16", "-ctk", "--cache-type-k",
-                         help="K cache type: f16 or q8_0 (llama.cpp's numerics with -fa off: Hadamard-rotated Q8_0 keys)")
+                         help="K cache type: f16, q8_0, q4_0, q4_1, q5_0 or q5_1 (llama.cpp's numerics with -fa off: "
+                              "Hadamard-rotated quantized keys)")
 CacheVOpt = typer.Option("f16", "-ctv", "--cache-type-v",
                          help="V cache type: f16 (a quantized V needs flash attention, which pi2 does not compute)")
 
@@ -286,8 +287,8 @@ def bench(
     pg: Optional[List[str]] = typer.Option(None, "-pg", help="prompt then generation in one test: PP,TG"),
     batch: Optional[List[str]] = typer.Option(None, "-b", "--batch-size", help="prompt chunk size (default 2048)"),
     threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="threads: 1,2 or 1-4 (default: all)"),
-    type_k: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache types: f16,q8_0 "
-                                               "(default f16)"),
+    type_k: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache types: f16,q8_0,"
+                                               "q4_0,q4_1,q5_0,q5_1 (default f16)"),
     type_v: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types: f16"),
     load_mode: Optional[List[str]] = typer.Option(None, "-lm", "--load-mode", help="load modes: mmap,none (auto = "
                                                   "mmap, dio = none: read into memory)"),

@@ -17,8 +17,8 @@ from pi2.errors import UsageError
 from pi2.model.loader import Model
 from pi2.reference import ggml_order as go
 from pi2.reference import sparse_ffn as sparse
-from pi2.reference.kv_cache import QuantKeys
-from pi2.reference.quants import Q8_0, QuantLinear
+from pi2.reference.kv_cache import make_keys
+from pi2.reference.quants import QuantLinear
 from pi2.runtime.ffn_rule import choose_rule
 
 F16 = np.float16
@@ -117,13 +117,13 @@ class ReferenceContext:
                  ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1):
         """rule: the run's runtime.ffn_rule.FFNRule (which neurons each token computes); None: the file's own rule,
         choose_rule(model). ctx_shift: a decode that would fill the context first drops half of the positions
-        after the first n_keep (shift()). type_k: the K cache's ggml type (F16 1, Q8_0 8: kv_cache.QuantKeys)."""
+        after the first n_keep (shift()). type_k: the K cache's ggml type (F16 1, Q8_0 8, Q4_0 2, ...: make_keys)."""
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
         self.ctx_shift, self.n_keep = ctx_shift, n_keep
         self.w = weights or ReferenceWeights(model)
         self.ffn = sparse.SparseFFN(model, self.w.layers, choose_rule(model) if rule is None else rule)
-        self.qk = QuantKeys(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim) if type_k == Q8_0 else None
+        self.qk = make_keys(type_k, cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim)
         self.k = None if self.qk else np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
         self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
         self.n_past = 0

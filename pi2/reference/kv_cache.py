@@ -7,6 +7,10 @@ the K type is quantized and head_dim is a multiple of 64), stores the rotated ke
 x86), and computes K·Q as a Q8_0 mul_mat: the query quantized to Q8_0, ggml_vec_dot_q8_0_q8_0 for one token and
 tinyBLAS_Q0_AVX for batches, which add in the same order (qdot.dot_q8_lanes). A context shift dequantizes the moved
 keys, rotates them back, applies RoPE, rotates them forward and quantizes again (llama_kv_cache::build_rope_shift).
+Q4_0, Q4_1, Q5_0 and Q5_1 keys (BlockKeys) go the same way with ggml_set_rows' quantizer for the type (the scalar
+quantize_row_*_ref, as gguf.quants computes it) and the type's vec_dot on the query quantized to its vec_dot type:
+Q4_0 and Q5_0 with Q8_0 (8 lanes, as Q8_0; tinyBLAS_Q0_AVX for batches adds alike), Q4_1 and Q5_1 with Q8_1 (the
+lanes plus the fma chain of block minimum × query block sum; no tinyBLAS for them).
 A quantized V needs flash attention in llama.cpp (`-fa off` refuses it), which pi2 does not compute: refused.
 Does not: the softmax or the product with V (forward.attention).
 """
@@ -15,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from pi2.reference import qdot
-from pi2.reference.quants import Q8_0, quantize_act
+from pi2.reference.quants import (GGML_TYPES, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, _kernel_blocks, dequantize,
+                                  quantize_act, quantize_weight)
 
 F32 = np.float32
 
@@ -87,3 +92,48 @@ class QuantKeys:
         k = self.rotate(rope_fn(self.rotate(self.values(il, src))))
         d, q = quantize_act(k, Q8_0)
         self.d[il, dst], self.q[il, dst] = d, q
+
+
+BLOCK_TYPES = (Q4_0, Q4_1, Q5_0, Q5_1)
+_DOT = {Q4_0: (qdot.dot_q8_lanes, Q8_0), Q5_0: (qdot.dot_q8_lanes, Q8_0), Q4_1: (qdot.dot_q4_1_q8_1, Q8_1),
+        Q5_1: (qdot.dot_q4_1_q8_1, Q8_1)}
+
+
+class BlockKeys(QuantKeys):
+    """A K cache of Q4_0, Q4_1, Q5_0 or Q5_1 blocks: raw (n_layer, n_ctx, n_head_kv, head bytes) uint8, the keys
+    rotated by fwht(·, rot) when rot."""
+
+    def __init__(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int, qtype: int):
+        self.qtype, self.head_dim = qtype, head_dim
+        size = GGML_TYPES[qtype][2]
+        self.raw = np.zeros((n_layer, n_ctx, n_head_kv, head_dim // 32 * size), np.uint8)
+        self.rot = rot_size(head_dim)
+
+    def _quantize(self, k: np.ndarray) -> np.ndarray:
+        return quantize_weight(k.reshape(-1, self.head_dim), self.qtype).reshape(*k.shape[:-1], -1)
+
+    def store(self, il: int, pos, k: np.ndarray) -> None:
+        self.raw[il, pos] = self._quantize(k)
+
+    def values(self, il: int, cells) -> np.ndarray:
+        raw = self.raw[il, cells]
+        v = dequantize(raw.reshape(-1, raw.shape[-1]), self.qtype, self.head_dim)
+        return v.reshape(*raw.shape[:-1], self.head_dim).astype(F32)
+
+    def kq(self, il: int, qh: np.ndarray, n_kv: int) -> np.ndarray:
+        dot, vdt = _DOT[self.qtype]
+        out = []
+        for h in range(qh.shape[0]):
+            w = _kernel_blocks(np.ascontiguousarray(self.raw[il, :n_kv, h]), self.qtype, n_kv)
+            out.append(dot(w, quantize_act(qh[h], vdt)))
+        return np.stack(out)
+
+    def shift(self, il: int, src: slice, dst: slice, rope_fn) -> None:
+        self.raw[il, dst] = self._quantize(self.rotate(rope_fn(self.rotate(self.values(il, src)))))
+
+
+def make_keys(qtype: int, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int) -> QuantKeys | None:
+    """The quantized K cache of ggml type qtype (None for F16)."""
+    if qtype == Q8_0:
+        return QuantKeys(n_layer, n_ctx, n_head_kv, head_dim)
+    return BlockKeys(n_layer, n_ctx, n_head_kv, head_dim, qtype) if qtype in BLOCK_TYPES else None

@@ -243,6 +243,10 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
     m = None
     if qtype == Q4_1:
         q, m = _nibbles(b[:, 4:20]), _fp16(b[:, 2:4])
+    elif qtype == Q5_1:
+        q, m = _with_high_bits(_nibbles(b[:, 8:24]), b[:, 4:8]), _fp16(b[:, 2:4])
+    elif qtype == Q4_0:
+        q = _nibbles(b[:, 2:18]).view(np.int8) - np.int8(8)
     elif qtype == Q5_0:
         q = _with_high_bits(_nibbles(b[:, 6:22]), b[:, 2:6])
         q = (q.view(np.int8) - np.int8(16))

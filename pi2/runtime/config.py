@@ -67,7 +67,7 @@ class RunConfig:
     n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
     repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
     no_mmap: bool = False               # --no-mmap: the C engine reads the whole file into memory at load
-    cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0; reference/kv_cache.py)
+    cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1)
     cache_type_v: str = "f16"           # -ctv: the V cache's type (f16: llama.cpp needs flash attention for others)
 
     @property
@@ -105,10 +105,11 @@ class RunConfig:
         object.__setattr__(self, "cache_type_v", self.cache_type_v.strip().lower())
 
 
-KV_TYPES = {"f16": 1, "q8_0": 8}       # -ctk values pi2 computes with, by ggml type id (reference/kv_cache.py)
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7}   # -ctk values pi2 computes with, by
+# ggml type id (reference/kv_cache.py)
 V_TYPES = {"f16": 1}                   # -ctv: without flash attention only F16 (llama.cpp's rule)
 _QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-_OTHER_TYPES = ("f32", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+_OTHER_TYPES = ("f32", "bf16", "iq4_nl")
 
 
 def cache_type(flag: str, value: str) -> int:

@@ -70,7 +70,7 @@ def test_batch_sizes_give_the_same_tokens(good):
 
 
 def test_kv_types_pi2_does_not_hold_are_refused(good):
-    assert_error(run(good, "-ctk", "q4_0"), 2, "-ctk q4_0")
+    assert_error(run(good, "-ctk", "iq4_nl"), 2, "-ctk iq4_nl")
     assert_error(run(good, "-ctv", "q8_0"), 2, "-ctv q8_0")
 
 

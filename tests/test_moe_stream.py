@@ -102,6 +102,47 @@ def test_routing_ahead_equals_mapped(tmp_path_factory, arch):
     assert np.array_equal(c.decode([PROMPT[0]]), want[0]) and c.cache_stats()["expert_ahead"] == 0
 
 
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_learned_hot_experts_equal_mapped(tmp_path_factory, arch):
+    """Hot experts learned while running (cache/experts_learn.c: the cold slots of the most routed experts pinned):
+    logits stay the mapped run's for small and large caches, with and without resident experts and routing ahead,
+    -t 1 and 2; the pinned slots leave 2·k slots to the LRU and count among the hits."""
+    path, m, cm = loaded(tmp_path_factory, arch, "Q4_K_M")
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    ref = CContext(cm, 256, 1)
+    want = run(ref) + [ref.decode([t]) for t in PROMPT]
+    hot = np.random.default_rng(3).random((L, X)) < 0.2
+    for slots, h, ahead, threads in ((2 * k + 1, None, False, 2), (L * X // 2, None, True, 1),
+                                     (L * X // 2, hot, True, 2), (3 * k, None, True, 2)):
+        c = CContext(cm, 256, threads)
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=slots, expert_hot=h, expert_ahead=ahead,
+                     expert_learn=True)
+        got = run(c) + [c.decode([t]) for t in PROMPT]
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"{arch}: {slots} slots, ahead {ahead}, -t {threads}: step {i} differs"
+        st = c.cache_stats()
+        assert 0 < st["expert_pinned"] <= slots - 2 * k
+        assert 0 < st["expert_pinned_hits"] <= st["expert_hits"]
+        assert c.stream_stats()["experts_learned"] == st["expert_pinned"]
+
+
+def test_learning_keeps_more_of_the_routed_experts(tmp_path_factory):
+    """On a file whose routing favours some experts, a cache of a third of the experts hits more often with
+    learned hot experts than as a plain LRU shared by all layers (which forgets an expert before it comes back)."""
+    path, m, cm = loaded(tmp_path_factory, "olmoe", "Q4_K_M")
+    X, L = m.config.n_expert, m.config.n_layer
+    ids = (PROMPT + NEXT) * 4
+    rates = {}
+    for learn in (False, True):
+        c = CContext(cm, 256, 2)
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=L * X // 3, expert_learn=learn)
+        for t in ids:
+            c.decode([t])
+        st = c.cache_stats()
+        rates[learn] = st["expert_hits"] / (st["expert_hits"] + st["expert_misses"])
+    assert rates[True] > rates[False] + 0.05, rates
+
+
 def test_decode_after_reset_and_slot_reuse(tmp_path_factory):
     """A context whose cache is warm (hits) gives the same logits again after reset."""
     path, m, cm = loaded(tmp_path_factory, "qwen2moe", "Q4_K_M")

@@ -144,6 +144,7 @@ class ExpertPlan:
     read_mbps: float | None = None
     profile_note: str = ""
     ahead: bool = True
+    learn: bool = True          # hot experts learned while running (cache/experts_learn.c) in the cold slots
     repacked: int = 0
     kind: str = "experts"
     up: int = 0                 # the runtime's RSS rounded up less rounded down (runtime_bounds): printed, not checked
@@ -176,7 +177,7 @@ class ExpertPlan:
     def stream_args(self) -> dict:
         return {"cluster": 8, "n_slots": 0, "io": self.io, "queue_depth": self.queue_depth,
                 "n_expert_slots": self.n_slots, "expert_hot": self.hot.astype(np.uint8) if self.n_hot else None,
-                "expert_ahead": self.ahead}
+                "expert_ahead": self.ahead, "expert_learn": self.learn}
 
     @property
     def io_bound_tps(self) -> float | None:

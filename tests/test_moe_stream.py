@@ -237,3 +237,38 @@ def test_profile_experts_makes_hot_experts(tmp_path_factory, tmp_path, monkeypat
     assert after["n_slots"] >= 2 * after["k"]
     args = (str(path), "-p", "hello world", "-n", "10", "--temp", "0", "-c", "256")
     assert cli("run", *args, "--memory-budget", budget).out == cli("run", *args).out
+
+
+def test_run_adds_its_routing_to_the_profile(tmp_path_factory, tmp_path, monkeypatch):
+    """A run whose experts stream adds its routing to the file's routing profile (the next plan then keeps hot
+    experts resident and its run gives the same text); a short run, --no-expert-profile and a profile that cannot
+    be written leave the old profile whole (a note, not a traceback)."""
+    import pi2.plan.experts as experts
+    monkeypatch.setenv("HOME", str(tmp_path))
+    fixed_runtime(monkeypatch)
+    path, m, cm = loaded(tmp_path_factory, "qwen2moe", "Q4_K_M")
+    floor = json.loads(cli("plan", str(path), "-c", "256", "--memory-budget", "1G", "--json").out)["floor"]
+    budget = f"{(floor >> 20) + 3}M"
+    args = (str(path), "-p", "hello world", "--temp", "0", "-c", "256", "--ignore-eos", "--memory-budget", budget)
+    prof = experts.profile_path(m)
+    assert cli("run", *args, "-n", "8").code == 0 and not prof.exists()          # too short to say much
+    assert cli("run", *args, "-n", "80", "--no-expert-profile").code == 0 and not prof.exists()
+    first = cli("run", *args, "-n", "80")
+    assert first.code == 0, first.err
+    d = json.loads(prof.read_text())
+    counts = np.array(d["expert_rows"])
+    assert d["tokens"] >= experts.MIN_RUN_TOKENS and counts.shape == (m.config.n_layer, m.config.n_expert)
+    assert counts.sum(axis=1).max() == d["tokens"] * m.config.n_expert_used   # the last layer: logits' rows only
+    plan = json.loads(cli("plan", str(path), "-c", "256", "--memory-budget", budget, "--json").out)
+    assert plan["profiled"] and plan["n_hot"] > 0
+    second = cli("run", *args, "-n", "80")
+    assert second.out == first.out
+    assert json.loads(prof.read_text())["tokens"] == 2 * d["tokens"]            # added, not replaced
+    kept = prof.read_bytes()
+
+    def fail(*a, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(experts.os, "replace", fail)
+    res = cli("run", *args, "-n", "80")
+    assert res.code == 0 and "routing profile was not saved" in res.err and "Traceback" not in res.err
+    assert prof.read_bytes() == kept and [p.name for p in prof.parent.iterdir()] == [prof.name]

@@ -199,7 +199,8 @@ def verbose_report(session) -> None:
     st = session.ctx.stream_stats()
     if getattr(plan, "kind", "") == "experts":   # a MoE file's expert cache
         print(f"pi2: experts: budget {plan.budget / 2**20:.0f} MiB, {plan.n_hot} hot ({st['hot_bytes'] / 2**20:.1f} "
-              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots, io {plan.io}", file=sys.stderr)
+              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots ({st['experts_learned']} of them "
+              f"pinned for hot experts learned while running), io {plan.io}", file=sys.stderr)
         print(f"pi2: experts: {st['experts_loaded_per_token']:.2f} per token and layer, hit rate "
               f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), flash "
               f"{st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, I/O wait "

@@ -205,6 +205,11 @@ class ExpertPlan:
         return int(self.hot.sum())
 
     @property
+    def n_learn(self) -> int:
+        """Cold slots that may hold hot experts learned while running (csrc/cache/experts_learn.c: all but 2·k)."""
+        return max(0, self.n_slots - max(2 * self.k, self.k + 1)) if self.learn else 0
+
+    @property
     def hot_bytes(self) -> int:
         return self.n_hot * self.slot_bytes
 
@@ -243,7 +248,9 @@ class ExpertPlan:
                    " (no routing profile: `pi2 profile-experts MODEL` makes one)" if not self.profiled else ""),
                 f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
                 f"LRU shared by all layers ({(self.n_slots + self.n_hot) / max(total, 1):.1%} of the experts held; "
-                f"at least {self.min_slots} slots)",
+                f"at least {self.min_slots} slots)"
+                + (f"; up to {self.n_learn} keep the most routed experts, learned while running"
+                   if self.n_learn and self.n_slots < total else ""),
                 f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT; next layer's experts "
                 f"guessed and read ahead: {'yes' if self.ahead else 'no'}",
                 f"hit rate           {self.hit_rate:.1%} expected ("
@@ -256,7 +263,7 @@ class ExpertPlan:
         d = {k: getattr(self, k) for k in ("kind", "budget", "runtime", "fixed", "kv", "scratch", "margin",
                                            "slot_bytes", "min_slots", "n_slots", "n_hot", "hot_bytes", "io",
                                            "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
-                                           "io_bound_tps", "profiled", "ahead")}
+                                           "io_bound_tps", "profiled", "ahead", "learn", "n_learn")}
         d.update(floor=self.minimum, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
                  n_layers=self.n_layers)
         return d

@@ -108,10 +108,7 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
         if cache is not None:
             cache.repacked = repacked      # the copies replace their mapped pages: the fixed region is unchanged
     if cache is not None:
-        args = cache.stream_args()
-        if "expert_learn" in args:
-            args["expert_learn"] = args["expert_learn"] and p.cfg.expert_profile
-        ctx.set_stream(**args)
+        ctx.set_stream(**cache.stream_args())
     return Session(model, p, ctx, p.npu, cache)
 
 

@@ -197,7 +197,9 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         /* attention input: norm, then q, k, v (+ bias, + per-head norm) */
         if (hp->router_before_attn) pi2_moe_router_early(c, L, il, c->x, n);   /* smallthinker */
         if (c->moe && c->pipeline && n == 1) {   /* streamed experts: read the likely ones during attention */
-            const pi2_status as = hp->router_before_attn ? pi2_moe_stream_ahead(c, L, il, NULL) : PI2_OK;
+            const pi2_status as = hp->router_before_attn ? pi2_moe_stream_ahead(c, L, il, NULL)
+                                : il == 0 ? pi2_moe_stream_ahead(c, L, 0, c->x)   /* layer 0: on the embedding row */
+                                : PI2_OK;
             if (as) {
                 pi2_pool_mark(c->pool, -1);
                 return as;

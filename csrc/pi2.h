@@ -393,6 +393,8 @@ typedef struct {
     const uint8_t *expert_hot; /* [n_layer][n_expert] 1: the expert is resident (read once now); NULL: none */
     int32_t expert_ahead;      /* 1: guess layer il+1's experts from layer il's output (its router) and read them
                                 * during layer il's FFN and il+1's attention (smallthinker: its early router) */
+    int32_t expert_learn;      /* 1: learn hot experts while running: the cold slots of the most routed experts
+                                * (rows counted, halved every 256 tokens) are kept out of the LRU, all but 2·k */
 } pi2_stream_params;
 
 typedef struct {
@@ -466,6 +468,8 @@ typedef struct {
     int64_t expert_ahead;      /* experts read ahead of their layer's routing (a guess) */
     int64_t expert_ahead_used; /* ... of which the routing then needed (counted in expert_misses too) */
     int64_t expert_rows;       /* (token, slot) rows routed through streamed layers */
+    int64_t expert_pinned;     /* cold slots pinned now: hot experts learned while running (expert_learn) */
+    int64_t expert_pinned_hits;/* of expert_hits: found in a pinned slot */
 } pi2_cache_stats;
 
 /* The context's figures into `out` (NULL: skipped) and, for a streamed context, its neuron cache's into `cache`

@@ -69,6 +69,8 @@ int32_t pi2_test_slots_find(pi2_test_slots *p, int32_t il, int32_t cl);
 int32_t pi2_test_slots_take(pi2_test_slots *p, int32_t il, int32_t cl);
 void pi2_test_slots_forget(pi2_test_slots *p, int32_t s);
 void pi2_test_slots_clear(pi2_test_slots *p);
+void pi2_test_slots_pin(pi2_test_slots *p, int32_t s);
+void pi2_test_slots_unpin(pi2_test_slots *p, int32_t s);
 /* 0 when the invariants hold, else a code > 0 saying which failed (pi2_slots_check). */
 int32_t pi2_test_slots_check(const pi2_test_slots *p);
 /* The state: the LRU list walked from head (most recent) into order[n_slots] (returns its length; the walk stops

@@ -79,6 +79,8 @@ int32_t pi2_test_slots_find(pi2_test_slots *p, int32_t il, int32_t cl) { return 
 int32_t pi2_test_slots_take(pi2_test_slots *p, int32_t il, int32_t cl) { return pi2_slots_take(&p->slots, il, cl); }
 void pi2_test_slots_forget(pi2_test_slots *p, int32_t s) { pi2_slots_forget(&p->slots, s); }
 void pi2_test_slots_clear(pi2_test_slots *p) { pi2_slots_clear(&p->slots); }
+void pi2_test_slots_pin(pi2_test_slots *p, int32_t s) { pi2_slots_pin(&p->slots, s); }
+void pi2_test_slots_unpin(pi2_test_slots *p, int32_t s) { pi2_slots_unpin(&p->slots, s); }
 int32_t pi2_test_slots_check(const pi2_test_slots *p) { return pi2_slots_check(&p->slots); }
 void pi2_test_slots_poke(pi2_test_slots *p, int32_t k, int32_t s) { p->slots.slot_of[k] = s; }
 
@@ -86,7 +88,7 @@ int32_t pi2_test_slots_state(const pi2_test_slots *p, int32_t *order, int32_t *t
                              int32_t *slot_of) {
     const pi2_slots *sl = &p->slots;
     int32_t n = 0;
-    for (int32_t i = sl->head; i >= 0 && n < sl->n_slots; i = sl->next[i]) order[n++] = i;
+    for (int32_t i = sl->head; i >= 0 && n < sl->n_slots; i = sl->next[i]) order[n++] = i;   /* unpinned ones */
     *tail = sl->tail;
     for (int32_t i = 0; i < sl->n_slots; i++) {
         layer[i] = sl->s_layer[i];

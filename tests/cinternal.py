@@ -128,6 +128,12 @@ class Slots:
     def clear(self) -> None:
         lib.pi2_test_slots_clear(self.h)
 
+    def pin(self, s: int) -> None:
+        lib.pi2_test_slots_pin(self.h, s)
+
+    def unpin(self, s: int) -> None:
+        lib.pi2_test_slots_unpin(self.h, s)
+
     def check(self) -> int:
         return lib.pi2_test_slots_check(self.h)
 
@@ -135,7 +141,8 @@ class Slots:
         lib.pi2_test_slots_poke(self.h, k, s)
 
     def state(self) -> dict:
-        """walk: the LRU list from head (at most n_slots entries), tail, held: (layer, cluster) or None per slot,
+        """walk: the LRU list from head (at most n_slots entries; pinned slots are not in it), tail, held: (layer,
+        cluster) or None per slot,
         slot_of: [n_layer * n_cl]."""
         order, tail = np.zeros(self.n_slots, np.int32), ffi.new("int32_t *")
         layer, cl = np.zeros(self.n_slots, np.int32), np.zeros(self.n_slots, np.int32)

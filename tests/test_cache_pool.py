@@ -1,6 +1,7 @@
 """test_cache_pool.py — the LRU of cold cluster slots of the neuron cache (csrc/cache/slots.c), through the
 test entry points (csrc/pi2_test.h): under a random trace of lookups, reads into the least recently used slot, failed
-reads and whole-layer reads, the pool matches a list model of the LRU and keeps its invariants."""
+reads and whole-layer reads (and pins: the expert cache's learned hot experts), the pool matches a list model of
+the LRU and keeps its invariants."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,3 +44,52 @@ def test_slot_pool_invariants_under_a_random_trace():
     k = next(k for k in range(L * N) if p.state()["slot_of"][k] < 0)
     p.poke(k, 0)                                 # a broken table is caught
     assert p.check() != 0
+
+
+def test_pinned_slots_stay_out_of_the_lru():
+    """pin takes a slot holding a cluster out of the LRU list (take never reuses it, find leaves it pinned), unpin
+    puts it back at the tail, forget and clear unpin; under a random trace the pool matches a list model."""
+    S, L, N = 6, 3, 5
+    p = cinternal.Slots(S, L, N)
+    rng = np.random.default_rng(11)
+    order, held, pinned = list(range(S)), [None] * S, set()
+    for step in range(4000):
+        op, il, cl = rng.integers(0, 12), int(rng.integers(0, L)), int(rng.integers(0, N))
+        if op < 6:
+            s = p.find(il, cl)
+            assert s == (held.index((il, cl)) if (il, cl) in held else -1)
+            if s < 0 and len(order) > 0:
+                s = p.take(il, cl)
+                assert s == order[-1] and s not in pinned
+                held[s] = (il, cl)
+            if s >= 0 and s not in pinned:
+                order.remove(s)
+                order.insert(0, s)
+        elif op < 8:                             # pin a slot that holds a cluster, keeping one in the list
+            s = int(rng.integers(0, S))
+            if held[s] is not None and s not in pinned and len(order) > 1:
+                p.pin(s)
+                pinned.add(s)
+                order.remove(s)
+        elif op < 10:
+            s = int(rng.integers(0, S))
+            p.unpin(s)
+            if s in pinned:
+                pinned.discard(s)
+                order.append(s)
+        elif op < 11:
+            s = int(rng.integers(0, S))
+            p.forget(s)
+            held[s] = None
+            if s in pinned:
+                pinned.discard(s)
+                order.append(s)
+        else:
+            p.clear()
+            held = [None] * S
+            order += sorted(pinned)
+            pinned.clear()
+        assert p.check() == 0, step
+        st = p.state()
+        assert st["walk"] == order and st["held"] == held
+        assert all(held[s] is not None for s in pinned)

@@ -102,6 +102,47 @@ def test_routing_ahead_equals_mapped(tmp_path_factory, arch):
     assert np.array_equal(c.decode([PROMPT[0]]), want[0]) and c.cache_stats()["expert_ahead"] == 0
 
 
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_learned_hot_experts_equal_mapped(tmp_path_factory, arch):
+    """Hot experts learned while running (cache/experts_learn.c: the cold slots of the most routed experts pinned):
+    logits stay the mapped run's for small and large caches, with and without resident experts and routing ahead,
+    -t 1 and 2; the pinned slots leave 2·k slots to the LRU and count among the hits."""
+    path, m, cm = loaded(tmp_path_factory, arch, "Q4_K_M")
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    ref = CContext(cm, 256, 1)
+    want = run(ref) + [ref.decode([t]) for t in PROMPT]
+    hot = np.random.default_rng(3).random((L, X)) < 0.2
+    for slots, h, ahead, threads in ((2 * k + 1, None, False, 2), (L * X // 2, None, True, 1),
+                                     (L * X // 2, hot, True, 2), (3 * k, None, True, 2)):
+        c = CContext(cm, 256, threads)
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=slots, expert_hot=h, expert_ahead=ahead,
+                     expert_learn=True)
+        got = run(c) + [c.decode([t]) for t in PROMPT]
+        for i, (a, b) in enumerate(zip(want, got)):
+            assert np.array_equal(a, b), f"{arch}: {slots} slots, ahead {ahead}, -t {threads}: step {i} differs"
+        st = c.cache_stats()
+        assert 0 < st["expert_pinned"] <= slots - 2 * k
+        assert 0 < st["expert_pinned_hits"] <= st["expert_hits"]
+        assert c.stream_stats()["experts_learned"] == st["expert_pinned"]
+
+
+def test_learning_keeps_more_of_the_routed_experts(tmp_path_factory):
+    """On a file whose routing favours some experts, a cache of a third of the experts hits more often with
+    learned hot experts than as a plain LRU shared by all layers (which forgets an expert before it comes back)."""
+    path, m, cm = loaded(tmp_path_factory, "olmoe", "Q4_K_M")
+    X, L = m.config.n_expert, m.config.n_layer
+    ids = (PROMPT + NEXT) * 4
+    rates = {}
+    for learn in (False, True):
+        c = CContext(cm, 256, 2)
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=L * X // 3, expert_learn=learn)
+        for t in ids:
+            c.decode([t])
+        st = c.cache_stats()
+        rates[learn] = st["expert_hits"] / (st["expert_hits"] + st["expert_misses"])
+    assert rates[True] > rates[False] + 0.05, rates
+
+
 def test_decode_after_reset_and_slot_reuse(tmp_path_factory):
     """A context whose cache is warm (hits) gives the same logits again after reset."""
     path, m, cm = loaded(tmp_path_factory, "qwen2moe", "Q4_K_M")
@@ -196,3 +237,38 @@ def test_profile_experts_makes_hot_experts(tmp_path_factory, tmp_path, monkeypat
     assert after["n_slots"] >= 2 * after["k"]
     args = (str(path), "-p", "hello world", "-n", "10", "--temp", "0", "-c", "256")
     assert cli("run", *args, "--memory-budget", budget).out == cli("run", *args).out
+
+
+def test_run_adds_its_routing_to_the_profile(tmp_path_factory, tmp_path, monkeypatch):
+    """A run whose experts stream adds its routing to the file's routing profile (the next plan then keeps hot
+    experts resident and its run gives the same text); a short run, --no-expert-profile and a profile that cannot
+    be written leave the old profile whole (a note, not a traceback)."""
+    import pi2.plan.experts as experts
+    monkeypatch.setenv("HOME", str(tmp_path))
+    fixed_runtime(monkeypatch)
+    path, m, cm = loaded(tmp_path_factory, "qwen2moe", "Q4_K_M")
+    floor = json.loads(cli("plan", str(path), "-c", "256", "--memory-budget", "1G", "--json").out)["floor"]
+    budget = f"{(floor >> 20) + 3}M"
+    args = (str(path), "-p", "hello world", "--temp", "0", "-c", "256", "--ignore-eos", "--memory-budget", budget)
+    prof = experts.profile_path(m)
+    assert cli("run", *args, "-n", "8").code == 0 and not prof.exists()          # too short to say much
+    assert cli("run", *args, "-n", "80", "--no-expert-profile").code == 0 and not prof.exists()
+    first = cli("run", *args, "-n", "80")
+    assert first.code == 0, first.err
+    d = json.loads(prof.read_text())
+    counts = np.array(d["expert_rows"])
+    assert d["tokens"] >= experts.MIN_RUN_TOKENS and counts.shape == (m.config.n_layer, m.config.n_expert)
+    assert counts.sum(axis=1).max() == d["tokens"] * m.config.n_expert_used   # the last layer: logits' rows only
+    plan = json.loads(cli("plan", str(path), "-c", "256", "--memory-budget", budget, "--json").out)
+    assert plan["profiled"] and plan["n_hot"] > 0
+    second = cli("run", *args, "-n", "80")
+    assert second.out == first.out
+    assert json.loads(prof.read_text())["tokens"] == 2 * d["tokens"]            # added, not replaced
+    kept = prof.read_bytes()
+
+    def fail(*a, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(experts.os, "replace", fail)
+    res = cli("run", *args, "-n", "80")
+    assert res.code == 0 and "routing profile was not saved" in res.err and "Traceback" not in res.err
+    assert prof.read_bytes() == kept and [p.name for p in prof.parent.iterdir()] == [prof.name]

@@ -222,7 +222,7 @@ static pi2_status experts_create(pi2_cache *cache, const pi2_stream_params *p) {
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
     pi2_expert_cache *ec = cache->experts;
     pi2_status s = pi2_expert_cache_init(ec, cache->m, p->n_expert_slots, p->expert_hot);
-    if (s) return s;
+    if (s || (s = pi2_expert_learn_init(ec, cache->m->hp.n_expert_used, p->expert_learn))) return s;
     pi2_io_params iop = io_default_params();
     iop.backend = p->backend;
     iop.queue_depth = p->queue_depth;
@@ -343,6 +343,8 @@ void pi2_cache_get_stats(const pi2_cache *cache, pi2_cache_stats *out) {
         out->expert_hot = ec->hot;
         out->expert_hits = ec->hits;
         out->expert_misses = ec->misses;
+        out->expert_pinned = ec->slots.n_slots - ec->slots.n_list;
+        out->expert_pinned_hits = ec->pinned_hits;
         out->bytes_read += ec->bytes_read;
         out->hot_bytes += (int64_t)((size_t)ec->n_hot * ec->slot_bytes);
         out->arena_bytes += (int64_t)((size_t)(ec->n_hot + ec->slots.n_slots) * ec->slot_bytes);

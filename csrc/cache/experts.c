@@ -70,6 +70,9 @@ void pi2_expert_cache_free(pi2_expert_cache *ec) {
     free(ec->hot_of);
     free(ec->hot_arena);
     free(ec->arena);
+    free(ec->score);
+    free(ec->want);
+    free(ec->order);
     memset(ec, 0, sizeof *ec);
 }
 

@@ -3,6 +3,7 @@
  * tensor is n_out rows from data + e·n_out·row_bytes), resident hot experts, and an LRU of cold expert slots
  * (slots.c, one "cluster" per expert). A slot holds the three slices of one expert, each read as the 4 KiB-aligned
  * span enclosing it at a fixed place in the slot; the slice's rows start at slot + span_at[w] + (off - aligned off).
+ * Hot experts are learned while running too (experts_learn.c): the cold slots of the most routed experts are pinned.
  * Does not: decide what to read when (csrc/pipeline/experts.c), compute (csrc/ffn/moe_stream.c) or choose sizes
  * (the planner, pi2/plan/experts.py). */
 #ifndef PI2_CACHE_EXPERTS_H
@@ -30,6 +31,13 @@ typedef struct pi2_expert_cache {
     uint8_t *hot_arena;                 /* [n_hot] records of slot_bytes, 4 KiB-aligned */
     uint8_t *arena;                     /* [slots.n_slots] slots of slot_bytes, 4 KiB-aligned */
     int64_t hot, hits, misses, bytes_read, early, early_unused;   /* statistics (per layer and token step) */
+    /* learned hot experts (experts_learn.c) */
+    int32_t n_learn;                    /* cold slots that may be pinned (0: not learning) */
+    float *score;                       /* [n_layer][n_expert] rows routed, halved every PI2_EXPERT_HALF_LIFE tokens */
+    uint8_t *want;                      /* [n_layer][n_expert] 1: among the n_learn most routed cold experts */
+    void *order;                        /* [n_layer·n_expert] scratch of the choice */
+    int64_t learn_tokens;               /* tokens routed since the cache was made */
+    int64_t pinned_hits;                /* of hits: found in a pinned slot */
 } pi2_expert_cache;
 
 /* 1 when layer il has streamed experts. */
@@ -53,5 +61,21 @@ pi2_status pi2_expert_slot_bytes(const pi2_model *m, int64_t *out);
  * records are filled by the caller (pi2_cache_create). PI2_ERR_NOMEM, PI2_ERR_INVALID, PI2_ERR_UNSUPPORTED. */
 pi2_status pi2_expert_cache_init(pi2_expert_cache *ec, const pi2_model *m, int32_t n_slots, const uint8_t *hot);
 void pi2_expert_cache_free(pi2_expert_cache *ec);
+
+/* Learned hot experts (experts_learn.c). Every routed row counts for its expert; at each token step the n_learn
+ * most routed cold experts (decayed counts) are wanted, and a wanted expert's slot is pinned (kept out of the LRU)
+ * while it holds it; an expert no longer wanted goes back to the LRU's tail. n_learn = n_slots - 2·k (at least k
+ * slots stay in the LRU: a step's misses and the next layer's guesses). on 0: the slots stay a plain LRU. */
+enum { PI2_EXPERT_HALF_LIFE = 256 };
+pi2_status pi2_expert_learn_init(pi2_expert_cache *ec, int32_t k, int32_t on);
+/* A step of layer il routed rows[e] rows to each expert e of experts[0..n). */
+void pi2_expert_learn_rows(pi2_expert_cache *ec, int32_t il, const int32_t *experts, const int32_t *rows, int32_t n);
+/* A step of n_tok tokens begins (at the first layer with experts): choose the wanted experts again. */
+void pi2_expert_learn_step(pi2_expert_cache *ec, int32_t n_tok);
+/* Expert e of layer il is now in `slot` (found or being read): pin the slot when the expert is wanted. */
+static inline void pi2_expert_learn_use(pi2_expert_cache *ec, int32_t slot, int32_t il, int32_t e) {
+    if (ec->n_learn && ec->want[(size_t)il * ec->n_expert + e] && ec->slots.n_slots - ec->slots.n_list < ec->n_learn)
+        pi2_slots_pin(&ec->slots, slot);
+}
 
 #endif

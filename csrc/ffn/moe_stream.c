@@ -83,7 +83,7 @@ pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, in
     struct pi2_moe_stream *st = moe->stream;
     const pi2_model_params *hp = &c->m->hp;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp;
-    const int32_t n_active = moe->n_active, room = pi2_pipeline_expert_room(pl);
+    const int32_t n_active = moe->n_active;
     const int same = L->gate_exps.type == L->up_exps.type;
     memcpy(st->all, moe->active, (size_t)n_active * sizeof *st->all);
     st->active = moe->active;
@@ -91,8 +91,9 @@ pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, in
     moe->stream_w[1] = &L->up_exps;
     moe->stream_w[2] = &L->down_exps;
     for (int32_t w = 0; w < 3; w++) moe->stream_rows[w] = pi2_pipeline_expert_rows(pl, w);
-    pi2_pipeline_expert_step(pl, il, n, n * moe->k);
+    pi2_pipeline_expert_step(pl, il, n, st->all, moe->count, n_active);
     for (int32_t i0 = 0; i0 < n_active && !s;) {
+        const int32_t room = pi2_pipeline_expert_room(pl);   /* the LRU's slots: learned hot experts pinned shrink it */
         const int32_t nc = n_active - i0 < room ? n_active - i0 : room;
         const int32_t *chunk = st->all + i0;
         if ((s = pi2_pipeline_need(pl, PI2_PART_EXPERTS, il, chunk, nc, st->ready))) break;

@@ -39,18 +39,23 @@ void pi2_experts_free(pi2_pipeline *pl) {
 
 int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl) { return pl->experts && pl->experts->ahead_on; }
 
-int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl) { return pl->cache->experts->slots.n_slots; }
+int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl) { return pl->cache->experts->slots.n_list; }
 
 const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w) {
     return (const uint8_t *const *)pl->experts->rows[w];
 }
 
-void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, int32_t n_rows) {
-    const pi2_expert_cache *ec = pl->cache->experts;
+void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, const int32_t *experts,
+                              const int32_t *rows, int32_t n) {
+    pi2_expert_cache *ec = pl->cache->experts;
     int32_t first = 0;
     while (first < ec->n_layer && !pi2_expert_layer(ec, first)) first++;
-    if (il == first) pl->cache->st.tokens += n_tok;
-    pl->cache->st.expert_rows += n_rows;
+    if (il == first) {
+        pl->cache->st.tokens += n_tok;
+        pi2_expert_learn_step(ec, n_tok);   /* no reads are in flight but maybe guesses of this layer: see need */
+    }
+    pi2_expert_learn_rows(ec, il, experts, rows, n);
+    for (int32_t i = 0; i < n; i++) pl->cache->st.expert_rows += rows[experts[i]];
 }
 
 /* After an error, or reads of a layer left unreaped: wait for what is in flight, forget the experts listed. */
@@ -107,7 +112,7 @@ pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_
     expert_reads *ex = pl->experts;
     const int32_t X = ec->n_expert;
     if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il) || ex->n_wait < ex->n_req) return PI2_OK;
-    if (2 * n > ec->slots.n_slots) return PI2_OK;   /* the guesses and the token's other misses must both fit */
+    if (2 * n > ec->slots.n_list) return PI2_OK;   /* the guesses and the token's other misses must both fit */
     ex->n_req = ex->n_sub = ex->n_wait = 0;
     ex->layer = il;
     memset(ex->ahead, 0, (size_t)X);
@@ -132,7 +137,11 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
         return pi2_set_error(PI2_ERR_INVALID, "layer %d has no streamed experts", (int)il);
     int ahead = ex->ahead_layer == il;   /* this layer's guessed experts are in reqs, maybe landed */
     if (ex->n_wait < ex->n_req && !ahead) drain(pl);   /* another layer's reads, left after an error or an abort */
-    if (ahead && n + ex->n_req / PI2_EXPERT_SLICES > ec->slots.n_slots) {   /* a chunk that could take their slots */
+    /* Takes reuse the LRU's tail. The slots this need uses and the guesses in flight are at the list's front (pinning
+     * takes one of them out of it, unpinning puts a slot at its tail), so the tail is neither while n plus the
+     * guesses fit the list; else the guesses land first. */
+    const int32_t room = ec->slots.n_list;
+    if (ahead && n + ex->n_req / PI2_EXPERT_SLICES > room) {
         const pi2_status s = finish(pl);
         if (s) return s;
     }
@@ -153,12 +162,14 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
             ec->hot++;
             continue;
         }
-        if (++cold > ec->slots.n_slots) {
+        int32_t slot = pi2_slots_holding(&ec->slots, il, e);
+        const int pinned = slot >= 0 && ec->slots.pinned[slot];
+        if (!pinned && ++cold > room) {
             drain(pl);
             return pi2_set_error(PI2_ERR_INVALID, "layer %d needs more experts at once than the %d expert slots",
-                                 (int)il, (int)ec->slots.n_slots);
+                                 (int)il, (int)room);
         }
-        int32_t slot = pi2_slots_find(&ec->slots, il, e);
+        slot = pi2_slots_find(&ec->slots, il, e);
         if (slot >= 0 && ex->ahead[e] == 1) {   /* guessed right: its reads are in flight or landed */
             ex->ahead[e] = 2;
             ec->misses++;
@@ -166,11 +177,13 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
             ready[e] = ex->pending[e] == 0;
         } else if (slot >= 0) {
             ec->hits++;
+            ec->pinned_hits += pinned;
         } else {
             slot = list_reads(pl, il, e);
             ec->misses++;
             ready[e] = 0;
         }
+        pi2_expert_learn_use(ec, slot, il, e);
         for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++)
             ex->rows[w][e] = pi2_expert_rows_in(ec, pi2_expert_slot(ec, slot), il, e, w);
     }

@@ -92,7 +92,8 @@ pi2_rows pi2_pipeline_rows(const pi2_pipeline *pl, int32_t part);
  * distinct experts of layer il (at most pi2_pipeline_expert_room cold ones) made present: resident hot ones and
  * cached ones at once (ready[e] = 1), misses read into the least recently used slots (three reads each: the spans of
  * its gate, up and down slices); next_ready lists the experts whose three reads have landed. Then: */
-/* Cold expert slots: the most experts not resident that one need may name. */
+/* Cold expert slots in the LRU (learned hot ones pinned out of it are not): the most experts neither resident nor
+ * pinned that one need may name. Read it again before each need: pinning shrinks it. */
 int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl);
 /* [n_expert] where slice w (0 gate, 1 up, 2 down) of each expert named by the last need of the layer is. */
 const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w);
@@ -102,7 +103,9 @@ const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w
 pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n);
 /* 1 when the pipeline streams experts and was asked to route ahead. */
 int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl);
-/* Count a streamed MoE layer's step of n_tok tokens routing n_rows (token, slot) rows (statistics). */
-void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, int32_t n_rows);
+/* A streamed MoE layer's step of n_tok tokens routed rows[e] (token, slot) rows to each expert e of experts[0..n): counted
+ * (statistics) and learned (the expert cache's learned hot experts, cache/experts_learn.c). Before its need. */
+void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, const int32_t *experts,
+                              const int32_t *rows, int32_t n);
 
 #endif

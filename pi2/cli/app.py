@@ -179,6 +179,10 @@ def run(
                                "when the limit refuses)"),
     load_mode: Optional[str] = LoadModeOpt,
     json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    expert_profile: bool = typer.Option(True, "--expert-profile/--no-expert-profile",
+                                        help="a MoE file whose experts stream: learn its hot experts while running "
+                                             "and add this run's routing to its routing profile (the next run "
+                                             "starts with them resident)"),
     engine: str = EngineOpt, keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt, npu_gbps: Optional[float] = NpuGbpsOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, hf: Optional[str] = HfOpt, verbose: bool = VerboseOpt,
@@ -191,7 +195,7 @@ def run(
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
                     n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens, cache_type_k=cache_k,
-                    cache_type_v=cache_v, no_mmap=no_mmap)
+                    cache_type_v=cache_v, no_mmap=no_mmap, expert_profile=expert_profile)
     breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
         tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,

@@ -30,7 +30,7 @@ from pi2.runtime.generate import Timings, check_prompt, generate
 from pi2.runtime.perplexity import format_final, perplexity as ppl
 from pi2.runtime.plan import plan_run
 from pi2.runtime.sampling import Sampler
-from pi2.runtime.session import open_model, open_session
+from pi2.runtime.session import keep_routing, open_model, open_session
 
 
 MIN_CTX = 8      # run and chat: a prompt of a token, the 4 tokens generate keeps free, and a reply
@@ -126,6 +126,7 @@ def run(opts: RunOptions) -> None:
             print("\n" + timings.report(), file=sys.stderr)
         raise
     finally:
+        keep_routing(seq.session)   # a run that streamed experts leaves its routing for the next one
         model.close()               # the context goes when run() returns, not at the next garbage collection
     c = stream.completion
     if opts.json_out:
@@ -183,6 +184,7 @@ def interactive(opts: RunOptions) -> None:
         if gen.stop_reason == "context":
             print("\npi2: the context is full; ending", file=sys.stderr)
             break
+    keep_routing(session)
     _write("\n")
     print(timings.report(), file=sys.stderr)
 
@@ -197,7 +199,8 @@ def verbose_report(session) -> None:
     st = session.ctx.stream_stats()
     if getattr(plan, "kind", "") == "experts":   # a MoE file's expert cache
         print(f"pi2: experts: budget {plan.budget / 2**20:.0f} MiB, {plan.n_hot} hot ({st['hot_bytes'] / 2**20:.1f} "
-              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots, io {plan.io}", file=sys.stderr)
+              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots ({st['experts_learned']} of them "
+              f"pinned for hot experts learned while running), io {plan.io}", file=sys.stderr)
         print(f"pi2: experts: {st['experts_loaded_per_token']:.2f} per token and layer, hit rate "
               f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), flash "
               f"{st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, I/O wait "
@@ -293,6 +296,7 @@ def chat(opts: RunOptions) -> None:
         if gen is None or gen.stop_reason == "context" or conv.full:
             print("pi2: the context is full; ending the chat", file=sys.stderr)
             break
+    keep_routing(session)
     print(timings.report(), file=sys.stderr)
     if opts.verbose:
         verbose_report(session)

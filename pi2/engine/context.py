@@ -173,7 +173,7 @@ class CContext:
         st["decode_s"], st["decoded"] = getattr(self, "_decode_s", 0.0), getattr(self, "_decoded", 0)
         prev = getattr(self, "_stream_prev", None) or {k: 0 for k in st}
         self._stream_prev = dict(st)
-        d = {k: st[k] - prev[k] for k in st if not k.endswith(("arena_bytes", "hot_bytes"))}
+        d = {k: st[k] - prev[k] for k in st if not k.endswith(("arena_bytes", "hot_bytes", "_pinned"))}
         if self.cfg.moe_family:
             return self._expert_stats(st, d)
         need, cold = d["hot"] + d["hits"] + d["misses"], d["hits"] + d["misses"]
@@ -199,7 +199,9 @@ class CContext:
     def _expert_stats(self, st: dict, d: dict) -> dict:
         """stream_stats of a MoE file's expert cache: expert_hit_rate (needed experts, per layer and step, found
         resident or in a slot), experts_loaded_per_token (distinct experts a step needed per token and layer), the
-        routing-ahead hit rate (guessed experts the routing then needed), and the figures every streamed run has."""
+        routing-ahead hit rate (guessed experts the routing then needed), experts_learned (slots pinned now for hot
+        experts learned while running) and learned_hit_share (of the needed experts, found in one of them), and the
+        figures every streamed run has."""
         need = d["expert_hot"] + d["expert_hits"] + d["expert_misses"]
         layers = sum(1 for il in range(self.cfg.n_layer) if self.cmodel.model.file.tensors.get(
             f"blk.{il}.ffn_gate_exps.weight") is not None) or 1
@@ -210,6 +212,8 @@ class CContext:
                 "experts_loaded_per_token": round(need / d["tokens"] / layers, 2) if d["tokens"] else 0.0,
                 "expert_ahead_hit_rate": round(d["expert_ahead_used"] / d["expert_ahead"], 4)
                 if d["expert_ahead"] else 0.0,
+                "experts_learned": st["expert_pinned"],
+                "learned_hit_share": round(d["expert_pinned_hits"] / need, 4) if need else 0.0,
                 "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
                 "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
                 "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
@@ -241,13 +245,15 @@ class CContext:
 
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
-                   n_early=None, n_expert_slots: int = 0, expert_hot=None, expert_ahead: bool = False) -> None:
+                   n_early=None, n_expert_slots: int = 0, expert_hot=None, expert_ahead: bool = False,
+                   expert_learn: bool = False) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache/, read by csrc/pipeline/): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
         gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
         n_early[L]: cold clusters after the hot prefix a single token reads before the layer's attention.
         A MoE file streams its experts instead: n_expert_slots cold expert slots, expert_hot[L][X] (bool) resident
-        experts, expert_ahead: guess the next layer's experts and read them ahead (cluster, n_slots and the gate
+        experts, expert_ahead: guess the next layer's experts and read them ahead, expert_learn: learn hot experts
+        while running (the cold slots of the most routed experts pinned, all but 2·k; cluster, n_slots and the gate
         settings are ignored)."""
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
@@ -264,6 +270,7 @@ class CContext:
         p.n_early = ffi.from_buffer("int32_t[]", early)
         p.n_expert_slots = n_expert_slots
         p.expert_ahead = int(expert_ahead)
+        p.expert_learn = int(expert_learn)
         if expert_hot is not None:
             self._stream_expert_hot = np.ascontiguousarray(expert_hot, np.uint8)
             p.expert_hot = ffi.from_buffer("uint8_t[]", self._stream_expert_hot)
@@ -278,7 +285,7 @@ class CContext:
                     "arena_bytes", "hot_bytes", "gate_hot", "gate_hits", "gate_misses", "gate_bytes_read",
                     "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes", "early_reads", "early_unused",
                     "layer_loads_ahead", "expert_hot", "expert_hits", "expert_misses", "expert_ahead",
-                    "expert_ahead_used", "expert_rows")
+                    "expert_ahead_used", "expert_rows", "expert_pinned", "expert_pinned_hits")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

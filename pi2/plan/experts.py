@@ -5,13 +5,15 @@ experts a routing profile names most often are resident (hot) and the others an 
 
 Owns: `expert_gap` (why a file cannot stream its experts), `make_expert_plan`, ExpertPlan (its lines for `pi2 plan`,
 its stream_args for CContext.set_stream), the expected hit rate and flash bytes per token, and the routing profile
-(`pi2 profile-experts` writes it; read from ~/.cache/pi2/experts/ when present).
+(`pi2 profile-experts` writes it, a streamed run adds its routing to it: `add_to_profile`; read from
+~/.cache/pi2/experts/ when present; written whole or not at all).
 Does not: read weights or time anything; the neuron cache of pi2 files (budget.py).
 """
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from pi2.plan.profile import cached_throughput, default_cache_dir
 ALIGN = 4096
 SLICES = ("gate", "up", "down")
 MIN_COLD_PER_K = 2      # cold slots kept at least 2·k when hot experts are chosen: a token's misses and the next's
+MIN_RUN_TOKENS = 64     # a run adds its routing to the profile from this many tokens on (fewer say little)
 
 
 def _align_up(n: int) -> int:
@@ -88,22 +91,57 @@ def profile_path(model) -> Path:
     return default_cache_dir() / "experts" / f"{os.path.basename(model.path)}.{st.st_size}.json"
 
 
+def _read_profile(model) -> tuple:
+    """(counts [n_layer][n_expert] as float64, tokens) of the file's routing profile, or (None, 0)."""
+    try:
+        d = json.loads(profile_path(model).read_text())
+        counts, tokens = np.asarray(d["expert_rows"], np.float64), int(d.get("tokens", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, 0
+    c = model.config
+    ok = counts.shape == (c.n_layer, c.n_expert) and bool(np.all(counts >= 0))
+    return (counts, tokens) if ok else (None, 0)
+
+
 def load_profile(model) -> np.ndarray | None:
     """[n_layer][n_expert] routed rows per expert from the file's routing profile, or None."""
-    p = profile_path(model)
-    try:
-        counts = np.asarray(json.loads(p.read_text())["expert_rows"], np.float64)
-    except (OSError, ValueError, KeyError):
-        return None
-    c = model.config
-    return counts if counts.shape == (c.n_layer, c.n_expert) else None
+    return _read_profile(model)[0]
 
 
 def save_profile(model, counts: np.ndarray, tokens: int) -> Path:
+    """Write the profile whole or not at all: a temporary file in the same directory, synced, renamed over it."""
     p = profile_path(model)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps({"tokens": int(tokens), "expert_rows": np.asarray(counts).astype(int).tolist()}))
+    text = json.dumps({"tokens": int(tokens), "expert_rows": np.asarray(counts).astype(np.int64).tolist()})
+    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return p
+
+
+def add_to_profile(model, counts: np.ndarray) -> tuple:
+    """Add a run's routed rows (ctx.expert_counts) to the file's routing profile, so the next run's plan starts with
+    hot experts; (path, tokens the run routed), path None when the run routed fewer than MIN_RUN_TOKENS tokens.
+    OSError when the profile cannot be written (the old one is then left as it was)."""
+    c = model.config
+    counts = np.asarray(counts, np.int64)
+    per_layer = counts.sum(axis=1)
+    tokens = int(per_layer.max() // max(c.n_expert_used, 1)) if counts.size else 0
+    if tokens < MIN_RUN_TOKENS or counts.shape != (c.n_layer, c.n_expert):
+        return None, tokens
+    old, old_tokens = _read_profile(model)
+    total = counts + (old.astype(np.int64) if old is not None else 0)
+    return save_profile(model, total, old_tokens + tokens), tokens
 
 
 def profile_experts(model, calib=None, n_tokens: int = 2048, n_threads: int = 0) -> tuple:
@@ -144,6 +182,7 @@ class ExpertPlan:
     read_mbps: float | None = None
     profile_note: str = ""
     ahead: bool = True
+    learn: bool = True          # hot experts learned while running (cache/experts_learn.c) in the cold slots
     repacked: int = 0
     kind: str = "experts"
     up: int = 0                 # the runtime's RSS rounded up less rounded down (runtime_bounds): printed, not checked
@@ -166,6 +205,11 @@ class ExpertPlan:
         return int(self.hot.sum())
 
     @property
+    def n_learn(self) -> int:
+        """Cold slots that may hold hot experts learned while running (csrc/cache/experts_learn.c: all but 2·k)."""
+        return max(0, self.n_slots - max(2 * self.k, self.k + 1)) if self.learn else 0
+
+    @property
     def hot_bytes(self) -> int:
         return self.n_hot * self.slot_bytes
 
@@ -176,7 +220,7 @@ class ExpertPlan:
     def stream_args(self) -> dict:
         return {"cluster": 8, "n_slots": 0, "io": self.io, "queue_depth": self.queue_depth,
                 "n_expert_slots": self.n_slots, "expert_hot": self.hot.astype(np.uint8) if self.n_hot else None,
-                "expert_ahead": self.ahead}
+                "expert_ahead": self.ahead, "expert_learn": self.learn}
 
     @property
     def io_bound_tps(self) -> float | None:
@@ -204,7 +248,9 @@ class ExpertPlan:
                    " (no routing profile: `pi2 profile-experts MODEL` makes one)" if not self.profiled else ""),
                 f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
                 f"LRU shared by all layers ({(self.n_slots + self.n_hot) / max(total, 1):.1%} of the experts held; "
-                f"at least {self.min_slots} slots)",
+                f"at least {self.min_slots} slots)"
+                + (f"; up to {self.n_learn} keep the most routed experts, learned while running"
+                   if self.n_learn and self.n_slots < total else ""),
                 f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT; next layer's experts "
                 f"guessed and read ahead: {'yes' if self.ahead else 'no'}",
                 f"hit rate           {self.hit_rate:.1%} expected ("
@@ -217,7 +263,7 @@ class ExpertPlan:
         d = {k: getattr(self, k) for k in ("kind", "budget", "runtime", "fixed", "kv", "scratch", "margin",
                                            "slot_bytes", "min_slots", "n_slots", "n_hot", "hot_bytes", "io",
                                            "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
-                                           "io_bound_tps", "profiled", "ahead")}
+                                           "io_bound_tps", "profiled", "ahead", "learn", "n_learn")}
         d.update(floor=self.minimum, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
                  n_layers=self.n_layers)
         return d

@@ -176,6 +176,7 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     if p.budget is not None and _streams_experts(model):   # a MoE file: the expert cache (pi2/plan/experts.py)
         p.cache = p.cache_cpu = make_expert_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io,
                                                  n_batch=cfg.n_batch, type_k=cfg.type_k)
+        p.cache.learn = cfg.expert_profile        # --no-expert-profile: a plain LRU
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return
     if p.budget is not None:

@@ -3,13 +3,15 @@ the neuron cache set up, and what the runtime keeps about it (Session: the plan,
 
 Owns: opening a model (open_model) and a session on it (open_session), the order in which a C context is set up
 (FFN rule, NNAPI, then the cache: the hot prefix the NPU computes is not cached), the session's notes on stderr,
-and its figures for bench and --verbose (stats).
+its figures for bench and --verbose (stats), and what a run that streamed experts leaves for the next one
+(keep_routing: its routing added to the file's profile).
 Does not: decide anything (pi2/runtime/plan.py) or generate (pi2/runtime/generate.py).
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +19,7 @@ from pi2.errors import UsageError
 from pi2.engine import CContext, kernel_info
 from pi2.model.loader import Model, load_model
 from pi2.plan.budget import Plan
+from pi2.plan.experts import add_to_profile
 from pi2.reference.forward import ReferenceContext
 from pi2.reference.moe import MoEContext
 from pi2.runtime import npu
@@ -107,3 +110,19 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     if cache is not None:
         ctx.set_stream(**cache.stream_args())
     return Session(model, p, ctx, p.npu, cache)
+
+
+def keep_routing(session: Session) -> Path | None:
+    """At the end of a run whose MoE experts streamed (unless --no-expert-profile): add its routing to the file's
+    routing profile, so the next run's plan starts with the hot experts this one learned; the profile's path, or None
+    (not such a run, or too short to say much: pi2/plan/experts.add_to_profile). A profile that cannot be written is
+    a note on stderr and the old one stays whole."""
+    if getattr(session.cache, "kind", "") != "experts" or not session.plan.cfg.expert_profile \
+            or not isinstance(session.ctx, CContext):
+        return None
+    try:
+        path, _tokens = add_to_profile(session.model, session.ctx.expert_counts)
+    except OSError as e:
+        print(f"pi2: note: the routing profile was not saved: {e}", file=sys.stderr)
+        return None
+    return path

@@ -67,13 +67,9 @@ class RunConfig:
     n_keep: int = 0                     # --keep-tokens: tokens a context shift keeps (after BOS, as llama.cpp)
     repack: bool = True                 # --no-repack: dense matrices stay in the file's layout (same results)
     no_mmap: bool = False               # --no-mmap: the C engine reads the whole file into memory at load
-<<<<<<< HEAD
-    cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1)
-=======
     expert_profile: bool = True         # --no-expert-profile: a run streaming a MoE file's experts neither learns hot
                                         # experts nor adds its routing to the file's routing profile
-    cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0; reference/kv_cache.py)
->>>>>>> experts-learn
+    cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1)
     cache_type_v: str = "f16"           # -ctv: the V cache's type (f16: llama.cpp needs flash attention for others)
 
     @property

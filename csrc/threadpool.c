@@ -42,6 +42,7 @@ struct pi2_pool {
     _Atomic int32_t sleeping;        /* the caller sleeps on done_cv */
     /* caller only: sharing or running alone, whichever is measured faster (pi2_pool_mark) */
     int32_t alone;                   /* the current interval runs its jobs on the caller alone */
+    int32_t warm;                    /* it follows an interval in the same mode without a gap (it is timed) */
     int64_t mark_t;                  /* start of the current interval (0: none) */
     int32_t key, explore_key;        /* the current interval's key; the key being compared */
     int64_t sum[2];                  /* comparison: time in intervals [shared, alone] */
@@ -141,7 +142,10 @@ void pi2_pool_run(pi2_pool *p, pi2_task_fn fn, void *arg, int32_t n_tasks) {
     }
 }
 
-/* An interval of `dt` ns in mode p->alone ended: count it in the comparison, or in the exploitation. */
+/* An interval of `dt` ns in mode p->alone ended: count it in the comparison, or in the exploitation.
+ * Only warm intervals are compared: the first one after the other mode or after a gap (the caller's own
+ * work between steps) finds the worker asleep past SPIN_NS and pays its wake-up, which running shared
+ * pays once a step, not once a layer (counted, it made alone look faster on small models). */
 static void interval_done(pi2_pool *p, int64_t dt) {
     if (p->exploit_left > 0) {
         p->exploit_left--;
@@ -152,6 +156,7 @@ static void interval_done(pi2_pool *p, int64_t dt) {
         p->sum[0] = p->sum[1] = 0;
         p->cnt[0] = p->cnt[1] = 0;
     }
+    if (!p->warm) return;
     p->sum[p->alone] += dt;
     p->cnt[p->alone]++;
     if (p->cnt[0] < EXPLORE || p->cnt[1] < EXPLORE) return;
@@ -166,11 +171,14 @@ static void interval_done(pi2_pool *p, int64_t dt) {
 void pi2_pool_mark(pi2_pool *p, int32_t key) {
     if (p->n_threads == 1) return;
     const int64_t t = now_ns();
-    if (p->mark_t) interval_done(p, t - p->mark_t);
+    const int32_t follows = p->mark_t != 0, was_alone = p->alone;   /* an interval ends here */
+    if (follows) interval_done(p, t - p->mark_t);
     p->mark_t = key >= 0 ? t : 0;
     p->key = key;
     if (key < 0) return;
-    p->alone = p->exploit_left > 0 ? p->choice : (p->cnt[0] + p->cnt[1]) & 1;   /* comparing: alternate */
+    /* comparing: each mode twice in a row, the second one timed (the mode flips once an interval counted) */
+    p->alone = p->exploit_left > 0 ? p->choice : (p->cnt[0] + p->cnt[1]) & 1;
+    p->warm = follows && p->alone == was_alone;
 }
 
 int32_t pi2_pool_n_threads(const pi2_pool *p) { return p->n_threads; }

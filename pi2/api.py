@@ -18,7 +18,7 @@ from typing import Iterator, List, Optional, Sequence as Seq, Union
 from pi2.errors import ContextFullError, UsageError
 from pi2.model.chat import render_chat, select_template
 from pi2.runtime.config import RunConfig, SamplerParams
-from pi2.runtime.generate import Generation, Timings, generate_steps
+from pi2.runtime.generate import Generation, Timings, generate_steps, timed_decode
 from pi2.runtime.kept_tokens import KeptTokens, common_prefix
 from pi2.runtime.plan import plan_run
 from pi2.runtime.sampling import Sampler
@@ -132,6 +132,12 @@ class Stream:
         return self.advance()
 
     @property
+    def generation(self) -> Generation:
+        """The generation loop's record: tokens, text, stop_reason and the end-of-generation token that stopped it
+        (sampled, not evaluated: pi2 run -cnv feeds it before the next turn)."""
+        return self._gen
+
+    @property
     def pending_token(self) -> Optional[int]:
         """The token last yielded, which the next step decodes (None before the first and after the last)."""
         return self._pending
@@ -215,16 +221,38 @@ class Sequence:
     def _sync(self, gen) -> None:
         self.kept.synced(list(gen.prompt_tokens) + list(gen.tokens))
 
+    def reset(self) -> None:
+        """Empty the context (its KV cache and prompt cache)."""
+        if not self._busy.acquire(blocking=False):
+            raise UsageError("this sequence is generating")
+        try:
+            self.kept.reset()
+        finally:
+            self._busy.release()
+
+    def feed(self, tokens: Seq[int], timings: Optional[Timings] = None) -> None:
+        """Evaluate `tokens` after what the context holds, without sampling (a token that was sampled but not
+        evaluated, before the next turn)."""
+        if not self._busy.acquire(blocking=False):
+            raise UsageError("this sequence is generating")
+        try:
+            toks = [int(t) for t in tokens]
+            timed_decode(self.kept, toks, timings or Timings())
+        finally:
+            self._busy.release()
+
     def common_prefix(self, tokens: Seq[int]) -> int:
         return common_prefix(self.tokens, tokens)
 
     def stream(self, prompt_tokens: Seq[int], *, max_tokens: int = -1, sampling: SamplerParams | None = None,
                stop: Seq[str] = (), ignore_eos: bool = False, special: bool = False, reverse: Seq[str] = (),
-               timings: Optional[Timings] = None) -> Stream:
+               timings: Optional[Timings] = None, sampler: Optional[Sampler] = None) -> Stream:
         """Generate after `prompt_tokens`, evaluating only what follows their longest prefix already cached.
         stop: strings that end the text before them (OpenAI's stop); reverse: strings that end it after them
         (llama.cpp's reverse prompts, -r). timings: the Timings to fill (one begun when loading began counts the
-        load time as pi2 run reports it; default: a new one)."""
+        load time as pi2 run reports it; default: a new one). sampler: one kept across calls (pi2 run -i / -cnv,
+        as llama.cpp keeps one sampler for a session) instead of a new one from `sampling`; it has seen the tokens
+        the cache holds, so it is shown only the rest of the prompt."""
         prompt = [int(t) for t in prompt_tokens]
         if not prompt:
             raise UsageError("the prompt is empty")
@@ -240,7 +268,9 @@ class Sequence:
             raise ContextFullError(msg, hint="raise -c or shorten the prompt")
         if max_tokens < -1:
             raise UsageError(f"invalid max_tokens {max_tokens}")
-        sampler = Sampler(sampling or self.model.sampling, n_vocab, self.n_ctx, tokenizer=self.model.tokenizer)
+        own_sampler = sampler is not None      # kept across calls: it has seen the cached tokens
+        if not own_sampler:
+            sampler = Sampler(sampling or self.model.sampling, n_vocab, self.n_ctx, tokenizer=self.model.tokenizer)
         if not self._busy.acquire(blocking=False):
             raise UsageError("this sequence is already generating")
         try:
@@ -249,8 +279,8 @@ class Sequence:
             self._busy.release()
             raise
         gen, timings = Generation(prompt), timings or Timings()
-        steps = generate_steps(self.kept, self.model.tokenizer, gen, max_tokens, sampler, timings,
-                               ignore_eos, special, n_cached=n_keep, stop=tuple(reverse))
+        steps = generate_steps(self.kept, self.model.tokenizer, gen, max_tokens, sampler, timings, ignore_eos,
+                               special, n_cached=n_keep, stop=tuple(reverse), n_seen=n_keep if own_sampler else 0)
         return Stream(self, steps, gen, sampler, timings, _StopFilter(list(stop)), n_keep)
 
 

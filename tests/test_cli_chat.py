@@ -111,22 +111,19 @@ def test_regen_answers_the_last_message_again(bpe):
 def test_ctrl_c_stops_a_reply_and_the_chat_goes_on(bpe, monkeypatch):
     """The first reply is interrupted after its first piece (as by Ctrl-C): the chat prints what it had, says the
     reply stopped, and answers the next line with the interrupted reply in the history."""
-    import pi2.runtime.chat as chat_mod
-    real, calls = chat_mod.generate, []
+    import pi2.api as api
+    real, streams = api.Stream.advance, []
 
-    def interrupted(*a, on_text=None, **kw):
-        calls.append(1)
-        if len(calls) > 1:
-            return real(*a, on_text=on_text, **kw)
-
-        def piece(text):
-            on_text(text)
+    def interrupted(self, *a, **kw):     # Ctrl-C while the first reply decodes its second token
+        if self not in streams:
+            streams.append(self)
+        if self is streams[0] and self.text:
             raise KeyboardInterrupt
-        return real(*a, on_text=piece, **kw)
-    monkeypatch.setattr(chat_mod, "generate", interrupted)
+        return real(self, *a, **kw)
+    monkeypatch.setattr(api.Stream, "advance", interrupted)
     res = cli("run", bpe, "-cnv", "-n", "3", "--temp", "0", stdin="Hello there\nHow are you?\n")
     assert res.code == 0, res.err
-    assert "reply stopped" in res.err and len(calls) == 2
+    assert "reply stopped" in res.err and len(streams) == 2
     lines = [ln for ln in res.out.split("\n") if ln]
     assert len(lines) == 2 and "Traceback" not in res.err
 
@@ -203,8 +200,9 @@ def test_gemma3_chats_with_the_template_its_vocabulary_implies():
     from pi2.runtime.chat import Chat
     gold = json.loads((DATA / "gemma3-270m.chat.json").read_text())
     path = model_file("gemma3-270m")
-    session = open_session(open_model(path), RunConfig(n_ctx=256, n_threads=1))
-    conv = Chat(session)
+    import pi2
+    conv = Chat(pi2.load(path, n_ctx=256, n_threads=1).default_sequence)
+    session = conv.session
     assert conv.template_name == "gemma" and not conv.fallback
     text = conv.render([{"role": "user", "content": gold["user"]}])
     assert session.model.tokenizer.encode(text, add_special=True, parse_special=True) == gold["prompt_ids"]

@@ -26,7 +26,7 @@ from pi2.runtime import bench as rb
 from pi2.runtime.bench import peak_rss
 from pi2.runtime.chat import Chat
 from pi2.runtime.config import RunConfig, SamplerParams
-from pi2.runtime.generate import Timings, check_prompt, generate
+from pi2.runtime.generate import Timings, check_prompt
 from pi2.runtime.perplexity import format_final, perplexity as ppl
 from pi2.runtime.plan import plan_run
 from pi2.runtime.sampling import Sampler
@@ -65,13 +65,16 @@ def _check(opts: RunOptions) -> None:
                          "tokens of margin and the reply must fit)")
 
 
-def _open(opts: RunOptions):
+def _open_api(opts: RunOptions):
+    """-i and -cnv: the model through the Python API, its default sequence, and one sampler for the whole session
+    (as llama.cpp keeps one: its random state and penalty window run on across turns)."""
     _check(opts)
-    timings = Timings()
-    session = open_session(open_model(opts.model), opts.run)
-    _mlock(opts, session)
-    sampler = Sampler(opts.sampling, session.model.config.n_vocab, session.n_ctx, tokenizer=session.model.tokenizer)
-    return session, sampler, timings
+    timings = Timings()     # begun before loading: the load time runs to the end of the first decode
+    model = Model(opts.model, opts.run, opts.sampling)
+    seq = model.default_sequence
+    _mlock(opts, seq.session)
+    sampler = Sampler(opts.sampling, model.n_vocab, seq.n_ctx, tokenizer=model.tokenizer)
+    return model, seq, sampler, timings
 
 
 def _mlock(opts: RunOptions, session) -> None:
@@ -146,8 +149,8 @@ def interactive(opts: RunOptions) -> None:
     on from it. Ctrl-C during generation returns control; at the prompt, or EOF, it quits."""
     if opts.json_out:
         raise UsageError("--json is not available with -i")
-    session, sampler, timings = _open(opts)
-    tok = session.model.tokenizer
+    model, seq, sampler, timings = _open_api(opts)
+    session, tok = seq.session, model.tokenizer
     pending = tok.encode(opts.prompt, add_special=None, parse_special=True) if opts.prompt else []
     if pending:
         check_prompt(pending, session.n_ctx)
@@ -173,13 +176,20 @@ def interactive(opts: RunOptions) -> None:
         if len(pending) > session.n_ctx - session.n_past - 4:
             print("pi2: the context is full; ending", file=sys.stderr)
             break
-        try:
-            gen = generate(session.ctx, tok, pending, opts.n_predict, sampler, timings, ignore_eos=opts.ignore_eos,
-                           on_text=_write, special=opts.special, stop=opts.reverse)
+        stream = None
+        try:        # the sequence holds what came before: only `pending` is evaluated, and shown to the sampler
+            stream = seq.stream(list(seq.tokens) + pending, max_tokens=max(opts.n_predict, -1), sampler=sampler,
+                                ignore_eos=opts.ignore_eos, special=opts.special, reverse=opts.reverse, timings=timings)
+            for piece in stream:
+                if piece.text:
+                    _write(piece.text)
         except KeyboardInterrupt:       # control back to the user; the cache is as before the interrupted decode
+            if stream is not None:
+                stream.close()
             _write("\n")
             pending = []
             continue
+        gen = stream.generation
         pending = gen.tokens[-1:] if gen.stop_reason in ("length", "reverse") and gen.tokens else []
         if gen.stop_reason == "context":
             print("\npi2: the context is full; ending", file=sys.stderr)
@@ -187,6 +197,7 @@ def interactive(opts: RunOptions) -> None:
     keep_routing(session)
     _write("\n")
     print(timings.report(), file=sys.stderr)
+    model.close()
 
 
 def verbose_report(session) -> None:
@@ -243,8 +254,9 @@ def chat(opts: RunOptions) -> None:
     rendered with the chat template. Ctrl-C stops a reply and returns to the prompt; at the prompt it quits."""
     if opts.json_out:
         raise UsageError("--json is not available with -cnv", hint="use pi2 run -p TEXT --json")
-    session, sampler, timings = _open(opts)
-    conv = Chat(session, opts.system, opts.chat_template)
+    model, seq, sampler, timings = _open_api(opts)
+    session = seq.session
+    conv = Chat(seq, opts.system, opts.chat_template)
     if conv.fallback:    # llama.cpp's behaviour: warn, then use ChatML
         print("pi2: warning: the model has no chat template (tokenizer.chat_template) and none is implied by its "
               "vocabulary; using ChatML (choose one with --chat-template)", file=sys.stderr)
@@ -300,6 +312,7 @@ def chat(opts: RunOptions) -> None:
     print(timings.report(), file=sys.stderr)
     if opts.verbose:
         verbose_report(session)
+    model.close()
 
 
 def plan(model_path: Path, cfg: RunConfig, json_out: bool) -> None:

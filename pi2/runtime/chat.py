@@ -1,20 +1,20 @@
-"""chat.py — a conversation on one session: each turn rendered with the model's chat template, the KV cache kept
-across turns (only the text after what it holds is evaluated), and the turn's end evaluated so the next one
-continues from it.
+"""chat.py — a conversation on one sequence of the Python API (pi2.api.Sequence): each turn rendered with the model's
+chat template, the KV cache kept across turns (only the text after what it holds is evaluated), and the turn's end
+evaluated so the next one continues from it.
 
 Owns: the template choice (--chat-template's built-in name or Jinja text; else the file's; else the built-in its
 architecture and vocabulary imply; else ChatML, as llama.cpp falls back), the cached text and when it is dropped (the
 template rewrote history, a reply was interrupted), /clear and /regen, and when the context is full (with
 --context-shift never while a shift makes room: the engine drops half of what follows the kept tokens before a decode
 that would fill it, as llama-completion does, and the conversation goes on). Does not: read input or print
-(pi2/cli/commands.py).
+(pi2/cli/commands.py), or decode and sample (the sequence's stream).
 """
 from __future__ import annotations
 
 from pi2.errors import UsageError
 from pi2.model.chat import CHATML_TEMPLATE, model_template, render_chat
 from pi2.model.chat_builtin import BUILTINS, detect, detect_from_vocab
-from pi2.runtime.generate import Generation, Timings, check_prompt, generate, timed_decode
+from pi2.runtime.generate import Generation, Timings, check_prompt
 from pi2.runtime.sampling import Sampler
 
 
@@ -35,11 +35,12 @@ def choose_template(kv: dict, tokens, arch: str, override: str | None = None) ->
 
 
 class Chat:
-    """Messages so far ([{"role", "content"}]) and the text whose tokens the session's cache holds."""
+    """Messages so far ([{"role", "content"}]) and the text whose tokens the sequence's cache holds."""
 
-    def __init__(self, session, system: str | None = None, template: str | None = None):
-        self.session, self.tok = session, session.model.tokenizer
-        m = session.model
+    def __init__(self, seq, system: str | None = None, template: str | None = None):
+        self.seq, self.session = seq, seq.session
+        m = self.session.model
+        self.tok = m.tokenizer
         self.template_name, self.template, self.fallback = choose_template(m.file.kv, self.tok.tokens,
                                                                            m.config.arch, template)
         if self.template_name == "jinja" and detect(self.template) is not None:
@@ -74,7 +75,7 @@ class Chat:
     def clear(self) -> None:
         """/clear: the conversation forgotten (the system message kept), the cache emptied."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
-        self.session.reset()
+        self.seq.reset()
         self.cached = ""
 
     def last_user(self) -> str | None:
@@ -89,11 +90,11 @@ class Chat:
               stop=()) -> Generation | None:
         """The assistant's reply to `user` (streamed to on_text); None when the context cannot hold the message.
         Ctrl-C stops the reply: what was said so far is kept as the reply, the cache starts over next turn."""
-        s, tok = self.session, self.tok
+        s, seq, tok = self.session, self.seq, self.tok
         self.messages.append({"role": "user", "content": user})
         full = self.render(self.messages, True)
         if not full.startswith(self.cached):     # the template rewrote history: start the cache over
-            s.reset()
+            seq.reset()
             self.cached = ""
         new_tokens = tok.encode(full[len(self.cached):], add_special=(self.cached == ""), parse_special=True)
         if self.cached and len(new_tokens) > self.room():
@@ -101,24 +102,27 @@ class Chat:
             return None
         check_prompt(new_tokens, self.room() + 4)
         said: list = []
-
-        def text(piece: str) -> None:
-            said.append(piece)
-            if on_text:
-                on_text(piece)
-        try:
-            gen = generate(s.ctx, tok, new_tokens, n_predict, sampler, timings, on_text=text, special=False,
-                           stop=stop)
+        stream = None
+        try:      # the sequence holds every earlier turn: only new_tokens are evaluated, and shown to the sampler
+            stream = seq.stream(list(seq.tokens) + new_tokens, max_tokens=max(n_predict, -1), special=False,
+                                reverse=stop, timings=timings, sampler=sampler)
+            for piece in stream:
+                said.append(piece.text)
+                if on_text and piece.text:
+                    on_text(piece.text)
         except KeyboardInterrupt:
+            if stream is not None:
+                stream.close()
             self.messages.append({"role": "assistant", "content": "".join(said)})
-            s.reset()
+            seq.reset()
             self.cached = ""
             raise
+        gen = stream.generation
         self.messages.append({"role": "assistant", "content": gen.text})
         self.cached = full + gen.text
         if gen.stop_reason in ("length", "reverse") and gen.tokens and s.n_past < s.n_ctx:
-            timed_decode(s.ctx, gen.tokens[-1:], timings)     # the last reply token was sampled, not evaluated
+            seq.feed(gen.tokens[-1:], timings)     # the last reply token was sampled, not evaluated
         if gen.eog_token is not None and s.n_past < s.n_ctx:
-            timed_decode(s.ctx, [gen.eog_token], timings)
+            seq.feed([gen.eog_token], timings)
             self.cached += tok.token_to_piece(gen.eog_token, special=True).decode("utf-8", "replace")
         return gen

@@ -104,14 +104,15 @@ def generate(ctx, tok: Tokenizer, prompt_tokens: list, n_predict: int, sampler: 
 
 
 def generate_steps(ctx, tok: Tokenizer, gen: Generation, n_predict: int, sampler: Sampler, timings: Timings,
-                   ignore_eos: bool = False, special: bool = True, n_cached: int = 0, stop=()):
+                   ignore_eos: bool = False, special: bool = True, n_cached: int = 0, stop=(), n_seen: int = 0):
     """generate() one token at a time: yields (token, text it completes) per generated token, then
     (None, the decoder's rest) once; fills `gen`. n_cached: the prompt's first tokens the context's cache already
-    holds (ctx.n_past == n_cached < len(prompt)); the sampler still sees the whole prompt. The caller may stop
+    holds (ctx.n_past == n_cached < len(prompt)); the sampler still sees the whole prompt but its first n_seen
+    tokens (a sampler kept across turns has seen them). The caller may stop
     iterating at any yield (gen then says what was generated so far), or send (logits, ms) of the token just yielded,
     decoded by the caller (pi2.engine.decode_multi: several sequences in one step), instead of next()."""
     stream = StreamDecoder(tok, special=special)
-    for t in gen.prompt_tokens:
+    for t in gen.prompt_tokens[n_seen:]:
         sampler.accept(t)
     logits = timed_decode(ctx, gen.prompt_tokens[n_cached:], timings)
     while True:

@@ -22,9 +22,6 @@ static size_t packable(const pi2_weight *w, int32_t impl) {
     const pi2_type_traits *t = pi2_traits(w->type, impl);
     int32_t f[4];
     if (!t || !t->vec_dot_pack || !pi2_pack_fields(w->type, f)) return 0;
-    /* Q6_K's packed one-token kernel decodes slower than the plain one (Qwen2.5-1.5B Q4_K_M, Zen 4, -t 1: tg64
-     * 11.2 packed vs 14.8 t/s), and decode is what a loaded model mostly does: its rows stay in the file's layout. */
-    if (w->type == PI2_T_Q6_K) return 0;
     if (w->row_bytes != (size_t)(w->n_in / t->block_size) * (size_t)t->type_size || w->row_bytes > PI2_PACK_MAX_ROW_BYTES)
         return 0;
     return (size_t)w->n_out * w->row_bytes;
@@ -80,11 +77,11 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
                           arena + off);
             w[i]->packed = arena + off;
             off += (sz + 63) / 64 * 64;
-        }
-        /* the tied output's rows stay mapped: embeddings read a row per token */
-        for (int32_t i = 0; i < n; i++)
-            if (w[i]->packed && w[i]->data != m->token_embd.data && !m->in_memory)   /* file pages only: */
+            /* each copy's pages released as soon as it is made (the peak holds one matrix twice, not a pass);
+             * the tied output's rows stay mapped: embeddings read a row per token */
+            if (w[i]->data != m->token_embd.data && !m->in_memory)   /* file pages only: */
                 release_pages(w[i]->data, (size_t)w[i]->n_out * w[i]->row_bytes);   /* memory would read zeros */
+        }
         free(w);
         m->packs[pass] = arena;
         m->packed_bytes += (int64_t)total;

@@ -1,7 +1,8 @@
 /* model_pack.c — pi2_model_repack: the loaded model's dense matrices copied into the x8 layout
  * (kernels/pack.h) that the packed kernels stream, llama.cpp's CPU_REPACK idea in a layout of pi2's own.
  * Does: choose the matrices (attention and output; the FFN's gate, up and down when asked: a dense FFN run in
- *       memory), copy them once into one 64-byte-aligned block, point each weight's `packed` at its copy,
+ *       memory), copy them once into one block (2 MiB-aligned on huge pages when it is that large), point each
+ *       weight's `packed` at its copy,
  *       release the mapped pages the copies replace (MADV_DONTNEED on whole pages: the sparse paths and the
  *       embeddings read the file's rows again if they need them).
  * Does not: change any result (each packed kernel returns its plain kernel's bits), pack types or
@@ -69,7 +70,9 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
         const size_t huge = (size_t)2 << 20;
         total = total >= huge ? (total + huge - 1) / huge * huge : total;
         uint8_t *arena = total ? aligned_alloc(total >= huge ? huge : 64, total) : NULL;
+#ifdef MADV_HUGEPAGE
         if (arena && total >= huge) madvise(arena, total, MADV_HUGEPAGE);
+#endif
         if (total && !arena) {
             free(w);
             return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %zu bytes of repacked weights", total);

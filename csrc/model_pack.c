@@ -1,7 +1,8 @@
 /* model_pack.c — pi2_model_repack: the loaded model's dense matrices copied into the x8 layout
  * (kernels/pack.h) that the packed kernels stream, llama.cpp's CPU_REPACK idea in a layout of pi2's own.
  * Does: choose the matrices (attention and output; the FFN's gate, up and down when asked: a dense FFN run in
- *       memory), copy them once into one 64-byte-aligned block, point each weight's `packed` at its copy,
+ *       memory), copy them once into one block (2 MiB-aligned on huge pages when it is that large), point each
+ *       weight's `packed` at its copy,
  *       release the mapped pages the copies replace (MADV_DONTNEED on whole pages: the sparse paths and the
  *       embeddings read the file's rows again if they need them).
  * Does not: change any result (each packed kernel returns its plain kernel's bits), pack types or
@@ -22,9 +23,6 @@ static size_t packable(const pi2_weight *w, int32_t impl) {
     const pi2_type_traits *t = pi2_traits(w->type, impl);
     int32_t f[4];
     if (!t || !t->vec_dot_pack || !pi2_pack_fields(w->type, f)) return 0;
-    /* Q6_K's packed one-token kernel decodes slower than the plain one (Qwen2.5-1.5B Q4_K_M, Zen 4, -t 1: tg64
-     * 11.2 packed vs 14.8 t/s), and decode is what a loaded model mostly does: its rows stay in the file's layout. */
-    if (w->type == PI2_T_Q6_K) return 0;
     if (w->row_bytes != (size_t)(w->n_in / t->block_size) * (size_t)t->type_size || w->row_bytes > PI2_PACK_MAX_ROW_BYTES)
         return 0;
     return (size_t)w->n_out * w->row_bytes;
@@ -67,7 +65,14 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
         const int32_t n = list(m, pass, w);
         size_t total = 0;
         for (int32_t i = 0; i < n; i++) total += (packable(w[i], impl) + 63) / 64 * 64;
-        uint8_t *arena = total ? aligned_alloc(64, total) : NULL;
+        /* 2 MiB-aligned and huge pages where the kernel grants them: the kernels stream the whole arena every
+         * token, and 4 KiB pages cost a TLB miss per 64 lines */
+        const size_t huge = (size_t)2 << 20;
+        total = total >= huge ? (total + huge - 1) / huge * huge : total;
+        uint8_t *arena = total ? aligned_alloc(total >= huge ? huge : 64, total) : NULL;
+#ifdef MADV_HUGEPAGE
+        if (arena && total >= huge) madvise(arena, total, MADV_HUGEPAGE);
+#endif
         if (total && !arena) {
             free(w);
             return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %zu bytes of repacked weights", total);
@@ -80,11 +85,11 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
                           arena + off);
             w[i]->packed = arena + off;
             off += (sz + 63) / 64 * 64;
-        }
-        /* the tied output's rows stay mapped: embeddings read a row per token */
-        for (int32_t i = 0; i < n; i++)
-            if (w[i]->packed && w[i]->data != m->token_embd.data && !m->in_memory)   /* file pages only: */
+            /* each copy's pages released as soon as it is made (the peak holds one matrix twice, not a pass);
+             * the tied output's rows stay mapped: embeddings read a row per token */
+            if (w[i]->data != m->token_embd.data && !m->in_memory)   /* file pages only: */
                 release_pages(w[i]->data, (size_t)w[i]->n_out * w[i]->row_bytes);   /* memory would read zeros */
+        }
         free(w);
         m->packs[pass] = arena;
         m->packed_bytes += (int64_t)total;

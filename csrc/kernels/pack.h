@@ -5,7 +5,8 @@
  *   block's own field order, that field of the 8 rows' block i: Q4_1 = d[8] (fp16), m[8], qs[8][16];
  *   Q5_0 = d[8], qh[8][4], qs[8][16]; Q8_0 = d[8], qs[8][32]. Same bytes as the plain rows, so the same size;
  *   a kernel converts 8 scales with one instruction and streams one contiguous run per group.
- *   Q4_K and Q6_K: the same, their fields longer than 2 bytes interleaved in 4-byte units (pack_k.c).
+ *   Q4_K and Q6_K: the same, their fields longer than 2 bytes interleaved in 4-byte units, Q6_K's units in
+ *   its kernels' read order (pack_k.c).
  * Does: pack and unpack (exact inverses), name the packable types, say which CPU variant runs (x86.c, neon.c).
  * Does not: compute (the kernels are the traits' vec_dot_pack) or decide what to pack (model.c). */
 #ifndef PI2_KERNELS_PACK_H

@@ -1,9 +1,12 @@
 /* pack_k.c — the x8 repacked layout of the 256-value K-quant types (pack.h, "x8 in 4-byte units"): pack and
- * unpack, field by field and 4-byte unit by unit (the scalar twin of pi2/reference/quants.py pack_rows).
- * Layout: like the 32-value types, groups of 8 rows and per block column each field of the 8 rows side by
- *   side, but a field longer than 2 bytes is interleaved in 4-byte units: unit a of rows 0..7, then unit a+1...
- *   Q4_K = d[8], dmin[8], scales[3][8][4], qs[32][8][4]; Q6_K = ql[32][8][4], qh[16][8][4], scales[4][8][4],
- *   d[8]. A 32-byte load of qs unit a holds 4 codes of each of the 8 rows: the kernels' lanes are the rows.
+ * unpack, unit by unit (the scalar twin of pi2/reference/quants.py pack_rows).
+ * Layout: like the 32-value types, groups of 8 rows and per block column the same unit of the 8 rows side by
+ *   side, a unit being a 2-byte field or 4 bytes of a longer one: unit a of rows 0..7, then the next unit.
+ *   Q4_K, field by field: d[8], dmin[8], scales[3][8][4], qs[32][8][4].
+ *   Q6_K, in the order its kernels read them (one forward stream per column): d[8], scales[4][8][4], then
+ *   for c in 0..7, h in 0..1: ql unit 16h+c, ql unit 16h+8+c, qh unit 8h+c (each [8][4]): the 4 codes of
+ *   values 4c..4c+3 of the 4 32-value chunks of half h.
+ *   A 32-byte load of a unit holds 4 codes of each of the 8 rows: the kernels' lanes are the rows.
  * Does not: compute, or decide what to pack. */
 #include "pack.h"
 #include "traits.h"
@@ -16,26 +19,46 @@ int pi2_pack_k_fields(int32_t type, int32_t f[4]) {
     return 0;
 }
 
-/* One group: plain rows (row_bytes apart) <-> packed bytes, in the direction `pack`. */
-static void convert_group_k(int32_t type, uint8_t *plain, size_t row_bytes, uint8_t *packed, int64_t n_blocks, int pack) {
+/* The units of one block column in packed order: their byte offsets in the plain block and sizes; their count. */
+static int k_units(int32_t type, int16_t off[64], int8_t size[64]) {
+    int n = 0;
+    if (type == PI2_T_Q6_K) {   /* d, scales, then (c, h): ql 16h+c, ql 16h+8+c, qh 8h+c */
+        off[n] = 208; size[n++] = 2;
+        for (int a = 0; a < 4; a++) { off[n] = (int16_t)(192 + 4 * a); size[n++] = 4; }
+        for (int c = 0; c < 8; c++)
+            for (int h = 0; h < 2; h++) {
+                off[n] = (int16_t)(4 * (16 * h + c)); size[n++] = 4;
+                off[n] = (int16_t)(4 * (16 * h + 8 + c)); size[n++] = 4;
+                off[n] = (int16_t)(128 + 4 * (8 * h + c)); size[n++] = 4;
+            }
+        return n;
+    }
     int32_t f[4];
     const int nf = pi2_pack_k_fields(type, f);
+    int16_t o = 0;
+    for (int k = 0; k < nf; k++) {   /* field by field */
+        const int8_t u = f[k] == 2 ? 2 : 4;
+        for (int32_t a = 0; a < f[k] / u; a++) { off[n] = (int16_t)(o + a * u); size[n++] = u; }
+        o = (int16_t)(o + f[k]);
+    }
+    return n;
+}
+
+/* One group: plain rows (row_bytes apart) <-> packed bytes, in the direction `pack`. */
+static void convert_group_k(int32_t type, uint8_t *plain, size_t row_bytes, uint8_t *packed, int64_t n_blocks, int pack) {
+    int16_t off[64];
+    int8_t size[64];
+    const int nu = k_units(type, off, size);
     size_t ts = 0;
-    for (int k = 0; k < nf; k++) ts += (size_t)f[k];
+    for (int k = 0; k < nu; k++) ts += (size_t)size[k];
     for (int64_t i = 0; i < n_blocks; i++) {
-        uint8_t *col = packed + (size_t)i * PI2_PACK_ROWS * ts;
-        size_t off = 0;
-        for (int k = 0; k < nf; k++) {
-            const int32_t u = f[k] == 2 ? 2 : 4;
-            for (int32_t a = 0; a < f[k] / u; a++)
-                for (int r = 0; r < PI2_PACK_ROWS; r++) {
-                    uint8_t *p = plain + (size_t)r * row_bytes + (size_t)i * ts + off + (size_t)a * u;
-                    uint8_t *q = col + off * PI2_PACK_ROWS + ((size_t)a * PI2_PACK_ROWS + (size_t)r) * u;
-                    if (u == 2) memcpy(pack ? q : p, pack ? p : q, 2);
-                    else memcpy(pack ? q : p, pack ? p : q, 4);
-                }
-            off += (size_t)f[k];
-        }
+        uint8_t *q = packed + (size_t)i * PI2_PACK_ROWS * ts;
+        for (int k = 0; k < nu; k++)
+            for (int r = 0; r < PI2_PACK_ROWS; r++, q += size[k]) {
+                uint8_t *p = plain + (size_t)r * row_bytes + (size_t)i * ts + (size_t)off[k];
+                if (size[k] == 2) memcpy(pack ? q : p, pack ? p : q, 2);
+                else memcpy(pack ? q : p, pack ? p : q, 4);
+            }
     }
 }
 

@@ -11,11 +11,11 @@
  * Needs: X86_TARGET, X86_FN, X86_VNNI. */
 
 #define PKK_Q4K_COL (8 * 144)   /* bytes of one block column of a Q4_K group: d, dmin, scales at 32, qs at 128 */
-#define PKK_Q6K_COL (8 * 210)   /* Q6_K: ql at 0, qh at 1024, scales at 1536, d at 1664 */
+#define PKK_Q6K_COL (8 * 210)   /* Q6_K: d at 0, scales at 16, then per (c, h) at 144 + 96·(2c + h): ql, ql, qh */
 
 /* Prefetch the block column two columns ahead (the next group's when this one ends: groups are contiguous).
- * A column's fields are read out of order (Q6_K: ql, ql + 256, qh interleaved), which the hardware stream
- * prefetchers follow poorly. */
+ * A Q4_K column's fields are read out of order, which the hardware stream prefetchers follow poorly (Q6_K's
+ * units are stored in read order: one forward stream, no software prefetch). */
 #define PKK_PREFETCH(b, col) \
     do { for (int o_ = 0; o_ < (col); o_ += 64) _mm_prefetch((const char *)(b) + 2 * (col) + o_, _MM_HINT_T0); } while (0)
 
@@ -165,13 +165,12 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_pack_ro
     for (int m = 0; m < 8; m++) accv[m] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const uint8_t *b = g + (size_t)i * PKK_Q6K_COL;
-        PKK_PREFETCH(b, PKK_Q6K_COL);
         __m256i sc[16];   /* sub-block scale, sign-extended, as an int16 pair per lane */
         for (int a = 0; a < 4; a++) {
-            const __m256i u = _mm256_loadu_si256((const __m256i *)(b + 1536 + 32 * a));
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * a));
             for (int j = 0; j < 4; j++) sc[4 * a + j] = _mm256_srai_epi16(_mm256_shuffle_epi8(u, pick16[j]), 8);
         }
-        const __m256 xd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 1664)));
+        const __m256 xd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
         const blk_q8_K *y[4];
         __m256i isum[4][2], lane[8];   /* two partial sums per token (by h): shorter dependency chains */
         for (int t = 0; t < NT; t++) {
@@ -194,9 +193,10 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6_K_pack_ro
         for (int c = 0; c < 8; c++) {
             __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
             for (int h = 0; h < 2; h++) {
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 32 * (16 * h + c)));
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 32 * (16 * h + 8 + c)));
-                const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 1024 + 32 * (8 * h + c)));
+                const uint8_t *u = b + 144 + 96 * (2 * c + h);
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)u);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(u + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(u + 64));
                 const __m256i q[4] = {
                     _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)),
                     _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)),

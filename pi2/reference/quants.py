@@ -343,20 +343,42 @@ PACK_FIELDS = {Q4_0: (2, 16), Q4_1: (2, 2, 16), Q5_0: (2, 4, 16), Q5_1: (2, 2, 4
 PACK_FIELDS_K = {Q4_K: (2, 2, 12, 128), Q6_K: (128, 64, 16, 2)}
 
 
+def _k_units(qtype: int) -> list[tuple[int, int]]:
+    """(byte offset in the plain block, bytes) of each unit of a K-quant block column, in packed order: Q4_K field
+    by field; Q6_K in its kernels' read order (d, scales, then per c in 0..7, h in 0..1: ql units 16h+c and
+    16h+8+c, qh unit 8h+c)."""
+    if qtype == Q6_K:
+        units = [(208, 2)] + [(192 + 4 * a, 4) for a in range(4)]
+        for c in range(8):
+            for h in range(2):
+                units += [(4 * (16 * h + c), 4), (4 * (16 * h + 8 + c), 4), (128 + 4 * (8 * h + c), 4)]
+        return units
+    units, off = [], 0
+    for f in PACK_FIELDS_K[qtype]:
+        u = 2 if f == 2 else 4
+        units += [(off + a * u, u) for a in range(f // u)]
+        off += f
+    return units
+
+
 def pack_rows(raw: np.ndarray, qtype: int) -> np.ndarray:
     """The x8 layout of raw (n_rows, row_bytes) blocks: per group of 8 rows and block column, each field of
     the 8 rows side by side (the C twin: pi2_repack_rows / pi2_pack_rows). Same shape and bytes, reordered.
-    Q4_K and Q6_K: a field longer than 2 bytes goes unit by unit, 4 bytes of each of the 8 rows per unit."""
-    k_quant = qtype in PACK_FIELDS_K
-    fields = PACK_FIELDS_K[qtype] if k_quant else PACK_FIELDS[qtype]
+    Q4_K and Q6_K: unit by unit (_k_units), 2 or 4 bytes of each of the 8 rows per unit."""
     n, rb = raw.shape
+    if qtype in PACK_FIELDS_K:
+        ts = sum(PACK_FIELDS_K[qtype])
+        g, cols = n // PACK_ROWS, rb // ts
+        blocks = raw.reshape(g, PACK_ROWS, cols, ts)                          # group, row, column, byte
+        parts = [blocks[..., a:a + u].transpose(0, 2, 1, 3).reshape(g, cols, -1) for a, u in _k_units(qtype)]
+        return np.concatenate(parts, axis=2).reshape(n, rb)
+    fields = PACK_FIELDS[qtype]
     ts = sum(fields)
     g, cols = n // PACK_ROWS, rb // ts
     blocks = raw.reshape(g, PACK_ROWS, cols, ts)                              # group, row, column, byte
     offs = np.cumsum((0,) + fields)
     parts = []
     for a, b in zip(offs[:-1], offs[1:]):
-        u = 4 if k_quant and b - a > 2 else b - a                              # bytes per unit
-        f = blocks[..., a:b].reshape(g, PACK_ROWS, cols, (b - a) // u, u)       # group, row, column, unit, byte
-        parts.append(f.transpose(0, 2, 3, 1, 4).reshape(g, cols, -1))          # group, column, unit, row, byte
+        f = blocks[..., a:b]                                                   # group, row, column, field
+        parts.append(f.transpose(0, 2, 1, 3).reshape(g, cols, -1))             # group, column, row, field
     return np.concatenate(parts, axis=2).reshape(n, rb)

@@ -36,7 +36,7 @@ struct pi2_moe {
 };
 
 /* Where expert e's rows of w are, and in which layout: the expert cache's copy while it streams (file layout), else
- * w's x8 copy from moe_pack.c (*x8 = 1) or the mapping (file layout: n_out rows of row_bytes). The one place an
+ * w's x8 copy from moe_pack.c (*x8 = 1; Q4_0 or Q4_K) or the mapping (file layout: n_out rows of row_bytes). The one place an
  * expert's bytes are found: each expert is read in the layout its pointer has; streamed experts are never repacked. */
 static inline const uint8_t *pi2_moe_expert_rows(const struct pi2_moe *moe, const pi2_weight *w, int32_t e, int *x8) {
     *x8 = 0;
@@ -84,9 +84,9 @@ void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, 
 /* xa row r = row r of x (n_rows rows of n values) in the format products with `type` read. */
 void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n);
 
-/* The in-memory Q4_0 experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are done, or
- * this CPU has no x8 kernel); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
-pi2_status pi2_moe_repack(pi2_model *m);
+/* The in-memory Q4_0 and Q4_K experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are
+ * done, or this CPU / table impl has no packed kernel for them); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
+pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
 
 /* ReGLU / SwiGLU as ggml computes them on a row of n: ggml_v_silu 16 at a time, libm expf for the n % 16 tail. */
 void pi2_moe_activate(float *g, const float *u, int64_t n, int32_t act);

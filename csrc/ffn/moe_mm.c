@@ -3,7 +3,9 @@
  * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
  * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
  * Q4_0 the repacked GEMV (experts copied at load into the x8 layout by moe_pack.c: its kernel, four rows of an
- * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q6_K experts the tiled kernel
+ * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q4_K experts repacked the same
+ * way the table's vec_dot_pack (vec_dot's order, eight rows per call, each 8-row group once for all of an expert's
+ * rows), in the file's layout vec_dot four rows at a time; Q6_K experts the tiled kernel
  * from 8 rows; every other type its vec_dot (pi2_matmul for dense weights, which picks the batch kernels as ggml
  * does). Threads split output rows only. */
 #include "ffn/moe.h"
@@ -138,6 +140,28 @@ static void expert_x8(const struct pi2_moe *moe, pi2_go_x8_fn x8, const pi2_weig
     }
 }
 
+/* Rows r0..r1 (whole 8-row groups) of a packed K-quant expert (Q4_K) for its cnt rows of the batch, each row in
+ * vec_dot's order: the table's packed kernel, or where this table has none (the reference table) each group
+ * unpacked once and its rows read by vec_dot. */
+static void expert_packed(const struct pi2_moe *moe, const pi2_type_traits *tr, const pi2_weight *w,
+                          const uint8_t *base, int64_t r0, int64_t r1, const int32_t *ids, int32_t cnt,
+                          int32_t by_token, float *out) {
+    uint8_t buf[PI2_PACK_ROWS * PI2_PACK_MAX_ROW_BYTES];
+    for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
+        const uint8_t *g = base + (size_t)r * w->row_bytes;
+        if (!tr->vec_dot_pack)
+            pi2_unpack_group(w->type, g, w->n_in / tr->block_size, buf, w->row_bytes);
+        for (int32_t i = 0; i < cnt; i++) {
+            const int32_t id = ids[i];
+            const uint8_t *xa = moe->xa + (size_t)(by_token ? id / moe->k : id) * moe->xa_row;
+            float *o = out + (size_t)id * w->n_out + r;
+            if (tr->vec_dot_pack) tr->vec_dot_pack(w->n_in, o, g, xa);
+            else
+                for (int q = 0; q < PI2_PACK_ROWS; q++) tr->vec_dot(w->n_in, &o[q], buf + (size_t)q * w->row_bytes, xa);
+        }
+    }
+}
+
 static void expert_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const expert_job *j = arg;
@@ -158,8 +182,12 @@ static void expert_task(void *arg, int32_t task, int32_t thread) {
         int x8;
         const uint8_t *base = pi2_moe_expert_rows(moe, w, e, &x8);
         float *out = j->out[m];
-        if (x8) {
+        if (x8 && w->type == PI2_T_Q4_0) {
             expert_x8(moe, j->x8, w, base, r0, r1, moe->list + first, cnt, j->by_token, out);
+            continue;
+        }
+        if (x8) {
+            expert_packed(moe, tr, w, base, r0, r1, moe->list + first, cnt, j->by_token, out);
             continue;
         }
         for (int32_t i = 0; i < cnt; i++) {

@@ -3,9 +3,9 @@
  * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
  * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
  * Q4_0 the repacked GEMV (experts copied at load into the x8 layout by moe_pack.c: its kernel, four rows of an
- * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q4_K experts repacked the same
- * way vec_dot's order on the packed groups (kernels/x86_pack_k_gemv_body.h: four of an expert's batch rows per pass
- * over an 8-row group), in the file's layout vec_dot four rows at a time; Q6_K experts the tiled kernel
+ * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q4_K and Q8_0 experts repacked
+ * the same way: vec_dot's order on the packed groups (Q4_K four of an expert's batch rows per pass over an 8-row
+ * group, kernels/x86_pack_k_gemv_body.h), in the file's layout vec_dot four rows at a time; Q6_K experts the tiled kernel
  * from 8 rows; every other type its vec_dot (pi2_matmul for dense weights, which picks the batch kernels as ggml
  * does). Threads split output rows only. */
 #include "ffn/moe.h"
@@ -140,7 +140,7 @@ static void expert_x8(const struct pi2_moe *moe, pi2_go_x8_fn x8, const pi2_weig
     }
 }
 
-/* Rows r0..r1 (whole 8-row groups) of a packed K-quant expert (Q4_K) for its cnt rows of the batch, each row in
+/* Rows r0..r1 (whole 8-row groups) of a packed Q4_K or Q8_0 expert for its cnt rows of the batch, each row in
  * vec_dot's order: up to PACK_N rows of the batch per pass over a group (pack_n; their activations copied side by
  * side), else the table's one-token packed kernel, or where this table has none (the reference table) each group
  * unpacked once and its rows read by vec_dot. */

@@ -53,6 +53,7 @@ static void prep_task(void *arg, int32_t r, int32_t thread) {
 
 void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n) {
     prep_job j = {c, x, n_rows, n, type};
+    c->moe->xa_row = pi2_moe_act_bytes(type, n);   /* tight rows: moe.c sized xa for the widest prep */
     if (n_rows == 1) prep_task(&j, 0, 0);
     else pi2_pool_run(c->pool, prep_task, &j, n_rows);
 }

@@ -95,7 +95,7 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
         m->packed_bytes += (int64_t)total;
     }
     if (ffn) {   /* a MoE model's experts, in their own layout's kernels */
-        const pi2_status s = pi2_moe_repack(m);
+        const pi2_status s = pi2_moe_repack(m, impl);
         if (s != PI2_OK) return s;
     }
     if (bytes) *bytes = m->packed_bytes;

@@ -137,3 +137,30 @@ def test_q4_0_experts_equal_reference(tmp_path, monkeypatch, arch):
             c = CContext(cm, 64, n_threads=threads)
             assert np.array_equal(c.decode(PROMPT, all_logits=True), want)
             assert np.array_equal(c.decode([5]), step)
+
+
+@pytest.mark.parametrize("arch, wtype", [("qwen3moe", "Q4_K_M"), ("olmoe", "Q4_K_M"), ("smallthinker", "Q4_K_M"),
+                                         ("qwen3moe", "Q8_0")])
+def test_packed_k_experts_equal_reference(tmp_path, arch, wtype):
+    """Q4_K_M experts (gate and up Q4_K, down Q4_K or Q6_K by layer) and Q8_0 experts copied into the x8 layout
+    (ffn/moe_pack.c): the packed GEMV equals the reference, batch and decode, -t 1 and -t 2; a context on the
+    reference table (not ggml's float order for every type) reads the packed groups unpacked, and one on the base
+    table runs its AVX2 packed kernels, each with the bits it has on the file's layout."""
+    m = load_model(write_moe(tmp_path / f"{arch}.{wtype}.gguf", arch, wtype))
+
+    def run(cm, threads, impl):
+        c = CContext(cm, 64, n_threads=threads, impl=impl)
+        return [c.decode(PROMPT, all_logits=True)] + [c.decode([t]) for t in (5, 300)]
+
+    ref = MoEContext(m, 64)
+    want = {"auto": [ref.decode(PROMPT, all_logits=True)] + [ref.decode([t]) for t in (5, 300)],
+            "ref": run(CModel.from_model(m), 2, "ref"), "base": run(CModel.from_model(m), 2, "base")}
+    dense_only = CModel.from_model(m).repack(ffn=False)
+    packed = CModel.from_model(m)
+    n_packed = packed.repack(ffn=True)
+    expert_bytes = sum(t.nbytes for n, t in m.file.tensors.items() if "_exps" in n and t.type_name in ("Q4_K", "Q8_0"))
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert expert_bytes and n_packed - dense_only >= expert_bytes   # the experts are in the copy
+    for threads, impl in ((1, "auto"), (2, "auto"), (2, "ref"), (2, "base")):   # base: the AVX2 kernels
+        for what, got, w in zip(("batch", "token 5", "token 300"), run(packed, threads, impl), want[impl]):
+            assert np.array_equal(got, w), f"{arch} {wtype} -t {threads} {impl}: {what}"

@@ -20,6 +20,16 @@
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+size_t pi2_moe_act_bytes(int32_t type, int64_t n) {
+    size_t b = (size_t)n * sizeof(float);
+    const pi2_type_traits *t = pi2_traits(type, PI2_K_IMPL_REF);
+    if (type != PI2_T_F32 && type != PI2_T_F16 && t && t->vec_dot_type != type) {
+        const pi2_type_traits *a = pi2_traits(t->vec_dot_type, PI2_K_IMPL_REF);
+        b = (size_t)((n + a->block_size - 1) / a->block_size) * (size_t)a->type_size;
+    }
+    return (b + 63) / 64 * 64;
+}
+
 typedef struct { void **ptr; size_t bytes; } moe_buffer;
 enum { N_MOE_BUFFERS = 15 };
 
@@ -29,14 +39,26 @@ static void moe_buffers(struct pi2_moe *moe, const pi2_model *m, const pi2_ctx_p
     const size_t k = (size_t)(hp->n_expert ? hp->n_expert_used : 1), X = (size_t)(hp->n_expert ? hp->n_expert : 1);
     const size_t F = (size_t)max64(max64(hp->n_ff_exp, hp->n_ff_shexp), hp->n_expert ? 0 : hp->n_ff);
     const size_t W = (size_t)max64(max64((int64_t)F, hp->n_embd), (int64_t)hp->n_head * max64(hp->head_dim, hp->head_dim_v));
-    moe->xa_row = (4 * W + 63) / 64 * 64;   /* floats, or fewer bytes of any quantized format */
+    /* xa: the widest prep of a step (its rows a tight stride each time, pi2_moe_act_bytes): a dense product's B rows
+     * as floats (an upper bound for every format), or gate and up's B rows, or down's B·k rows in their formats */
+    moe->xa_row = pi2_moe_act_bytes(PI2_T_F32, (int64_t)W);
+    size_t xa = B * moe->xa_row;
+    for (int32_t il = 0; il < hp->n_layer && hp->n_expert; il++) {
+        const pi2_layer *L = &m->layers[il];
+        const size_t gu = B * pi2_moe_act_bytes(L->gate_exps.type, hp->n_embd),
+                     up = B * pi2_moe_act_bytes(L->up_exps.type, hp->n_embd),
+                     dn = B * k * pi2_moe_act_bytes(L->down_exps.type, hp->n_ff_exp);
+        xa = xa > gu ? xa : gu;
+        xa = xa > up ? xa : up;
+        xa = xa > dn ? xa : dn;
+    }
     const moe_buffer list[N_MOE_BUFFERS] = {
         {(void **)&moe->logits, B * X * 4}, {(void **)&moe->probs, B * X * 4}, {(void **)&moe->sel, B * k * 4},
         {(void **)&moe->wts, B * k * 4}, {(void **)&moe->count, X * 4}, {(void **)&moe->start, (X + 1) * 4},
         {(void **)&moe->list, B * k * 4}, {(void **)&moe->active, X * 4}, {(void **)&moe->gate, B * k * F * 4},
         {(void **)&moe->up, B * k * F * 4}, {(void **)&moe->down, B * k * (size_t)hp->n_embd * 4},
         {(void **)&moe->sh, B * (size_t)hp->n_embd * 4}, {(void **)&moe->shg, B * 4},
-        {(void **)&moe->xa, B * k * moe->xa_row}, {(void **)&moe->routed, (size_t)hp->n_layer * X * 8}};
+        {(void **)&moe->xa, xa}, {(void **)&moe->routed, (size_t)hp->n_layer * X * 8}};
     memcpy(out, list, sizeof list);
 }
 

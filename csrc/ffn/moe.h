@@ -25,7 +25,7 @@ struct pi2_moe {
     float *down;         /* [B·k][n_embd] */
     float *sh;           /* [B][n_embd] the shared expert's output */
     float *shg;          /* [B] qwen2moe's shared-expert gate logit */
-    uint8_t *xa;         /* [B·k][xa_row] activations in the weights' formats */
+    uint8_t *xa;         /* activations in the weights' formats: the last pi2_moe_prep's rows, xa_row bytes apart */
     int64_t *routed;     /* [n_layer][X] rows routed to each expert since the context was made */
     size_t xa_row;
     /* streamed experts (ffn/moe_stream.c): while a layer's experts are computed from the expert cache, the bytes of
@@ -36,7 +36,7 @@ struct pi2_moe {
 };
 
 /* Where expert e's rows of w are, and in which layout: the expert cache's copy while it streams (file layout), else
- * w's x8 copy from moe_pack.c (*x8 = 1) or the mapping (file layout: n_out rows of row_bytes). The one place an
+ * w's x8 copy from moe_pack.c (*x8 = 1; Q4_0, Q4_K or Q8_0) or the mapping (file layout: n_out rows of row_bytes). The one place an
  * expert's bytes are found: each expert is read in the layout its pointer has; streamed experts are never repacked. */
 static inline const uint8_t *pi2_moe_expert_rows(const struct pi2_moe *moe, const pi2_weight *w, int32_t e, int *x8) {
     *x8 = 0;
@@ -81,12 +81,14 @@ pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, cons
 /* Expert products (ggml_mul_mat_id): for each active expert e and each row id i of its rows, out[i][r] = row r of
  * expert e of w · the activation of i (xa row i / k when by_token, else row i), n_w tensors alike (gate and up). */
 void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, int32_t n_w, int32_t by_token);
-/* xa row r = row r of x (n_rows rows of n values) in the format products with `type` read. */
+/* xa row r = row r of x (n_rows rows of n values) in the format products with `type` read; xa_row = its bytes. */
+/* Bytes of one such row (64-byte multiple): floats for F32 and F16 weights, else vec_dot_type blocks. */
+size_t pi2_moe_act_bytes(int32_t type, int64_t n);
 void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n);
 
-/* The in-memory Q4_0 experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are done, or
- * this CPU has no x8 kernel); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
-pi2_status pi2_moe_repack(pi2_model *m);
+/* The in-memory Q4_0, Q4_K and Q8_0 experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are
+ * done, or this CPU / table impl has no packed kernel for them); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
+pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
 
 /* ReGLU / SwiGLU as ggml computes them on a row of n: ggml_v_silu 16 at a time, libm expf for the n % 16 tail. */
 void pi2_moe_activate(float *g, const float *u, int64_t n, int32_t act);

@@ -133,6 +133,9 @@ pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl);
 /* The four-row one-token kernel of `type` in table `impl` (x86.c), NULL where there is none; kept like
  * pi2_kernels_dot4x2. */
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl);
+/* vec_dot_pack's order (each token's result bit for bit vec_dot_pack's) on up to four tokens per pass over a packed
+ * group: s[t·s_stride + r], tokens x_q + t·x_stride; NULL where there is none (x86.c: Q4_K). */
+pi2_vec_dot_pack4_fn pi2_kernels_dot_pack_n(int32_t type, int32_t impl);
 /* The grouped row sums (axpy.c): the reference for every weight type, and the AVX2 kernels (install
  * only on a CPU where pi2_kernels_install_x86 found AVX2; a no-op off x86-64). */
 void pi2_kernels_fill_axpy_ref(pi2_type_traits *tab);

@@ -24,6 +24,7 @@ static int32_t pk_prefetch;
 #include "x86_tile_body.h"
 #include "x86_pack_body.h"
 #include "x86_pack_k_body.h"
+#include "x86_pack_k_gemv_body.h"
 #undef X86_TARGET
 #undef X86_FN
 #undef X86_VNNI
@@ -36,6 +37,7 @@ static int32_t pk_prefetch;
 #include "x86_rows_body.h"
 #include "x86_pack_body.h"
 #include "x86_pack_k_body.h"
+#include "x86_pack_k_gemv_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
@@ -79,6 +81,14 @@ static pi2_vec_dot_rows4_fn dot_rows4[2][PI2_T_COUNT];
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
     return dot_rows4[impl == PI2_K_IMPL_AUTO][type];
+}
+
+/* [allow_ext][type]: the packed one-token order on up to four tokens (x86_pack_k_gemv_body.h), filled like dot4x2. */
+static pi2_vec_dot_pack4_fn dot_pack_n[2][PI2_T_COUNT];
+
+pi2_vec_dot_pack4_fn pi2_kernels_dot_pack_n(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return dot_pack_n[impl == PI2_K_IMPL_AUTO][type];
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
@@ -191,6 +201,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_Q6_K, vnni ? q6_K_vec_dot512_vnni : q6_K_vec_dot_avx2, NULL, vnni ? "avx512vnni" : "avx2");
     dot_rows4[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_vec_dot_rows4_vnni : NULL;
+    dot_pack_n[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_dot_pack_n_vnni : q4_K_dot_pack_n_avx2;
     t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
     /* The batch kernels' int sums fuse madd and add into vpdpwssd with VNNI (same exact ints). */
@@ -221,6 +232,11 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
 }
 
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot_pack4_fn pi2_kernels_dot_pack_n(int32_t type, int32_t impl) {
     (void)type; (void)impl;
     return NULL;
 }

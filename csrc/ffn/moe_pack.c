@@ -73,7 +73,9 @@ pi2_status pi2_moe_repack(pi2_model *m, int32_t impl) {
             if (!sz) continue;
             pi2_pack_rows(w[i]->type, w[i]->data, X * w[i]->n_out,
                           w[i]->n_in / pi2_traits(w[i]->type, PI2_K_IMPL_REF)->block_size, arena + off);
-            release_pages(w[i]->data, sz);
+            if (!m->in_memory)      /* file pages only: a context on the file layout (another kernel table) would
+                                     * read zeros from released anonymous memory */
+                release_pages(w[i]->data, sz);
             w[i]->packed = arena + off;
             off += sz;
         }

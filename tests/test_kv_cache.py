@@ -62,13 +62,13 @@ def test_c_equals_reference_bit_for_bit(tmp_path_factory, arch, threads):
         assert np.array_equal(ref.decode([t]), c.decode([t]))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_context_shift_with_quantized_keys(tmp_path_factory, arch):
+@pytest.mark.parametrize("arch,qtype", [("llama", Q8_0), ("gemma3", Q8_0), ("llama", 2), ("llama", 7)])
+def test_context_shift_with_quantized_keys(tmp_path_factory, arch, qtype):
     """A full context shifts as llama.cpp does on a quantized cache (dequantize, rotate back, RoPE, rotate, quantize):
-    C equals the reference after several shifts."""
+    C equals the reference after several shifts (Q8_0, and Q4_0 / Q5_1 keys)."""
     m, cm = model(tmp_path_factory, arch)
-    ref = ReferenceContext(m, 24, ctx_shift=True, n_keep=3, type_k=Q8_0)
-    c = CContext(cm, 24, 2, ctx_shift=True, n_keep=3, type_k=Q8_0)
+    ref = ReferenceContext(m, 24, ctx_shift=True, n_keep=3, type_k=qtype)
+    c = CContext(cm, 24, 2, ctx_shift=True, n_keep=3, type_k=qtype)
     assert np.array_equal(ref.decode(PROMPT), c.decode(PROMPT))
     for i in range(20):
         t = (7 * i + 1) % 400

@@ -11,9 +11,11 @@ import pytest
 import pi2
 from clirun import assert_error, cli
 from fixtures import TEXT, write_model
+from pi2.model.loader import load_model
 from pi2.runtime import bench
 from pi2.runtime import session as session_mod
 from servefix import LiveServer
+from test_no_mmap import scribble
 
 
 @pytest.fixture(scope="module")
@@ -28,15 +30,6 @@ def text(tmp_path_factory):
     return p
 
 
-def scribble(path):
-    """Zero attn_output of layer 0 in place (same file, same inode)."""
-    from pi2.model.loader import load_model
-    t = load_model(path).file.tensors["blk.0.attn_output.weight"]
-    with open(path, "r+b") as f:
-        f.seek(t.offset)
-        f.write(bytes(t.nbytes))
-
-
 def test_api_no_mmap_reads_the_model(path, tmp_path):
     p = tmp_path / "copy.gguf"
     shutil.copy(path, p)
@@ -47,7 +40,7 @@ def test_api_no_mmap_reads_the_model(path, tmp_path):
     want = logits(mem)
     assert np.array_equal(logits(mapped), want)
     assert mem.generate(ids, max_tokens=8, temp=0).text == mapped.generate(ids, max_tokens=8, temp=0).text
-    scribble(p)
+    scribble(p, load_model(p))
     assert np.array_equal(logits(mem), want)            # the weights were read at load
     assert not np.array_equal(logits(mapped), want)     # a mapping sees the file as it is now
 

@@ -6,6 +6,8 @@ Owns: the options of load() and generate() as keywords (RunConfig's and SamplerP
 OpenAI-style aliases temperature / max_tokens), sequences (a context with its prompt cache: each prompt reuses the
 longest token prefix it shares with what the context holds), stop strings, and usage counts.
 Does not: plan, decode or sample (pi2/runtime/: plan_run, open_session, generate_steps, Sampler).
+Over 400 lines: Model, Sequence and Stream share the busy lock and the prompt cache's state; the chat messages'
+handling is the part that can move out next.
 """
 from __future__ import annotations
 

@@ -3,7 +3,9 @@
  * top k of libstdc++'s std::sort on the expert indices (so tied scores fall as llama.cpp leaves them), the weights
  * (normalised in double with ggml's clamp, scaled), each selected expert's SwiGLU/ReGLU FFN with the step's rows
  * grouped by expert (moe_mm.c), the weighted sum in slot order, and the shared expert; and qwen3's dense FFN.
- * Also the context's MoE buffers. Every result is computed the same way whichever thread computes it. */
+ * Also the context's MoE buffers. Every result is computed the same way whichever thread computes it.
+ * Over 400 lines: the routing and the grouped expert products share the step's buffers and their layout (moe.h);
+ * the buffers' sizing moving to a file of its own is the next split. */
 #include "ffn/moe.h"
 #include "internal.h"
 #include "kernels/ggml_order.h"

@@ -1,6 +1,8 @@
 """commands.py — the library functions behind each CLI command: they open what the command needs through the
 runtime and decide what is printed where: generated text on stdout (or one JSON object), diagnostics, notes and
 timings on stderr; `plan`, `tokenize`, `info`, `devices`, `profile-io` and `bench` print their results on stdout.
+Over 400 lines: run, interactive and chat share RunOptions and _open_api; those three moving to a module of their
+own is the next split.
 """
 from __future__ import annotations
 

@@ -309,10 +309,14 @@ def bench(
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, hf: Optional[str] = HfOpt, verbose: bool = VerboseOpt,
     repack: bool = typer.Option(True, "--repack/--no-repack", help="repack weights at load for the packed kernels "
                                 "(as llama-bench --repack 1; results are the same bits either way)"),
+    expert_profile: bool = typer.Option(True, "--expert-profile/--no-expert-profile",
+                                        help="a MoE file whose experts stream: learn its hot experts while running "
+                                             "(--no-expert-profile: a plain LRU); bench never adds its routing to "
+                                             "the routing profile, so each run starts as the last did"),
 ):
     """Measure prompt and generation speed like llama-bench (same method, tables and JSON fields)."""
     cfg = RunConfig(keep=keep, dense=dense, predictor=use_predictor, memory_budget=memory_budget, io=io, npu=npu,
-                    nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack)
+                    nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, repack=repack, expert_profile=expert_profile)
     hf_model = [_model_path(None, None, hf)] if hf else []
     _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
                       engine, warmup=not no_warmup, progress=progress, run=cfg, type_k=type_k, type_v=type_v,

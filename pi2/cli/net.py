@@ -52,6 +52,10 @@ def serve(
                                     "--keep)"),
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, no_mmap: bool = NoMmapOpt,
     load_mode: Optional[str] = LoadModeOpt, verbose: bool = VerboseOpt,
+    expert_profile: bool = typer.Option(True, "--expert-profile/--no-expert-profile",
+                                        help="a MoE file whose experts stream: learn its hot experts while serving "
+                                             "and add the slots' routing to its routing profile at shutdown (the "
+                                             "next run starts with them resident)"),
 ):
     """Serve a model over HTTP, OpenAI-compatible (like llama-server): /v1/chat/completions, /v1/completions,
     /v1/models, /health, /tokenize, /detokenize."""
@@ -73,7 +77,7 @@ def serve(
                stream_interval_ms=stream_interval,
                n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, no_mmap=no_mmap,
-               ctx_shift=ctx_shift, n_keep=keep_tokens,
+               ctx_shift=ctx_shift, n_keep=keep_tokens, expert_profile=expert_profile,
                temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                repeat_last_n=repeat_last_n)
 

@@ -112,16 +112,18 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     return Session(model, p, ctx, p.npu, cache)
 
 
-def keep_routing(session: Session) -> Path | None:
+def keep_routing(*sessions: Session) -> Path | None:
     """At the end of a run whose MoE experts streamed (unless --no-expert-profile): add its routing to the file's
     routing profile, so the next run's plan starts with the hot experts this one learned; the profile's path, or None
-    (not such a run, or too short to say much: pi2/plan/experts.add_to_profile). A profile that cannot be written is
-    a note on stderr and the old one stays whole."""
-    if getattr(session.cache, "kind", "") != "experts" or not session.plan.cfg.expert_profile \
-            or not isinstance(session.ctx, CContext):
+    (not such a run, or too short to say much: pi2/plan/experts.add_to_profile). Several sessions of one model (pi2
+    serve's slots) add their routing together, once. A profile that cannot be written is a note on stderr and the
+    old one stays whole."""
+    kept = [s for s in sessions if getattr(s.cache, "kind", "") == "experts" and s.plan.cfg.expert_profile
+            and isinstance(s.ctx, CContext)]
+    if not kept:
         return None
     try:
-        path, _tokens = add_to_profile(session.model, session.ctx.expert_counts)
+        path, _tokens = add_to_profile(kept[0].model, sum(s.ctx.expert_counts for s in kept))
     except OSError as e:
         print(f"pi2: note: the routing profile was not saved: {e}", file=sys.stderr)
         return None

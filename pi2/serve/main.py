@@ -1,5 +1,6 @@
 """main.py — serve(): pi2 serve's process: the listening socket (one-line errors for a port in use or an unknown
-host), the model opened with pi2.load, its slots (slots.py) and endpoints (app.py) run by uvicorn until Ctrl-C.
+host), the model opened with pi2.load, its slots (slots.py) and endpoints (app.py) run by uvicorn until Ctrl-C;
+at shutdown the routing of experts streamed from a MoE file goes to its routing profile (as `pi2 run`'s).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import uvicorn
 
 from pi2.api import load
 from pi2.errors import Pi2Error, UsageError
+from pi2.runtime.session import keep_routing
 from pi2.serve.app import Server
 from pi2.serve.slots import Slots
 
@@ -74,6 +76,7 @@ def serve(model_path, *, host: str = "127.0.0.1", port: int = 8080, api_key: Opt
             uvicorn.Server(config).run(sockets=[sock])
         finally:
             slots.stop()
+            keep_routing(*(s.seq.session for s in slots.slots))   # streamed experts: routing kept, as pi2 run does
     finally:
         sock.close()
     raise KeyboardInterrupt     # uvicorn returns after SIGINT / SIGTERM: the CLI's exit 130

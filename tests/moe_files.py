@@ -224,8 +224,9 @@ def _encode(a: np.ndarray, t: str):
     return quantize(a, QT[t]), QT[t]
 
 
-def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, drop=(), alter=None, **spec) -> Path:
-    """Write the synthetic `arch` model as `wtype` (F32, F16, Q8_0, Q4_K_M) and return its path. For damaged-file
+def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, drop=(), alter=None, exp_type=None, **spec) -> Path:
+    """Write the synthetic `arch` model as `wtype` (F32, F16, Q8_0, Q4_K_M) and return its path; exp_type (e.g.
+    "Q4_0", the benchmark files' type) overrides the routed experts' type. For damaged-file
     tests: `drop` leaves tensors out, `alter` maps a tensor name to a function of its array, `k`/`n_expert` set the
     keys (the tensors follow n_expert), `gating` sets smallthinker's gating key (None: no key)."""
     if arch not in SPECS:
@@ -240,6 +241,7 @@ def write_moe(path, arch: str, wtype: str = "F32", seed: int = 0, drop=(), alter
         tensors[name] = np.ascontiguousarray(fn(tensors[name]), np.float32)
     names = tensor_order(tensors)
     types = quantized_type(wtype, names, {n: a.shape for n, a in tensors.items()}, s["n_layer"], s["n_expert"])
+    types.update({n: exp_type for n in names if exp_type and n.endswith("_exps.weight")})
     path = Path(path)
     w = GGUFWriter(str(path), arch)
     _keys(w, arch, wtype, tensors["token_embd.weight"].shape[1], s)

@@ -88,7 +88,7 @@ def test_c_engine_runs_moe_by_default(d):
     ref = cli("run", path, "-p", "hi", "-n", "4", "--temp", "0", "--engine", "reference", timeout=120)
     r = cli("run", path, "-p", "hi", "-n", "4", "--temp", "0", timeout=120)       # auto: the C engine, no note
     assert r.code == 0 and "note" not in r.err and r.out == ref.out
-    assert_error(cli("run", path, "-p", "hi", "-n", "1", "--keep", "0.5"), 2, r"--keep and --dense do not apply")
+    assert_error(cli("run", path, "-p", "hi", "-n", "1", "--keep", "0.5"), 2, r"--keep does not apply")
 
 
 @pytest.mark.parametrize("quant,qtype,tol", [(quantize_q4_k, Q4_K, 0.08), (quantize_q5_k, Q5_K, 0.04),

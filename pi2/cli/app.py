@@ -52,7 +52,8 @@ ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as th
 KeepOpt = typer.Option(None, "--keep", help="pi2's own: model-wide mean fraction of FFN neurons computed per token "
                        "(default: the pi2 file's, else 1.0 = dense); not llama.cpp's --keep N, which is pi2's "
                        "--keep-tokens N", show_default=False)
-DenseOpt = typer.Option(RUN.dense, "--dense", help="compute every FFN neuron (no sparsity)")
+DenseOpt = typer.Option(RUN.dense, "--dense", help="compute every FFN neuron (no sparsity; ReLU experts: up rows of "
+                        "closed gates too)")
 NpuOpt = typer.Option(RUN.npu, "--npu", envvar="PI2_NPU", help="NNAPI for dense prompt batches (plain files) or "
                       "decode's hot prefix (pi2 files): auto (only with a GPU/accelerator device and, for pi2 files, "
                       "a predicted gain) | nnapi (any NNAPI device) | off")

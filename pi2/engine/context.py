@@ -94,7 +94,8 @@ class CContext:
 
     def set_ffn(self, spec) -> None:
         """Compute FFN layers by `spec` (a sparse.FFNRule); zeroes the statistics."""
-        if spec.rule not in self._RULES or (spec.rule == "relu" and self.cfg.ffn_act not in ("relu", "drelu")):
+        relu = self.cfg.ffn_act in ("relu", "drelu") or (self.cfg.moe_family and self.cfg.expert_act == "relu")
+        if spec.rule not in self._RULES or (spec.rule == "relu" and not relu):
             raise UnsupportedError(f"the C engine has no '{spec.rule}' FFN rule for this model yet")
         predicted = spec.rule == "predicted"
         zeros = np.zeros(self.cfg.n_layer)

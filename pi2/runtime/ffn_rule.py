@@ -66,6 +66,8 @@ def choose_rule(model, keep: float | None = None, dense: bool = False, has_pred:
         has_pred = all(f"blk.{il}.fc1.weight" in model.file.tensors and f"blk.{il}.fc2.weight" in model.file.tensors
                        for il in range(cfg.n_layer))
     relu = cfg.ffn_act in ("relu", "drelu")
+    if cfg.moe_family:   # ReLU experts skip the up rows of closed gates (csrc/ffn/moe_relu.c: the same logits)
+        return FFNRule("relu" if cfg.expert_act == "relu" and not dense else "dense", None, threshold, score)
     if keep is None:
         keep = float(kv.get("pi2.ffn.default_keep", 1.0)) if cfg.pi2 and not relu else None
     r = FFNRule("dense", keep, threshold, score)

@@ -115,8 +115,9 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     prefix; `pi2 plan` prints what this returns."""
     n_ctx = resolve_ctx(model, cfg.n_ctx, cfg.type_k)
     gap = c_engine_gap(model) if is_sparse_run(model, cfg) or model.config.moe_family else ""
-    if model.config.moe_family and (cfg.keep is not None or cfg.dense):
-        raise UsageError(f"--keep and --dense do not apply to {model.config.arch} models (experts are computed whole)")
+    if model.config.moe_family and cfg.keep is not None:
+        raise UsageError(f"--keep does not apply to {model.config.arch} models (experts are computed whole; --dense: "
+                         f"ReLU experts compute the up rows of closed gates too)")
     if cfg.engine == "c" and gap:
         raise UsageError(f"{gap}: the C engine cannot run it", hint="use --engine reference (or auto)")
     engine = "reference" if cfg.engine == "reference" or gap else "c"

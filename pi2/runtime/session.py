@@ -104,7 +104,8 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     npu.attach(ctx, p.npu)      # first: whether the NPU took the hot prefix decides the cache split in force
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu
     if p.cfg.repack:    # attention and output (the FFN too when every neuron is computed in memory) in the packed
-        repacked = p.cmodel.repack(ffn=p.rule.rule == "dense" and cache is None)   # kernels' layout; same bits
+        ffn = (p.rule.rule == "dense" or model.config.moe_family) and cache is None   # MoE: experts whole or by neuron
+        repacked = p.cmodel.repack(ffn=ffn)   # the packed kernels' layout; same bits
         if cache is not None:
             cache.repacked = repacked      # the copies replace their mapped pages: the fixed region is unchanged
     if cache is not None:

@@ -379,7 +379,7 @@ pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
         if (s) return s;
     } else {
         /* gate and up of every (token, slot) by its expert, then the activation, then down */
-        if (pi2_moe_relu_ok(c, L)) {   /* ReLU experts: up rows of the neurons a gate opened (moe_relu.c) */
+        if (pi2_moe_relu_ok(c, L, n)) {   /* ReLU experts: up rows of the neurons a gate opened (moe_relu.c) */
             pi2_moe_relu_gate_up(c, L, il, n);
         } else if (L->gate_exps.type == L->up_exps.type) {
             pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);

@@ -90,10 +90,12 @@ void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int6
  * done, or this CPU / table impl has no packed kernel for them); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
 pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
 
-/* moe_relu.c: under the FFN rule PI2_FFN_RELU, ReLU experts whose up rows can be computed one neuron at a time (Q4_0,
- * F32, F16): gate for every row routed to an expert, up only for the neurons some routed row has gate > 0 for (the
- * others are never read by the activation), into moe->gate / moe->up; the dense products' bits. */
-int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L);
+/* moe_relu.c: under the FFN rule PI2_FFN_RELU, a single token's ReLU experts whose up rows can be computed one neuron
+ * at a time (Q4_0, F32, F16): gate for every row routed to an expert, up only for the neurons some routed row has
+ * gate > 0 for (the others are never read by the activation), into moe->gate / moe->up; the dense products' bits. A
+ * batch's experts are computed whole (n > 1: the union of its tokens' open neurons is nearly every row, and the
+ * dense kernels pass over an expert's rows once for four tokens). */
+int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L, int32_t n);
 void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 
 /* ReGLU / SwiGLU as ggml computes them on a row of n: ggml_v_silu 16 at a time, libm expf for the n % 16 tail. */

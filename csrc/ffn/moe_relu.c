@@ -1,6 +1,6 @@
 /* moe_relu.c — ReLU-family experts (smallthinker's ReGLU) with the gate first, under the context's FFN rule
- * PI2_FFN_RELU: gate rows are computed for every neuron; the up row of neuron r of expert e only when some row routed
- * to e has gate_r > 0, since h_r = gate_r > 0 ? gate_r·up_r : 0 (pi2_moe_activate) never reads up_r otherwise. Each
+ * PI2_FFN_RELU, for single tokens: gate rows are computed for every neuron; the up row of neuron r of expert e only
+ * when the token routed to e has gate_r > 0, since h_r = gate_r > 0 ? gate_r·up_r : 0 (pi2_moe_activate) never reads up_r otherwise. Each
  * computed up row has the bits the dense product gives it: Q4_0 the x8 GEMV's per-row arithmetic (exact integer block
  * sums, then acc = (float)(isum·(d_w·d_x) + acc) in double) on eight gathered rows of the packed or the file layout,
  * F32 / F16 ggml_vec_dot per row; so the logits are the dense experts' for any thread count. Other up types (and
@@ -19,25 +19,27 @@ enum { ROWS_PER_TASK = 64 };   /* as pi2_moe_experts: whole 8-row groups */
 enum { UP_Q4_0, UP_F32, UP_F16, UP_DENSE };
 
 static int up_kind(const pi2_weight *w) {
-    if (w->type == PI2_T_Q4_0 && w->n_out % 8 == 0) return UP_Q4_0;
+    if (w->type == PI2_T_Q4_0 && w->n_out % 8 == 0 && w->n_in / 32 <= PI2_X8_MAX_BLOCKS) return UP_Q4_0;
     if (w->type == PI2_T_F32) return UP_F32;
     if (w->type == PI2_T_F16) return UP_F16;
     return UP_DENSE;
 }
 
-int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L) {
-    return c->ffn.rule == PI2_FFN_RELU && c->m->hp.expert_act == PI2_ACT_RELU && c->ffn_active &&
+int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L, int32_t n) {
+    return n == 1 && c->ffn.rule == PI2_FFN_RELU && c->m->hp.expert_act == PI2_ACT_RELU && c->ffn_active &&
            up_kind(&L->up_exps) != UP_DENSE;
 }
 
 /* ---------------------------------------------------------------- Q4_0 rows, eight at a time */
 
-/* Row q of the eight: its block b's scale at dp[q] + b·bs, its 16 bytes of nibbles at qp[q] + b·bs. */
+/* Row q of the eight: its block b's scale at dp[q] + b·bs, its 16 bytes of nibbles at qp[q] + b·bs; ys[b] = 8·Σ of
+ * block b's activations (the nibbles' offset). */
 typedef void (*gather8_fn)(int64_t n, const uint8_t *const *dp, const uint8_t *const *qp, size_t bs,
-                           const blk_q8_0 *x, float *s);
+                           const blk_q8_0 *x, const int32_t *ys, float *s);
 
 static void gather8_scalar(int64_t n, const uint8_t *const *dp, const uint8_t *const *qp, size_t bs,
-                           const blk_q8_0 *x, float *s) {
+                           const blk_q8_0 *x, const int32_t *ys, float *s) {
+    (void)ys;
     for (int q = 0; q < 8; q++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < n / 32; b++) {
@@ -59,15 +61,13 @@ static void gather8_scalar(int64_t n, const uint8_t *const *dp, const uint8_t *c
 /* kernels/ggml_x8_body.h for one activation row, the eight rows' bytes gathered instead of one packed group's. */
 __attribute__((target("avx2,fma,f16c"))) static void gather8_avx2(int64_t n, const uint8_t *const *dp,
                                                                   const uint8_t *const *qp, size_t bs,
-                                                                  const blk_q8_0 *x, float *s) {
+                                                                  const blk_q8_0 *x, const int32_t *ys, float *s) {
     const __m256i m4 = _mm256_set1_epi8(0xF), ones = _mm256_set1_epi16(1);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
     for (int64_t b = 0; b < n / 32; b++) {
         const size_t off = (size_t)b * bs;
         const blk_q8_0 *xb = x + b;
-        int32_t ysum = 0;
-        for (int i = 0; i < 32; i++) ysum += xb->qs[i];
         const __m256i ylo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb->qs));
         const __m256i yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb->qs + 16)));
         __m256i a[4];
@@ -79,7 +79,7 @@ __attribute__((target("avx2,fma,f16c"))) static void gather8_avx2(int64_t n, con
         }
         const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
         const __m256i tot = _mm256_permutevar8x32_epi32(h, order);   /* rows 0..7 */
-        const __m256 isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(tot, _mm256_set1_epi32(8 * ysum)));
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(tot, _mm256_set1_epi32(ys[b])));
         pi2_fp16 d[8];
         for (int q = 0; q < 8; q++) memcpy(&d[q], dp[q] + off, sizeof d[q]);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
@@ -115,13 +115,38 @@ typedef struct {
     const pi2_weight *w;
     int32_t kind, tasks_per_expert;
     gather8_fn gather8;
+    pi2_go_x8_fn x8;            /* the dense kernels of whole groups: packed layout */
+    pi2_go_rows8_fn rows8;      /* file layout */
     _Atomic int64_t active;
 } up_job;
 
-/* Rows rows[0..n_rows) of expert e (base, x8: packed layout) for activation xa into o. */
-static void q4_0_rows(const up_job *j, const uint8_t *base, int x8, const int32_t *rows, int32_t n_rows,
-                      const blk_q8_0 *xa, float *o) {
+/* Q4_0 rows r0..r1 of expert e (base, x8: packed layout) for activation xa into o: open[g] says which 8-row groups
+ * have an open neuron, rows[0..n_rows) are those neurons. Either each open group whole by the dense kernel (x8 on the
+ * packed layout, rows8 on the file's: one contiguous stream) or the open rows gathered eight at a time (eight
+ * streams, GATHER_COST times a group's work): whichever costs less. */
+enum { GATHER_COST = 2 };
+
+static void q4_0_rows(const up_job *j, const uint8_t *base, int x8, int64_t r0, int64_t r1, const uint8_t *open,
+                      const int32_t *rows, int32_t n_rows, const blk_q8_0 *xa, const int32_t *ys, float *o) {
     const pi2_weight *w = j->w;
+    int32_t n_open = 0;
+    for (int64_t g = r0 / 8; g < (r1 + 7) / 8; g++) n_open += open[g - r0 / 8];
+    if (GATHER_COST * ((n_rows + 7) / 8) >= n_open && (x8 ? j->x8 != NULL : j->rows8 != NULL)) {
+        for (int64_t g = r0 / 8; g < (r1 + 7) / 8; g++) {
+            if (!open[g - r0 / 8]) continue;
+            int64_t run = 1;   /* consecutive open groups: one call */
+            while (g + run < (r1 + 7) / 8 && open[g + run - r0 / 8]) run++;
+            if (x8) {
+                float *out = o + 8 * g;
+                j->x8(w->n_in, base + (size_t)g * 8 * w->row_bytes, run, 1, &xa, &out);
+            } else {
+                for (int64_t q = g; q < g + run; q++)
+                    j->rows8(w->n_in, o + 8 * q, base + (size_t)q * 8 * w->row_bytes, w->row_bytes, xa);
+            }
+            g += run - 1;
+        }
+        return;
+    }
     for (int32_t s = 0; s < n_rows; s += 8) {
         const uint8_t *dp[8], *qp[8];
         for (int q = 0; q < 8; q++) {
@@ -136,7 +161,7 @@ static void q4_0_rows(const up_job *j, const uint8_t *base, int x8, const int32_
             }
         }
         float out[8];
-        j->gather8(w->n_in, dp, qp, x8 ? 8 * sizeof(blk_q4_0) : sizeof(blk_q4_0), xa, out);
+        j->gather8(w->n_in, dp, qp, x8 ? 8 * sizeof(blk_q4_0) : sizeof(blk_q4_0), xa, ys, out);
         for (int32_t q = 0; q < 8 && s + q < n_rows; q++) o[rows[s + q]] = out[q];
     }
 }
@@ -152,12 +177,13 @@ static void up_task(void *arg, int32_t task, int32_t thread) {
     const int64_t r0 = (int64_t)(task % j->tasks_per_expert) * ROWS_PER_TASK;
     const int64_t r1 = r0 + ROWS_PER_TASK < F ? r0 + ROWS_PER_TASK : F;
     int32_t rows[ROWS_PER_TASK], n_rows = 0;
+    uint8_t open[ROWS_PER_TASK / 8] = {0};
     int64_t active = 0;
     for (int64_t r = r0; r < r1; r++) {
         int any = 0;
         for (int32_t i = 0; i < cnt; i++)
             if (moe->gate[(size_t)ids[i] * F + r] > 0.0f) any = 1, active++;
-        if (any) rows[n_rows++] = (int32_t)r;
+        if (any) rows[n_rows++] = (int32_t)r, open[(r - r0) / 8] = 1;
     }
     atomic_fetch_add_explicit(&j->active, active, memory_order_relaxed);
     if (!n_rows) return;
@@ -167,7 +193,14 @@ static void up_task(void *arg, int32_t task, int32_t thread) {
         const uint8_t *xa = moe->xa + (size_t)(ids[i] / moe->k) * moe->xa_row;
         float *o = moe->up + (size_t)ids[i] * F;
         if (j->kind == UP_Q4_0) {
-            q4_0_rows(j, base, x8, rows, n_rows, (const blk_q8_0 *)xa, o);
+            const blk_q8_0 *x = (const blk_q8_0 *)xa;
+            int32_t ys[PI2_X8_MAX_BLOCKS];
+            for (int64_t b = 0; b < w->n_in / 32; b++) {
+                int32_t sum = 0;
+                for (int q = 0; q < 32; q++) sum += x[b].qs[q];
+                ys[b] = 8 * sum;
+            }
+            q4_0_rows(j, base, x8, r0, r1, open, rows, n_rows, x, ys, o);
             continue;
         }
         for (int32_t q = 0; q < n_rows; q++) {
@@ -185,7 +218,8 @@ void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps}, (float *[]){moe->gate}, 1, 1);
     if (L->up_exps.type != L->gate_exps.type) pi2_moe_prep(c, L->up_exps.type, c->xn, n, E);
     up_job j = {c, &L->up_exps, up_kind(&L->up_exps),
-                (int32_t)((L->up_exps.n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK), pick_gather8(c->p.impl), 0};
+                (int32_t)((L->up_exps.n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK), pick_gather8(c->p.impl),
+                pi2_go_q4_0_x8(), pi2_go_q4_0_rows8(), 0};
     pi2_pool_run(c->pool, up_task, &j, moe->n_active * j.tasks_per_expert);
     c->ffn_active[il] += atomic_load(&j.active);
     if (il == 0) c->ffn_tokens += n;

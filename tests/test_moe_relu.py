@@ -6,6 +6,8 @@ and single tokens, 1, 2 and 3 threads; the active share is counted; `pi2 run` co
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from clirun import cli
@@ -90,5 +92,11 @@ def test_cli_relu_experts_by_default(tmp_path_factory):
     sparse, dense = cli("run", *args), cli("run", *args, "--dense")
     assert sparse.code == 0 and dense.code == 0, sparse.err + dense.err
     assert sparse.out == dense.out and sparse.out
+    verbose = cli("run", *args, "--verbose")
+    assert verbose.out == sparse.out and "neurons active per token" in verbose.err
+    assert "neurons active" not in cli("run", *args, "--dense", "--verbose").err
+    bench = cli("bench", str(path), "-p", "0", "-n", "8", "-r", "1", "-t", "1", "-o", "json")
+    assert bench.code == 0, bench.err
+    assert 0.4 < json.loads(bench.out)[0]["pi2_expert_neurons_active"] < 0.6
     res = cli("run", *args, "--keep", "0.5")
     assert res.code == 2 and "--keep does not apply" in res.err

@@ -113,12 +113,39 @@ static gather8_fn pick_gather8(int32_t impl) {
 typedef struct {
     pi2_ctx *c;
     const pi2_weight *w;
+    const pi2_weight *gate;     /* gate computed in the same task, before its up rows (NULL: computed already) */
     int32_t kind, tasks_per_expert;
     gather8_fn gather8;
     pi2_go_x8_fn x8;            /* the dense kernels of whole groups: packed layout */
     pi2_go_rows8_fn rows8;      /* file layout */
     _Atomic int64_t active;
 } up_job;
+
+/* Rows r0..r1 of an expert of w (base, x8: packed layout; w of an up kind) for activation xa into o, by the kernels
+ * pi2_moe_experts runs for one token: Q4_0 x8 on the packed layout, else rows8, rows4, then single rows. */
+static void dense_rows(const up_job *j, const pi2_weight *w, const uint8_t *base, int x8, int64_t r0, int64_t r1,
+                       const uint8_t *xa, float *o) {
+    if (w->type == PI2_T_Q4_0) {
+        const blk_q8_0 *x = (const blk_q8_0 *)xa;
+        if (x8) {
+            float *out = o + r0;
+            j->x8(w->n_in, base + (size_t)r0 * w->row_bytes, (r1 - r0) / 8, 1, &x, &out);
+            return;
+        }
+        int64_t r = r0;
+        if (j->rows8)
+            for (; r + 8 <= r1; r += 8) j->rows8(w->n_in, &o[r], base + (size_t)r * w->row_bytes, w->row_bytes, x);
+        for (; r + 4 <= r1; r += 4)
+            pi2_go_dot_q4_0_rows4(w->n_in, &o[r], base + (size_t)r * w->row_bytes, w->row_bytes, x);
+        for (; r < r1; r++) o[r] = pi2_go_dot_q4_0(w->n_in, (const blk_q4_0 *)(base + (size_t)r * w->row_bytes), x);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = base + (size_t)r * w->row_bytes;
+        o[r] = w->type == PI2_T_F32 ? pi2_go_dot_f32(w->n_in, (const float *)row, (const float *)xa)
+                                    : pi2_go_dot_f16(w->n_in, (const pi2_fp16 *)row, (const float *)xa);
+    }
+}
 
 /* Q4_0 rows r0..r1 of expert e (base, x8: packed layout) for activation xa into o: open[g] says which 8-row groups
  * have an open neuron, rows[0..n_rows) are those neurons. Either each open group whole by the dense kernel (x8 on the
@@ -127,25 +154,26 @@ typedef struct {
 enum { GATHER_COST = 2 };
 
 static void q4_0_rows(const up_job *j, const uint8_t *base, int x8, int64_t r0, int64_t r1, const uint8_t *open,
-                      const int32_t *rows, int32_t n_rows, const blk_q8_0 *xa, const int32_t *ys, float *o) {
+                      const int32_t *rows, int32_t n_rows, const blk_q8_0 *xa, float *o) {
     const pi2_weight *w = j->w;
     int32_t n_open = 0;
     for (int64_t g = r0 / 8; g < (r1 + 7) / 8; g++) n_open += open[g - r0 / 8];
-    if (GATHER_COST * ((n_rows + 7) / 8) >= n_open && (x8 ? j->x8 != NULL : j->rows8 != NULL)) {
+    if (GATHER_COST * ((n_rows + 7) / 8) >= n_open) {
         for (int64_t g = r0 / 8; g < (r1 + 7) / 8; g++) {
             if (!open[g - r0 / 8]) continue;
             int64_t run = 1;   /* consecutive open groups: one call */
             while (g + run < (r1 + 7) / 8 && open[g + run - r0 / 8]) run++;
-            if (x8) {
-                float *out = o + 8 * g;
-                j->x8(w->n_in, base + (size_t)g * 8 * w->row_bytes, run, 1, &xa, &out);
-            } else {
-                for (int64_t q = g; q < g + run; q++)
-                    j->rows8(w->n_in, o + 8 * q, base + (size_t)q * 8 * w->row_bytes, w->row_bytes, xa);
-            }
+            const int64_t a = 8 * g, b = 8 * (g + run) < r1 ? 8 * (g + run) : r1;
+            dense_rows(j, w, base, x8, a, b, (const uint8_t *)xa, o);
             g += run - 1;
         }
         return;
+    }
+    int32_t ys[PI2_X8_MAX_BLOCKS];   /* 8·Σ of each block's activations: the nibbles' offset */
+    for (int64_t b = 0; b < w->n_in / 32; b++) {
+        int32_t sum = 0;
+        for (int q = 0; q < 32; q++) sum += xa[b].qs[q];
+        ys[b] = 8 * sum;
     }
     for (int32_t s = 0; s < n_rows; s += 8) {
         const uint8_t *dp[8], *qp[8];
@@ -179,6 +207,13 @@ static void up_task(void *arg, int32_t task, int32_t thread) {
     int32_t rows[ROWS_PER_TASK], n_rows = 0;
     uint8_t open[ROWS_PER_TASK / 8] = {0};
     int64_t active = 0;
+    if (j->gate) {   /* this task's gate rows first: the same kernels as the dense experts' */
+        int x8g;
+        const uint8_t *gb = pi2_moe_expert_rows(moe, j->gate, e, &x8g);
+        for (int32_t i = 0; i < cnt; i++)
+            dense_rows(j, j->gate, gb, x8g, r0, r1, moe->xa + (size_t)(ids[i] / moe->k) * moe->xa_row,
+                       moe->gate + (size_t)ids[i] * F);
+    }
     for (int64_t r = r0; r < r1; r++) {
         int any = 0;
         for (int32_t i = 0; i < cnt; i++)
@@ -193,14 +228,7 @@ static void up_task(void *arg, int32_t task, int32_t thread) {
         const uint8_t *xa = moe->xa + (size_t)(ids[i] / moe->k) * moe->xa_row;
         float *o = moe->up + (size_t)ids[i] * F;
         if (j->kind == UP_Q4_0) {
-            const blk_q8_0 *x = (const blk_q8_0 *)xa;
-            int32_t ys[PI2_X8_MAX_BLOCKS];
-            for (int64_t b = 0; b < w->n_in / 32; b++) {
-                int32_t sum = 0;
-                for (int q = 0; q < 32; q++) sum += x[b].qs[q];
-                ys[b] = 8 * sum;
-            }
-            q4_0_rows(j, base, x8, r0, r1, open, rows, n_rows, x, ys, o);
+            q4_0_rows(j, base, x8, r0, r1, open, rows, n_rows, (const blk_q8_0 *)xa, o);
             continue;
         }
         for (int32_t q = 0; q < n_rows; q++) {
@@ -214,10 +242,15 @@ static void up_task(void *arg, int32_t task, int32_t thread) {
 void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     struct pi2_moe *moe = c->moe;
     const int64_t E = c->m->hp.n_embd;
+    /* gate and up of one type: each task computes its gate rows, then the up rows they opened (one pass, as the
+     * dense experts); else every gate first */
+    const int fused = L->gate_exps.type == L->up_exps.type;
     pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);
-    pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps}, (float *[]){moe->gate}, 1, 1);
-    if (L->up_exps.type != L->gate_exps.type) pi2_moe_prep(c, L->up_exps.type, c->xn, n, E);
-    up_job j = {c, &L->up_exps, up_kind(&L->up_exps),
+    if (!fused) {
+        pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps}, (float *[]){moe->gate}, 1, 1);
+        pi2_moe_prep(c, L->up_exps.type, c->xn, n, E);
+    }
+    up_job j = {c, &L->up_exps, fused ? &L->gate_exps : NULL, up_kind(&L->up_exps),
                 (int32_t)((L->up_exps.n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK), pick_gather8(c->p.impl),
                 pi2_go_q4_0_x8(), pi2_go_q4_0_rows8(), 0};
     pi2_pool_run(c->pool, up_task, &j, moe->n_active * j.tasks_per_expert);

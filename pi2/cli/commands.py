@@ -206,6 +206,10 @@ def verbose_report(session) -> None:
     """--verbose: why NNAPI was not used, and a streamed run's neuron cache (its plan and figures, the peak RSS)."""
     for line in session.notes():
         print(f"pi2: npu: {line}", file=sys.stderr)
+    share = session.ctx.expert_neurons_active() if hasattr(session.ctx, "expert_neurons_active") else None
+    if share is not None:   # ReLU experts: the up rows of closed gates were skipped
+        print(f"pi2: experts: {share:.1%} of the routed experts' neurons active per token (up rows of the others "
+              f"skipped)", file=sys.stderr)
     plan = session.cache
     if plan is None:
         return

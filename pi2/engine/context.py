@@ -156,10 +156,22 @@ class CContext:
             c, model = self.cfg, self.cmodel.model
             if not c.n_expert:
                 return {}
+            share = self.expert_neurons_active()
             return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
                     "ffn_bytes_per_token": ffn_bytes_per_token(model), "active_bytes_per_token": active_params(model)[1],
+                    **({"expert_neurons_active": round(share, 4)} if share is not None else {}),
                     **self.stream_stats()}
         return {**self._ffn_stats(), **self.stream_stats()}
+
+    def expert_neurons_active(self) -> float | None:
+        """ReLU experts under the relu rule (csrc/ffn/moe_relu.c): the share of a single token's routed experts'
+        neurons whose gate opened (their up rows computed) since set_ffn, over the layers before the last (a prompt's
+        last layer computes one row like a single token); None when nothing was counted."""
+        c = self.cfg
+        tokens, active = self.ffn_counts()
+        if not (c.moe_family and c.n_expert and tokens and c.n_layer > 1):
+            return None
+        return float(active[:-1].sum() / (tokens * (c.n_layer - 1) * c.n_expert_used * c.n_ff_exp))
 
     def stream_stats(self) -> dict:
         """Streamed contexts: cache_hit_rate (needed bundle clusters found hot or cached), cold_hit_rate, flash bytes

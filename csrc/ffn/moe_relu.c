@@ -1,12 +1,14 @@
 /* moe_relu.c — ReLU-family experts (smallthinker's ReGLU) with the gate first, under the context's FFN rule
- * PI2_FFN_RELU, for single tokens: gate rows are computed for every neuron; the up row of neuron r of expert e only
- * when the token routed to e has gate_r > 0, since h_r = gate_r > 0 ? gate_r·up_r : 0 (pi2_moe_activate) never reads up_r otherwise. Each
- * computed up row has the bits the dense product gives it: Q4_0 the x8 GEMV's per-row arithmetic (exact integer block
- * sums, then acc = (float)(isum·(d_w·d_x) + acc) in double) on eight gathered rows of the packed or the file layout,
- * F32 / F16 ggml_vec_dot per row; so the logits are the dense experts' for any thread count. Other up types (and
- * Q4_0 with rows not in whole 8-row groups) compute every row. Down reads h whole: a zero inside a quantized block of
- * its input still counts in the block's scale, and only a block of all zeros adds exactly nothing; random and trained
- * neuron orders leave almost none (a hot-first neuron order would: the next step).
+ * PI2_FFN_RELU, for single tokens: gate rows are computed for every neuron, the up row of neuron r of expert e only
+ * when the token routed to e has gate_r > 0, since h_r = gate_r > 0 ? gate_r·up_r : 0 (pi2_moe_activate) never
+ * reads up_r otherwise. Each task (64 rows of one expert) computes its gate rows with the dense experts' kernels,
+ * then the up rows they opened: its open 8-row groups whole by the dense kernel, or its open rows gathered eight at
+ * a time when that costs less. Every computed row has the bits the dense product gives it: Q4_0 the x8 GEMV's
+ * per-row arithmetic (exact integer block sums, then acc = (float)(isum·(d_w·d_x) + acc) in double) on eight
+ * gathered rows of the packed or the file layout, F32 / F16 ggml_vec_dot per row; so the logits are the dense
+ * experts' for any thread count. Other up types (and Q4_0 not in whole 8-row groups) compute every row. Down reads
+ * h whole: a zero inside a quantized block of its input still counts in the block's scale, and only a block of all
+ * zeros adds exactly nothing; random and trained neuron orders leave almost none (a hot-first order would).
  * Counts: ffn_active[il] += the (routed row, neuron) pairs with gate > 0, ffn_tokens += tokens (layer 0). */
 #include "ffn/moe.h"
 #include "kernels/ggml_order.h"
@@ -72,7 +74,8 @@ __attribute__((target("avx2,fma,f16c"))) static void gather8_avx2(int64_t n, con
         const __m256i yhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb->qs + 16)));
         __m256i a[4];
         for (int p = 0; p < 4; p++) {
-            const __m256i q = _mm256_loadu2_m128i((const __m128i *)(qp[2 * p + 1] + off), (const __m128i *)(qp[2 * p] + off));
+            const __m256i q = _mm256_loadu2_m128i((const __m128i *)(qp[2 * p + 1] + off),
+                                                  (const __m128i *)(qp[2 * p] + off));
             const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             a[p] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), ones),
                                     _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), ones));

@@ -99,8 +99,7 @@ __attribute__((target("avx2,fma,f16c"))) static void gather8_avx2(int64_t n, con
 }
 
 static gather8_fn pick_gather8(int32_t impl) {
-    if (impl != PI2_IMPL_REF && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    if (impl != PI2_IMPL_REF && pi2_go_q4_0_x8())   /* the x8 kernels' CPU: AVX2, FMA and F16C */
         return gather8_avx2;
     return gather8_scalar;
 }

@@ -5,6 +5,8 @@ conversation's second turn against its first (a ~1,500-token conversation: the p
 new turn). Starts its own server on 127.0.0.1 and a free port; run it under /work/bin/quiet-style isolation.
 
     python3 scripts/serve_figures.py MODEL [-t 2] [-n 128] [--rounds 3] [--conv-tokens 1500]
+
+--conv-tokens 0 skips the conversation (streaming figures only).
 """
 from __future__ import annotations
 
@@ -96,21 +98,26 @@ def main():
             _, dt, n, usage, _ = stream(port, "/v1/completions", {**body, "prompt": body["prompt"] + f" {_}"})
             rates.append((usage["completion_tokens"] - 1) / dt)
             tg.append(bench_tg(a.model, a.threads, a.n))
-        msgs = conversation(a.conv_tokens)
-        ttft1, _, _, u1, reply = stream(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 32, "seed": 2})
-        msgs2 = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And in a word?"}]
-        ttft2, _, _, u2, _ = stream(port, "/v1/chat/completions", {"messages": msgs2, "max_tokens": 8, "seed": 3})
+        if a.conv_tokens > 0:
+            msgs = conversation(a.conv_tokens)
+            ttft1, _, _, u1, reply = stream(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 32,
+                                                                           "seed": 2})
+            msgs2 = msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And in a word?"}]
+            ttft2, _, _, u2, _ = stream(port, "/v1/chat/completions", {"messages": msgs2, "max_tokens": 8,
+                                                                       "seed": 3})
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     stream_ts, tg_ts = statistics.median(rates), statistics.median(tg)
-    print(json.dumps({"model": os.path.basename(a.model), "threads": a.threads, "n": a.n, "temp": a.temp,
-                      "stream_tokens_per_s": [round(r, 2) for r in rates], "bench_tg_tokens_per_s":
-                      [round(r, 2) for r in tg], "ratio_median": round(stream_ts / tg_ts, 3),
-                      "conversation_prompt_tokens": u1["prompt_tokens"], "ttft_first_turn_s": round(ttft1, 3),
-                      "second_turn_prompt_tokens": u2["prompt_tokens"],
-                      "second_turn_cached_tokens": u2["prompt_tokens_details"]["cached_tokens"],
-                      "ttft_second_turn_s": round(ttft2, 3), "ttft_ratio": round(ttft1 / ttft2, 1)}, indent=1))
+    out = {"model": os.path.basename(a.model), "threads": a.threads, "n": a.n, "temp": a.temp,
+           "stream_tokens_per_s": [round(r, 2) for r in rates], "bench_tg_tokens_per_s": [round(r, 2) for r in tg],
+           "ratio_median": round(stream_ts / tg_ts, 3)}
+    if a.conv_tokens > 0:
+        out.update({"conversation_prompt_tokens": u1["prompt_tokens"], "ttft_first_turn_s": round(ttft1, 3),
+                    "second_turn_prompt_tokens": u2["prompt_tokens"],
+                    "second_turn_cached_tokens": u2["prompt_tokens_details"]["cached_tokens"],
+                    "ttft_second_turn_s": round(ttft2, 3), "ttft_ratio": round(ttft1 / ttft2, 1)})
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

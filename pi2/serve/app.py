@@ -33,6 +33,22 @@ def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
+def api_error(e: BaseException, param: Optional[str] = None) -> ApiError:
+    """The OpenAI-style error a failure is answered with: a prompt the context cannot hold 400
+    context_length_exceeded, other usage errors 400, a full queue 503, any other failure 500."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, ContextFullError):
+        return bad(str(e), param, "context_length_exceeded")
+    if isinstance(e, UsageError):
+        return bad(str(e), param)
+    if isinstance(e, QueueFull):
+        return ApiError(503, str(e), "server_error", "server_busy")
+    if isinstance(e, Pi2Error):
+        return ApiError(500, str(e), "server_error")
+    return ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+
 def _sse(obj) -> str:
     return "data: " + (obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)) + "\n\n"
 
@@ -99,16 +115,10 @@ class Server:
             try:
                 self._auth(request)
                 return await handler(self, request)
-            except ApiError as e:
-                return error_response(e)
             except ContextFullError as e:
-                return error_response(bad(str(e), "messages", "context_length_exceeded"))
-            except UsageError as e:
-                return error_response(bad(str(e)))
-            except QueueFull as e:
-                return error_response(ApiError(503, str(e), "server_error", "server_busy"))
-            except Pi2Error as e:
-                return error_response(ApiError(500, str(e), "server_error"))
+                return error_response(api_error(e, "messages" if handler.__name__ == "chat" else "prompt"))
+            except (ApiError, Pi2Error) as e:
+                return error_response(api_error(e))
         return run
 
     # -- endpoints ----------------------------------------------------------------------------------------
@@ -173,8 +183,11 @@ class Server:
         job = Job(tokens, req.max_tokens, req.sampling, q.put, stop=req.stop, ignore_eos=req.ignore_eos)
         self.slots.submit(job)
         rid, name = new_id(chat), self.model.name
-        if req.stream:
-            return StreamingResponse(self._events(req, job, q, rid, name), media_type="text/event-stream",
+        if req.stream:      # as llama-server: a failure before the first piece is a plain error response
+            first = await self._first(request, job, q)
+            if first is None:
+                return JSONResponse({}, status_code=499)
+            return StreamingResponse(self._events(req, job, q, rid, name, first), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._collect(request, req, job, q, rid, name)
 
@@ -190,36 +203,55 @@ class Server:
             raise bad(f"token ids must be in [0, {m.n_vocab})", "prompt")
         return list(req.prompt)
 
-    async def _collect(self, request: Request, req: GenRequest, job: Job, q: Channel, rid: str, name: str):
-        """A non-streamed answer; a client that goes away meanwhile cancels the job."""
+    async def _wait(self, request: Request, job: Job, q: Channel) -> Optional[list]:
+        """The job's next events (None: the client went away meanwhile, and the job is cancelled)."""
         try:
             while True:
                 try:
-                    events = await asyncio.wait_for(q.get(), 0.5)
+                    return await asyncio.wait_for(q.get(), 0.5)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
                         self.slots.cancel(job)
-                        return JSONResponse({}, status_code=499)
-                    continue
-                for kind, v in events:
-                    if kind == "done":
-                        return JSONResponse(completion_body(req, rid, name, v))
-                    if kind == "error":
-                        raise v
+                        return None
         except asyncio.CancelledError:
             self.slots.cancel(job)
             raise
 
-    async def _events(self, req: GenRequest, job: Job, q: Channel, rid: str, name: str):
-        """Server-sent events: a chunk per piece of text, the finish reason, usage (stream_options), [DONE]. The
-        pieces that arrived since the last write (while the loop was busy, or within stream_interval) go out in
-        one write."""
+    async def _first(self, request: Request, job: Job, q: Channel) -> Optional[list]:
+        """A stream's first events, once its slot has started it (None: the client went away). A failure before
+        any piece (a prompt the context cannot hold even after a shift, an engine error in the prompt) is raised:
+        the request gets an error response with its status, not a stream (llama-server and OpenAI do so)."""
+        events = await self._wait(request, job, q)
+        if events and events[0][0] == "error":
+            raise events[0][1]
+        return events
+
+    async def _collect(self, request: Request, req: GenRequest, job: Job, q: Channel, rid: str, name: str):
+        """A non-streamed answer; a client that goes away meanwhile cancels the job."""
+        while True:
+            events = await self._wait(request, job, q)
+            if events is None:
+                return JSONResponse({}, status_code=499)
+            for kind, v in events:
+                if kind == "done":
+                    return JSONResponse(completion_body(req, rid, name, v))
+                if kind == "error":
+                    raise v
+
+    async def _events(self, req: GenRequest, job: Job, q: Channel, rid: str, name: str, events: list):
+        """Server-sent events, from `events` (the first ones, already taken) on: a chunk per piece of text, the
+        finish reason ("length" also when the context filled up without --context-shift, as llama-server says),
+        usage (stream_options), [DONE]. A failure after the first piece (an engine error) is an error object event
+        that ends the stream without [DONE], as llama-server sends it. The pieces that arrived since the last write
+        (while the loop was busy, or within stream_interval) go out in one write."""
         finished, first, pause = False, True, 0.0
         text = TextFrames(chunk_body(req, rid, name, TextFrames.mark()))
         try:
             while True:
                 out = []
-                for kind, v in await q.get(pause):
+                if events is None:
+                    events = await q.get(pause)
+                for kind, v in events:
                     if kind == "piece":
                         if first and req.chat:
                             out.append(_sse(chunk_body(req, rid, name, v.text, first=True)))
@@ -237,10 +269,10 @@ class Server:
                         return
                     else:
                         finished = True
-                        err = v if isinstance(v, ApiError) else ApiError(500, str(v), "server_error")
-                        out.append(_sse(err.body()))
+                        out.append(_sse(api_error(v, "messages" if req.chat else "prompt").body()))
                         yield "".join(out)
                         return
+                events = None
                 if out:
                     yield "".join(out)
                     pause = self.stream_interval     # the next pieces gather meanwhile: one write, one wake-up

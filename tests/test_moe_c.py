@@ -158,9 +158,49 @@ def test_packed_k_experts_equal_reference(tmp_path, arch, wtype):
     dense_only = CModel.from_model(m).repack(ffn=False)
     packed = CModel.from_model(m)
     n_packed = packed.repack(ffn=True)
-    expert_bytes = sum(t.nbytes for n, t in m.file.tensors.items() if "_exps" in n and t.type_name in ("Q4_K", "Q8_0"))
+    expert_bytes = sum(t.nbytes for n, t in m.file.tensors.items()
+                       if "_exps" in n and t.type_name in ("Q4_K", "Q6_K", "Q8_0"))
     if platform.machine() in ("x86_64", "AMD64"):
         assert expert_bytes and n_packed - dense_only >= expert_bytes   # the experts are in the copy
     for threads, impl in ((1, "auto"), (2, "auto"), (2, "ref"), (2, "base")):   # base: the AVX2 kernels
         for what, got, w in zip(("batch", "token 5", "token 300"), run(packed, threads, impl), want[impl]):
             assert np.array_equal(got, w), f"{arch} {wtype} -t {threads} {impl}: {what}"
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "smallthinker"])
+def test_packed_q6_k_down_experts_equal_reference(tmp_path, monkeypatch, arch):
+    """Q4_K_M experts with every layer's down experts Q6_K (llama-quantize gives Q6_K to some layers' down) copied
+    into the x8 layout: an expert's rows of a batch in vec_dot's order below 8 rows and the tiled order from 8 (the
+    prompt routes both to some expert of every layer), decode in vec_dot's, -t 1 and -t 2, on the auto, base and
+    reference tables (the reference table reads the packed groups unpacked)."""
+    import moe_files
+    plain = moe_files.quantized_type
+
+    def q6_down(wtype, names, shapes, n_layer, n_expert):
+        t = plain(wtype, names, shapes, n_layer, n_expert)
+        return {n: "Q6_K" if "ffn_down_exps" in n else v for n, v in t.items()}
+    monkeypatch.setattr(moe_files, "quantized_type", q6_down)
+    m = load_model(write_moe(tmp_path / f"{arch}.Q6_K-down.gguf", arch, "Q4_K_M"))
+    assert {t.type_name for n, t in m.file.tensors.items() if "ffn_down_exps" in n} == {"Q6_K"}
+    prompt = (PROMPT * 2)[:36]
+
+    def run(cm, threads, impl):
+        c = CContext(cm, 64, n_threads=threads, impl=impl)
+        out = [c.decode(prompt, all_logits=True)]
+        rows = c.expert_counts
+        assert all((r >= 8).any() and ((r > 1) & (r < 8)).any() for r in rows), rows   # both orders in each layer
+        return out + [c.decode([t]) for t in (5, 300)]
+
+    ref = MoEContext(m, 64)
+    want = {"auto": [ref.decode(prompt, all_logits=True)] + [ref.decode([t]) for t in (5, 300)],
+            "ref": run(CModel.from_model(m), 2, "ref"), "base": run(CModel.from_model(m), 2, "base")}
+    dense_only = CModel.from_model(m).repack(ffn=False)
+    packed = CModel.from_model(m)
+    n_packed = packed.repack(ffn=True)
+    down = sum(t.nbytes for n, t in m.file.tensors.items() if "ffn_down_exps" in n)
+    gate_up = sum(t.nbytes for n, t in m.file.tensors.items() if "_exps" in n and "down" not in n)
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert n_packed - dense_only >= down + gate_up   # the Q6_K down experts are in the copy
+    for threads, impl in ((1, "auto"), (2, "auto"), (1, "base"), (2, "ref")):
+        for what, got, w in zip(("batch", "token 5", "token 300"), run(packed, threads, impl), want[impl]):
+            assert np.array_equal(got, w), f"{arch} Q6_K down -t {threads} {impl}: {what}"

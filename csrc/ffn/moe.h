@@ -36,7 +36,7 @@ struct pi2_moe {
 };
 
 /* Where expert e's rows of w are, and in which layout: the expert cache's copy while it streams (file layout), else
- * w's x8 copy from moe_pack.c (*x8 = 1; Q4_0, Q4_K or Q8_0) or the mapping (file layout: n_out rows of row_bytes). The one place an
+ * w's x8 copy from moe_pack.c (*x8 = 1; Q4_0, Q4_K, Q6_K or Q8_0) or the mapping (file layout: n_out rows of row_bytes). The one place an
  * expert's bytes are found: each expert is read in the layout its pointer has; streamed experts are never repacked. */
 static inline const uint8_t *pi2_moe_expert_rows(const struct pi2_moe *moe, const pi2_weight *w, int32_t e, int *x8) {
     *x8 = 0;
@@ -86,7 +86,7 @@ void pi2_moe_experts(pi2_ctx *c, const pi2_weight *const *w, float *const *out, 
 size_t pi2_moe_act_bytes(int32_t type, int64_t n);
 void pi2_moe_prep(pi2_ctx *c, int32_t type, const float *x, int32_t n_rows, int64_t n);
 
-/* The in-memory Q4_0, Q4_K and Q8_0 experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are
+/* The in-memory Q4_0, Q4_K, Q6_K and Q8_0 experts of m copied into the x8 layout (moe_pack.c; a no-op when m has none, they are
  * done, or this CPU / table impl has no packed kernel for them); their bytes go into m->packed_bytes. PI2_ERR_NOMEM. */
 pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
 

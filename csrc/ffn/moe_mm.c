@@ -3,11 +3,11 @@
  * pi2_moe_experts, each expert's rows read once per step for all the rows routed to it.
  * Kernels: F32/F16 ggml_vec_dot for one token and every expert row, tinyBLAS for batches (kernels/ggml_order.c);
  * Q4_0 the repacked GEMV (experts copied at load into the x8 layout by moe_pack.c: its kernel, four rows of an
- * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q4_K and Q8_0 experts repacked
- * the same way: vec_dot's order on the packed groups (Q4_K four of an expert's batch rows per pass over an 8-row
- * group, kernels/x86_pack_k_gemv_body.h), in the file's layout vec_dot four rows at a time; Q6_K experts the tiled kernel
- * from 8 rows; every other type its vec_dot (pi2_matmul for dense weights, which picks the batch kernels as ggml
- * does). Threads split output rows only. */
+ * expert's batch per pass; experts in the file's layout: eight plain rows at a time); Q4_K, Q6_K and Q8_0 experts
+ * repacked the same way: vec_dot's order on the packed groups (Q4_K four of an expert's batch rows per pass over an
+ * 8-row group, kernels/x86_pack_k_gemv_body.h), in the file's layout vec_dot four rows at a time; Q6_K experts the
+ * tiled kernel from 8 rows (packed: four rows per pass); every other type its vec_dot (pi2_matmul for dense
+ * weights, which picks the batch kernels as ggml does). Threads split output rows only. */
 #include "ffn/moe.h"
 #include "kernels/ggml_order.h"
 #include "kernels/ggml_x8.h"
@@ -141,10 +141,12 @@ static void expert_x8(const struct pi2_moe *moe, pi2_go_x8_fn x8, const pi2_weig
     }
 }
 
-/* Rows r0..r1 (whole 8-row groups) of a packed Q4_K or Q8_0 expert for its cnt rows of the batch, each row in
- * vec_dot's order: up to PACK_N rows of the batch per pass over a group (pack_n; their activations copied side by
- * side), else the table's one-token packed kernel, or where this table has none (the reference table) each group
- * unpacked once and its rows read by vec_dot. */
+/* Rows r0..r1 (whole 8-row groups) of a packed Q4_K, Q6_K or Q8_0 expert for its cnt rows of the batch, each row
+ * in the order ggml's mul_mat_id gives it: Q6_K from 8 rows the tiled order (`batch`, pi2_uses_batch_dot: up to
+ * four rows per pass by the table's vec_dot_pack_batch), else vec_dot's order; Q4_K up to PACK_N rows of the batch
+ * per pass over a group (pack_n); else the table's one-token packed kernel. Rows computed PACK_N at a time have
+ * their activations copied side by side. Where the table has no packed kernel (the reference table) each group is
+ * unpacked once and its rows read by vec_dot (or vec_dot_batch). */
 enum { PACK_N = 4, PACK_N_ACT = PI2_PACK_MAX_ROW_BYTES / sizeof(blk_q4_K) * sizeof(blk_q8_K) };
 
 static void expert_packed(const struct pi2_moe *moe, const pi2_type_traits *tr, pi2_vec_dot_pack4_fn pack_n,
@@ -153,29 +155,32 @@ static void expert_packed(const struct pi2_moe *moe, const pi2_type_traits *tr, 
 #define XA(id) (moe->xa + (size_t)(by_token ? (id) / moe->k : (id)) * moe->xa_row)
     const pi2_type_traits *a = pi2_traits(tr->vec_dot_type, PI2_K_IMPL_REF);
     const size_t xr = (size_t)(w->n_in / a->block_size) * (size_t)a->type_size;
-    if (pack_n && cnt > 1 && xr <= PACK_N_ACT) {
+    const int batch = w->type != PI2_T_Q4_K && pi2_uses_batch_dot(tr, cnt, 0);   /* Q4_K: the GEMV only */
+    const pi2_vec_dot_pack4_fn n_fn = batch ? tr->vec_dot_pack_batch : pack_n;
+    if (n_fn && cnt > 1 && xr <= PACK_N_ACT) {
         uint8_t xs[PACK_N * PACK_N_ACT];
         float s[PACK_N][PI2_PACK_ROWS];
         for (int32_t i = 0; i < cnt; i += PACK_N) {
             const int32_t nt = cnt - i < PACK_N ? cnt - i : PACK_N;
             for (int32_t t = 0; t < nt; t++) memcpy(xs + (size_t)t * xr, XA(ids[i + t]), xr);
             for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
-                pack_n(w->n_in, &s[0][0], PI2_PACK_ROWS, base + (size_t)r * w->row_bytes, xs, xr, nt);
+                n_fn(w->n_in, &s[0][0], PI2_PACK_ROWS, base + (size_t)r * w->row_bytes, xs, xr, nt);
                 for (int32_t t = 0; t < nt; t++) memcpy(out + (size_t)ids[i + t] * w->n_out + r, s[t], sizeof s[t]);
             }
         }
         return;
     }
+    const pi2_vec_dot_fn dot = batch ? tr->vec_dot_batch : tr->vec_dot;
+    const pi2_vec_dot_pack_fn one = batch ? NULL : tr->vec_dot_pack;
     uint8_t buf[PI2_PACK_ROWS * PI2_PACK_MAX_ROW_BYTES];
     for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
         const uint8_t *g = base + (size_t)r * w->row_bytes;
-        if (!tr->vec_dot_pack)
-            pi2_unpack_group(w->type, g, w->n_in / tr->block_size, buf, w->row_bytes);
+        if (!one) pi2_unpack_group(w->type, g, w->n_in / tr->block_size, buf, w->row_bytes);
         for (int32_t i = 0; i < cnt; i++) {
             float *o = out + (size_t)ids[i] * w->n_out + r;
-            if (tr->vec_dot_pack) tr->vec_dot_pack(w->n_in, o, g, XA(ids[i]));
+            if (one) one(w->n_in, o, g, XA(ids[i]));
             else
-                for (int q = 0; q < PI2_PACK_ROWS; q++) tr->vec_dot(w->n_in, &o[q], buf + (size_t)q * w->row_bytes, XA(ids[i]));
+                for (int q = 0; q < PI2_PACK_ROWS; q++) dot(w->n_in, &o[q], buf + (size_t)q * w->row_bytes, XA(ids[i]));
         }
     }
 #undef XA

@@ -1,9 +1,10 @@
-/* moe_pack.c — pi2_moe_repack: a Mixture-of-Experts model's in-memory Q4_0, Q4_K and Q8_0 experts copied once into
- * the x8 layout (kernels/pack.h) that the packed kernels stream, with the same bits as the plain rows' product: Q4_0
- * for the x8 kernels (kernels/ggml_x8.c), Q4_K and Q8_0 for the table's vec_dot_pack (vec_dot's order: the GEMV
- * ggml's repacked q4_K_8x8 runs on each expert's rows one token at a time; Q8_0's plain vec_dot).
+/* moe_pack.c — pi2_moe_repack: a Mixture-of-Experts model's in-memory Q4_0, Q4_K, Q6_K and Q8_0 experts copied once
+ * into the x8 layout (kernels/pack.h) that the packed kernels stream, with the same bits as the plain rows' product:
+ * Q4_0 for the x8 kernels (kernels/ggml_x8.c), Q4_K, Q6_K and Q8_0 for the table's vec_dot_pack (vec_dot's order:
+ * the GEMV ggml's repacked q4_K_8x8 runs on each expert's rows one token at a time; Q6_K's vec_dot, and its tiled
+ * order by vec_dot_pack_batch for an expert's 8+ rows of a batch; Q8_0's plain vec_dot).
  * Does: choose the expert tensors (whole 8-row groups, tight rows; Q4_0: n_in ≤ 32·PI2_X8_MAX_BLOCKS and an x8
- *       kernel on this CPU; Q4_K, Q8_0: a packed kernel in table `impl`), copy them into one 2 MiB-aligned block (huge
+ *       kernel on this CPU; Q4_K, Q6_K, Q8_0: a packed kernel in table `impl`), copy them into one 2 MiB-aligned block (huge
  *       pages where the kernel allows them),
  *       point each tensor's `packed` at its copy, and release each tensor's mapped pages right after its copy (the
  *       peak stays near one copy of the experts, not two).
@@ -31,11 +32,12 @@ static size_t packable_q4_0(const pi2_weight *w, int64_t n_expert) {
     return (size_t)n_expert * (size_t)w->n_out * w->row_bytes;
 }
 
-/* The same for Q4_K and Q8_0 with a packed one-token kernel in table impl (moe_mm.c unpacks a group where a
+/* The same for Q4_K, Q6_K and Q8_0 with a packed one-token kernel in table impl (moe_mm.c unpacks a group where a
  * context's table has none, so the rows stay within PI2_PACK_MAX_ROW_BYTES). */
 static size_t packable_k(const pi2_weight *w, int64_t n_expert, int32_t impl) {
     const pi2_type_traits *t = pi2_traits(w->type, impl);
-    if (!w->data || w->packed || (w->type != PI2_T_Q4_K && w->type != PI2_T_Q8_0) || !t || !t->vec_dot_pack ||
+    if (!w->data || w->packed || (w->type != PI2_T_Q4_K && w->type != PI2_T_Q6_K && w->type != PI2_T_Q8_0) || !t ||
+        !t->vec_dot_pack ||
         w->n_out % PI2_PACK_ROWS || w->n_in % t->block_size ||
         w->row_bytes != (size_t)(w->n_in / t->block_size) * (size_t)t->type_size || w->row_bytes > PI2_PACK_MAX_ROW_BYTES)
         return 0;

@@ -82,7 +82,8 @@ def main() -> int:
             ids = tok.encode(prompt)
             tf, gen, steps = llama(args.model, ids, args.n_gen, n_vocab, Path(work))
             top2 = np.sort(steps, axis=1)[:, -2:]
-            record.append({"prompt": prompt, "prompt_ids": ids, "logits_sha256": hashlib.sha256(tf.tobytes()).hexdigest(),
+            digest = hashlib.sha256(tf.tobytes()).hexdigest()
+            record.append({"prompt": prompt, "prompt_ids": ids, "logits_sha256": digest,
                            "last_top5": [[int(i), float(tf[-1, i])] for i in np.argsort(-tf[-1])[:5]],
                            "ids": gen, "top2_gap": [round(float(b - a), 6) for a, b in top2]})
             for t in (int(x) for x in args.threads.split(",")):
@@ -91,9 +92,9 @@ def main() -> int:
                 diff = float(np.max(np.abs(ptf - tf)))
                 ok = same == len(ids) and pgen == gen
                 bad += not ok
+                where = next((i for i, (a, b) in enumerate(zip(pgen, gen)) if a != b), None)
                 print(f"-t {t}  {len(ids):3d} positions, {same:3d} bit-identical, max |Δ logit| {diff:.3g}; greedy "
-                      f"{'equal' if pgen == gen else f'differs at {next(i for i, (a, b) in enumerate(zip(pgen, gen)) if a != b)}'}"
-                      f"  {prompt[:40]!r}")
+                      f"{'equal' if where is None else f'differs at {where}'}  {prompt[:40]!r}")
     if args.out:
         out = {"kind": "dense_oracle", "model": {"file": args.model.name, "bytes": args.model.stat().st_size,
                                                   "sha256": sha256_file(args.model), "made": args.made},

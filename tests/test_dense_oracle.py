@@ -25,7 +25,8 @@ def model_for(record: dict):
     """The opened model of a record (checked once per session), or a skip when its file is absent."""
     name = record["model"]["file"]
     if name not in _models:
-        dirs = [fetch_models.cache_dir()] + ([Path(os.environ["PI2_ORACLE_MODELS"])] if "PI2_ORACLE_MODELS" in os.environ else [])
+        extra = os.environ.get("PI2_ORACLE_MODELS")
+        dirs = [fetch_models.cache_dir()] + ([Path(extra)] if extra else [])
         path = next((d / name for d in dirs if (d / name).exists()), None)
         if path is None:
             pytest.skip(f"{name} is not here (made by: {record['model']['made']}); put it in the model cache or "

@@ -15,6 +15,9 @@
 /* Packed column: d at 0, dmin at 16, scales at 32 (3 units), then per c in 0..7 at 128 + 160c: qh unit c and the
  * qs units 8k + c (k = 0..3); unit c holds the codes of values 4c..4c+3 of every sub-block. */
 #define PKK_Q5K_COL (8 * 176)
+/* Unrolled fully: the sub-block index must be a constant (the 5th bit's shift) and the per-token registers must
+ * not rotate through copies. */
+#define Q5K_UNROLL _Pragma("GCC unroll 8")
 
 /* Bit j of every byte of qh moved to bit 4 (the 5th bit of sub-block j's code), the other bits 0. */
 static inline X86_TARGET __m256i X86_FN(q5k_hbit)(__m256i qh, int j) {
@@ -71,10 +74,12 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_pack_ro
             isum[t][0] = isum[t][1] = _mm256_setzero_si256();
         }
         const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[0]->d), xd);
+        Q5K_UNROLL
         for (int c = 0; c < 8; c++) {
             const uint8_t *u = b + 128 + 160 * c;
             const __m256i qh = _mm256_loadu_si256((const __m256i *)u);
             __m256i part[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            Q5K_UNROLL
             for (int k = 0; k < 4; k++) {
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(u + 32 + 32 * k));
                 const __m256i q[2] = {_mm256_or_si256(_mm256_and_si256(w, m4), X86_FN(q5k_hbit)(qh, 2 * k)),
@@ -118,9 +123,88 @@ static X86_TARGET void X86_FN(q5_K_dot_pack)(int64_t n, float *s, const void *gr
     X86_FN(q5_K_pack_rows)(n, s, 0, grp, xq, 0, 1, 0);
 }
 
+#if X86_VNNI
+/* The tiled order on NT tokens with vpdpbusd: per pair k of sub-blocks, Σ code·q8 of sub-blocks 2k and 2k+1
+ * (u5·s8, |Σ| ≤ 32·31·128) summed over the 8 units of each row, then times the two scales (vpmulld): fewer
+ * instructions per token than maddubs + vpdpwssd per unit. The same exact s1 and s2, the same float steps. */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_tiled_rows)(
+        int64_t n, float *s, size_t s_stride, const uint8_t *g, const void *xq, size_t xq_stride, const int NT) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3f = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    __m256i pick[4], pair[2];
+    for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, 0);   /* scale byte j -> an int32 */
+    for (int k = 0; k < 2; k++) {
+        uint8_t c[32];
+        for (int l = 0; l < 8; l++) {
+            c[4 * l] = (uint8_t)(4 * (l % 4) + 2 * k); c[4 * l + 1] = 0x80;
+            c[4 * l + 2] = (uint8_t)(4 * (l % 4) + 2 * k + 1); c[4 * l + 3] = 0x80;
+        }
+        pair[k] = _mm256_loadu_si256((const __m256i *)c);
+    }
+    __m256 acc[4];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *b = g + (size_t)i * PKK_Q5K_COL;
+        const __m256i u0 = _mm256_loadu_si256((const __m256i *)(b + 32)), u1 = _mm256_loadu_si256((const __m256i *)(b + 64)),
+                      u2 = _mm256_loadu_si256((const __m256i *)(b + 96));
+        const __m256i s_lo = _mm256_and_si256(u0, m3f), m_lo = _mm256_and_si256(u1, m3f);
+        const __m256i s_hi = _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m30));
+        const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
+                                             _mm256_and_si256(_mm256_srli_epi32(u1, 2), m30));
+        const __m256i mp[4] = {_mm256_shuffle_epi8(m_lo, pair[0]), _mm256_shuffle_epi8(m_lo, pair[1]),
+                               _mm256_shuffle_epi8(m_hi, pair[0]), _mm256_shuffle_epi8(m_hi, pair[1])};
+        const blk_q8_K *y[4];
+        __m256i hs[4], isum[4];
+        for (int t = 0; t < NT; t++) {
+            y[t] = (const blk_q8_K *)((const uint8_t *)xq + (size_t)t * xq_stride) + i;
+            hs[t] = isum[t] = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                const int16_t *bs = y[t]->bsums + 4 * k;
+                const uint32_t bp = (uint16_t)(int16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(int16_t)(bs[2] + bs[3]) << 16;
+                hs[t] = _mm256_dpwssd_epi32(hs[t], mp[k], _mm256_set1_epi32((int32_t)bp));
+            }
+        }
+        Q5K_UNROLL
+        for (int k = 0; k < 4; k++) {
+            __m256i lo[4], hi[4];
+            for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm256_setzero_si256();
+            Q5K_UNROLL
+            for (int c = 0; c < 8; c++) {
+                const uint8_t *u = b + 128 + 160 * c;
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)u);
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(u + 32 + 32 * k));
+                const __m256i q0 = _mm256_or_si256(_mm256_and_si256(w, m4), X86_FN(q5k_hbit)(qh, 2 * k));
+                const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), m4), X86_FN(q5k_hbit)(qh, 2 * k + 1));
+                for (int t = 0; t < NT; t++) {
+                    lo[t] = _mm256_dpbusd_epi32(lo[t], q0, _mm256_set1_epi32(pkk_ld32(y[t]->qs + 64 * k + 4 * c)));
+                    hi[t] = _mm256_dpbusd_epi32(hi[t], q1, _mm256_set1_epi32(pkk_ld32(y[t]->qs + 64 * k + 32 + 4 * c)));
+                }
+            }
+            const __m256i sc0 = _mm256_shuffle_epi8(k < 2 ? s_lo : s_hi, pick[(2 * k) % 4]);
+            const __m256i sc1 = _mm256_shuffle_epi8(k < 2 ? s_lo : s_hi, pick[(2 * k + 1) % 4]);
+            for (int t = 0; t < NT; t++)
+                isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sc0), _mm256_mullo_epi32(hi[t], sc1)));
+        }
+        const __m256 xd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        const __m256 nxm = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16))));
+        for (int t = 0; t < NT; t++) {
+            const __m256 f1d = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t]), xd);
+            acc[t] = _mm256_fmadd_ps(_mm256_fmadd_ps(nxm, _mm256_cvtepi32_ps(hs[t]), f1d), _mm256_set1_ps(y[t]->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(s + (size_t)t * s_stride, acc[t]);
+}
+#endif
+
 /* twin: q5_K_tiled_dot (ref.c), 8 rows x up to 4 tokens: s[t·s_stride + r] */
 static X86_TARGET void X86_FN(q5_K_tiled_pack)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                size_t xq_stride, int32_t n_tok) {
+#if X86_VNNI
+    if (n_tok == 4) X86_FN(q5_K_tiled_rows)(n, s, s_stride, grp, xq, xq_stride, 4);
+    else
+        for (int32_t t = 0; t < n_tok; t++)
+            X86_FN(q5_K_tiled_rows)(n, s + (size_t)t * s_stride, 0, grp, (const uint8_t *)xq + (size_t)t * xq_stride, 0, 1);
+    return;
+#endif
     if (n_tok == 4) X86_FN(q5_K_pack_rows)(n, s, s_stride, grp, xq, xq_stride, 4, 1);
     else
         for (int32_t t = 0; t < n_tok; t++)
@@ -137,6 +221,7 @@ static inline X86_TARGET __m256i X86_FN(q5_K_lanes)(const blk_q5_K *x, const blk
     for (int j = 0; j < 8; j++) pi2_k4_scale_min(j, x->scales, &sc[j], &mn[j]);
     const __m256i qh = _mm256_loadu_si256((const __m256i *)x->qh);
     __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    Q5K_UNROLL
     for (int k = 0; k < 4; k++) {
         const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * k));
         const __m256i q[2] = {_mm256_or_si256(_mm256_and_si256(bits, m4), X86_FN(q5k_hbit)(qh, 2 * k)),

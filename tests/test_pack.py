@@ -58,7 +58,7 @@ def test_errors():
     with pytest.raises(EngineError, match="groups of 8"):
         engine.repack_rows(raw[:7], Q8_0, 32)
     with pytest.raises(UnsupportedError, match="no packed layout"):
-        engine.repack_rows(np.zeros((8, 176), np.uint8), 13, 256)
+        engine.repack_rows(np.zeros((8, 512), np.uint8), 1, 256)   # F16
     with pytest.raises(UnsupportedError, match="no packed Q8_0 kernel"):
         engine.matvec_packed(raw, Q8_0, 32, engine.quantize_act(np.ones(32, np.float32), Q8_0), "ref")
 

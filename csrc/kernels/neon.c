@@ -7,8 +7,8 @@
  * Each kernel's reference twin is the function of the same name in ref.c (or ref_k.h).
  * Float order: x86's (x86.c), so aarch64 and x86-64 compute the same bits: the 8 float lanes of the
  * AVX2 kernels as two float32x4_t, the same int32 lane contents, fused FMAs and hsum_float_8's
- * order; Q4_K and Q6_K also in their batch orders (vec_dot_batch). F32/F16 too. Q5_K and BF16 run
- * the reference on both. No four-token kernels yet (matmul.c then calls these per token). */
+ * order; Q4_K, Q5_K (neon_q5k_body.h) and Q6_K also in their batch orders (vec_dot_batch). F32/F16 too.
+ * BF16 runs the reference on both. No four-token kernels yet (matmul.c then calls these per token). */
 #include "pack.h"
 #include "traits.h"
 
@@ -26,6 +26,7 @@
 #define NEON_FN(name) name##_neon
 #define NEON_DOTPROD 0
 #include "neon_body.h"
+#include "neon_q5k_body.h"
 #include "neon_pack_body.h"
 #undef NEON_TARGET
 #undef NEON_FN
@@ -39,6 +40,7 @@
 #define NEON_FN(name) name##_dotprod
 #define NEON_DOTPROD 1
 #include "neon_body.h"
+#include "neon_q5k_body.h"
 #include "neon_pack_body.h"
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char *impl) {
@@ -78,6 +80,7 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
     SET(PI2_T_Q8_0, q8_0_vec_dot);
     SET(PI2_T_Q4_K, q4_K_vec_dot);
     SET(PI2_T_Q6_K, q6_K_vec_dot);
+    SET(PI2_T_Q5_K, q5_K_vec_dot);
     SET(PI2_T_F32, f32_vec_dot);
     SET(PI2_T_F16, f16_vec_dot);
     t[PI2_T_Q4_1].vec_dot_pack = dp ? q4_1_dot_pack_dotprod : q4_1_dot_pack_neon;   /* the x8 layout (pack.h) */
@@ -85,6 +88,7 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q8_0].vec_dot_pack = dp ? q8_0_dot_pack_dotprod : q8_0_dot_pack_neon;
     t[PI2_T_Q4_K].vec_dot_batch = dp ? q4_K_gemm_dot_dotprod : q4_K_gemm_dot_neon;
     t[PI2_T_Q6_K].vec_dot_batch = dp ? q6_K_tiled_dot_dotprod : q6_K_tiled_dot_neon;
+    t[PI2_T_Q5_K].vec_dot_batch = dp ? q5_K_tiled_dot_dotprod : q5_K_tiled_dot_neon;
     return PI2_K_NEON | (dp ? PI2_K_DOTPROD : 0);
 }
 

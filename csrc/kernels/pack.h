@@ -5,8 +5,8 @@
  *   block's own field order, that field of the 8 rows' block i: Q4_1 = d[8] (fp16), m[8], qs[8][16];
  *   Q5_0 = d[8], qh[8][4], qs[8][16]; Q8_0 = d[8], qs[8][32]. Same bytes as the plain rows, so the same size;
  *   a kernel converts 8 scales with one instruction and streams one contiguous run per group.
- *   Q4_K and Q6_K: the same, their fields longer than 2 bytes interleaved in 4-byte units, Q6_K's units in
- *   its kernels' read order (pack_k.c).
+ *   Q4_K, Q5_K and Q6_K: the same, their fields longer than 2 bytes interleaved in 4-byte units, Q5_K's and
+ *   Q6_K's units in their kernels' read order (pack_k.c).
  * Does: pack and unpack (exact inverses), name the packable types, say which CPU variant runs (x86.c, neon.c).
  * Does not: compute (the kernels are the traits' vec_dot_pack) or decide what to pack (model.c). */
 #ifndef PI2_KERNELS_PACK_H
@@ -24,7 +24,7 @@ void pi2_pack_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_b
 /* dst = the 8 plain rows (row_bytes apart) of one packed group. */
 void pi2_unpack_group(int32_t type, const uint8_t *group, int64_t n_blocks, uint8_t *dst, size_t row_bytes);
 
-/* The K-quants (Q4_K, Q6_K) in 4-byte units (pack_k.c): their field sizes into f (0: not a K-quant layout), and
+/* The K-quants (Q4_K, Q5_K, Q6_K) in 4-byte units (pack_k.c): their field sizes into f (0: not a K-quant layout), and
  * pack/unpack as above (pi2_pack_rows and pi2_unpack_group call these for those types). */
 int pi2_pack_k_fields(int32_t type, int32_t f[4]);
 void pi2_pack_k_rows(int32_t type, const uint8_t *src, int64_t n_rows, int64_t n_blocks, uint8_t *dst);

@@ -6,6 +6,8 @@
  *   Q6_K, in the order its kernels read them (one forward stream per column): d[8], scales[4][8][4], then
  *   for c in 0..7, h in 0..1: ql unit 16h+c, ql unit 16h+8+c, qh unit 8h+c (each [8][4]): the 4 codes of
  *   values 4c..4c+3 of the 4 32-value chunks of half h.
+ *   Q5_K, in its kernels' read order: d[8], dmin[8], scales[3][8][4], then for c in 0..7: qh unit c, qs units
+ *   8k+c for k in 0..3 (each [8][4]): the codes of values 4c..4c+3 of every 32-value sub-block.
  *   A 32-byte load of a unit holds 4 codes of each of the 8 rows: the kernels' lanes are the rows.
  * Does not: compute, or decide what to pack. */
 #include "pack.h"
@@ -15,6 +17,7 @@ int pi2_pack_k_fields(int32_t type, int32_t f[4]) {
     switch (type) {
     case PI2_T_Q4_K: f[0] = 2; f[1] = 2; f[2] = 12; f[3] = 128; return 4;
     case PI2_T_Q6_K: f[0] = 128; f[1] = 64; f[2] = 16; f[3] = 2; return 4;
+    case PI2_T_Q5_K: f[0] = 4; f[1] = 12; f[2] = 32; f[3] = 128; return 4;   /* d and dmin as one field */
     }
     return 0;
 }
@@ -31,6 +34,16 @@ static int k_units(int32_t type, int16_t off[64], int8_t size[64]) {
                 off[n] = (int16_t)(4 * (16 * h + 8 + c)); size[n++] = 4;
                 off[n] = (int16_t)(128 + 4 * (8 * h + c)); size[n++] = 4;
             }
+        return n;
+    }
+    if (type == PI2_T_Q5_K) {   /* d, dmin, scales, then per c: qh unit c, qs units 8k + c for k = 0..3 */
+        off[n] = 0; size[n++] = 2;
+        off[n] = 2; size[n++] = 2;
+        for (int a = 0; a < 3; a++) { off[n] = (int16_t)(4 + 4 * a); size[n++] = 4; }
+        for (int c = 0; c < 8; c++) {
+            off[n] = (int16_t)(16 + 4 * c); size[n++] = 4;
+            for (int k = 0; k < 4; k++) { off[n] = (int16_t)(48 + 32 * k + 4 * c); size[n++] = 4; }
+        }
         return n;
     }
     int32_t f[4];

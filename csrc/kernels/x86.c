@@ -25,6 +25,7 @@ static int32_t pk_prefetch;
 #include "x86_pack_body.h"
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
+#include "x86_q5k_body.h"
 #undef X86_TARGET
 #undef X86_FN
 #undef X86_VNNI
@@ -38,6 +39,7 @@ static int32_t pk_prefetch;
 #include "x86_pack_body.h"
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
+#include "x86_q5k_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
@@ -209,6 +211,11 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q6_K].vec_dot_batch4 = vnni ? q6_K_tiled_dot4_vnni : q6_K_tiled_dot4_avx2;
     batch8[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_gemm_dot8_vnni : q4_K_gemm_dot8_avx2;
     batch8[allow_ext != 0][PI2_T_Q6_K] = vnni ? q6_K_tiled_dot8_vnni : q6_K_tiled_dot8_avx2;
+    /* Q5_K (x86_q5k_body.h): ggml's vec_dot order below 8 tokens, its tiled order from 8, plain and packed. */
+    set_dot(t, PI2_T_Q5_K, vnni ? q5_K_vec_dot_vnni : q5_K_vec_dot_avx2, NULL, vnni ? "avx512vnni" : "avx2");
+    t[PI2_T_Q5_K].vec_dot_batch = vnni ? q5_K_tiled_dot_vnni : q5_K_tiled_dot_avx2;
+    t[PI2_T_Q5_K].vec_dot_pack = vnni ? q5_K_dot_pack_vnni : q5_K_dot_pack_avx2;
+    t[PI2_T_Q5_K].vec_dot_pack_batch = vnni ? q5_K_tiled_pack_vnni : q5_K_tiled_pack_avx2;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);

@@ -340,18 +340,23 @@ PACK_FIELDS = {Q4_0: (2, 16), Q4_1: (2, 2, 16), Q5_0: (2, 4, 16), Q5_1: (2, 2, 4
 
 
 # the K-quants (csrc/kernels/pack_k.c): fields longer than 2 bytes interleaved in 4-byte units
-PACK_FIELDS_K = {Q4_K: (2, 2, 12, 128), Q6_K: (128, 64, 16, 2)}
+PACK_FIELDS_K = {Q4_K: (2, 2, 12, 128), Q5_K: (2, 2, 12, 32, 128), Q6_K: (128, 64, 16, 2)}
 
 
 def _k_units(qtype: int) -> list[tuple[int, int]]:
     """(byte offset in the plain block, bytes) of each unit of a K-quant block column, in packed order: Q4_K field
     by field; Q6_K in its kernels' read order (d, scales, then per c in 0..7, h in 0..1: ql units 16h+c and
-    16h+8+c, qh unit 8h+c)."""
+    16h+8+c, qh unit 8h+c); Q5_K likewise (d, dmin, scales, then per c in 0..7: qh unit c, qs units 8k+c)."""
     if qtype == Q6_K:
         units = [(208, 2)] + [(192 + 4 * a, 4) for a in range(4)]
         for c in range(8):
             for h in range(2):
                 units += [(4 * (16 * h + c), 4), (4 * (16 * h + 8 + c), 4), (128 + 4 * (8 * h + c), 4)]
+        return units
+    if qtype == Q5_K:
+        units = [(0, 2), (2, 2)] + [(4 + 4 * a, 4) for a in range(3)]
+        for c in range(8):
+            units += [(16 + 4 * c, 4)] + [(48 + 32 * k + 4 * c, 4) for k in range(4)]
         return units
     units, off = [], 0
     for f in PACK_FIELDS_K[qtype]:
@@ -364,7 +369,7 @@ def _k_units(qtype: int) -> list[tuple[int, int]]:
 def pack_rows(raw: np.ndarray, qtype: int) -> np.ndarray:
     """The x8 layout of raw (n_rows, row_bytes) blocks: per group of 8 rows and block column, each field of
     the 8 rows side by side (the C twin: pi2_repack_rows / pi2_pack_rows). Same shape and bytes, reordered.
-    Q4_K and Q6_K: unit by unit (_k_units), 2 or 4 bytes of each of the 8 rows per unit."""
+    Q4_K, Q5_K and Q6_K: unit by unit (_k_units), 2 or 4 bytes of each of the 8 rows per unit."""
     n, rb = raw.shape
     if qtype in PACK_FIELDS_K:
         ts = sum(PACK_FIELDS_K[qtype])

@@ -139,7 +139,7 @@ static float val(int type, const uint8_t *p, int64_t i) {
 /* *s = row w · activation xq in the float order of x86_body.h's AVX2 kernels: 8 float lanes, lane l
  * of a 32-value block taking values 4l..4l+3, acc = fma(d_x·d_y, lane, acc), hsum_float_8 (+ the
  * mins sum for Q4_1/Q5_1); F32/F16: 4/2 accumulators of 8 lanes, the tail in double. Q4_K and Q6_K:
- * ref.c's kernels, written in that order (ref_k.h); Q5_K and BF16 run the reference everywhere. */
+ * ref.c's kernels, written in that order (ref_k.h; Q5_K's in ref.c); BF16 runs the reference everywhere. */
 static void x86_order_dot(const pi2_type_traits *ref, int type, int64_t n, float *s, const uint8_t *w, const uint8_t *xq) {
     float acc[8] = {0};
     if (type == PI2_T_F32 || type == PI2_T_F16) {
@@ -720,7 +720,7 @@ int main(void) {
     static const int packed[] = {PI2_T_Q4_0, PI2_T_Q4_1, PI2_T_Q5_0, PI2_T_Q5_1, PI2_T_Q8_0};
     for (size_t i = 0; i < sizeof packed / sizeof packed[0]; i++)
         for (int s = 0; s < N_SIZES && SIZES[s] <= 256; s++) test_packed(packed[i], pool, SIZES[s], SIZES[s] < 32 ? 8 : 24);
-    static const int packed_k[] = {PI2_T_Q4_K, PI2_T_Q6_K};   /* 256-value blocks: fewer of them */
+    static const int packed_k[] = {PI2_T_Q4_K, PI2_T_Q5_K, PI2_T_Q6_K};   /* 256-value blocks: fewer of them */
     for (size_t i = 0; i < sizeof packed_k / sizeof packed_k[0]; i++)
         for (int nb = 1; nb <= 7; nb += 3) test_packed(packed_k[i], pool, nb, nb < 4 ? 8 : 24);
     pi2_pool_free(pool);

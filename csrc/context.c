@@ -50,7 +50,7 @@ enum { N_CTX_BUFFERS = 16, N_FFN_BUFFERS = 8 };
 /* Every buffer pi2_ctx_init allocates for params p (n_batch already capped at n_ctx); [0] and [1]: the KV cache. */
 static void ctx_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p, ctx_buffer *out) {
     const pi2_model_params *hp = &m->hp;
-    const size_t B = (size_t)p->n_batch, T = (size_t)p->n_threads, L = (size_t)hp->n_layer, C = (size_t)p->n_ctx;
+    const size_t B = (size_t)p->n_batch, T = (size_t)p->n_threads, C = (size_t)p->n_ctx;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t f = sizeof(float);
     const ctx_buffer list[N_CTX_BUFFERS] = {

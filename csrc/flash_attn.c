@@ -28,6 +28,30 @@ static float reduce16(const float *v) {
     return (r4[0] + r4[2]) + (r4[1] + r4[3]);
 }
 
+/* The loops below are plain float (or exact double) operations, equal per element at any vector width: on x86-64
+ * GCC builds them also for AVX2 and AVX-512 and picks at load (as ops.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define WIDE_CLONES
+#endif
+
+/* p[t] = the FMA chain over d of kT[d·n_ctx + t]·q[d] for t in [t0, t1) (simd_gemm's order), times scale. */
+WIDE_CLONES static void score_tile(float *p, const float *kT, int32_t n_ctx, const float *q, int32_t hd, int32_t t0,
+                                   int32_t t1, float scale) {
+    for (int32_t t = t0; t < t1; t++) p[t] = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        const float *kr = kT + (size_t)d * n_ctx, qd = q[d];
+        for (int32_t t = t0; t < t1; t++) p[t] = fma32(kr[t], qd, p[t]);
+    }
+    for (int32_t t = t0; t < t1; t++) p[t] *= scale;
+}
+
+/* acc[d] = fma(v[d], w, acc[d]) */
+WIDE_CLONES static void mad_f32(float *acc, const float *v, float w, int32_t n) {
+    for (int32_t d = 0; d < n; d++) acc[d] = fma32(v[d], w, acc[d]);
+}
+
 int pi2_flash_tiled(const pi2_attn *a) { return a->n_tok >= FA_TILE_Q && !a->kq && !a->vq; }
 
 /* The one-row loop over keys j0..j1-1 with scores s (scaled): out[hdv]. acc: scratch of 2·hdv floats. */
@@ -56,7 +80,7 @@ static void one_row(const pi2_attn *a, int32_t hkv, const float *s, int32_t j0, 
             for (int32_t d = 0; d < hdv; d++) acc[d] = r16(fma32(v[d], vs, acc[d]));
         } else {
             a->vt->to_float(a->vq + (size_t)j * a->v_cell_bytes + (size_t)hkv * head_bytes, vrow, hdv);
-            for (int32_t d = 0; d < hdv; d++) acc[d] = fma32(vrow[d], vs, acc[d]);
+            mad_f32(acc, vrow, vs, hdv);
         }
         S = fma32(S, ms, vs);
     }
@@ -76,16 +100,11 @@ static void tiled_row(const pi2_attn *a, int32_t hkv, const float *q, int32_t j0
     for (int32_t ic = j0 / FA_TILE_KV * FA_TILE_KV; ic < j1; ic += FA_TILE_KV) {
         const int32_t lo = ic > j0 ? ic : j0, hi = ic + FA_TILE_KV < j1 ? ic + FA_TILE_KV : j1;
         float tmax = -INFINITY;
+        score_tile(p, kT + ic, a->n_ctx, q, hd, lo - ic, hi - ic, a->scale);
         for (int32_t t = 0; t < FA_TILE_KV; t++) {
             const int32_t j = ic + t;
-            if (j < lo || j >= hi) {
-                p[t] = -INFINITY;
-                continue;
-            }
-            float x = 0.0f;
-            for (int32_t d = 0; d < hd; d++) x = fma32(kT[(size_t)d * a->n_ctx + j], q[d], x);
-            p[t] = x * a->scale;
-            tmax = p[t] > tmax ? p[t] : tmax;
+            if (j < lo || j >= hi) p[t] = -INFINITY;
+            else tmax = p[t] > tmax ? p[t] : tmax;
         }
         if (tmax == -INFINITY) continue;
         if (tmax > M) {
@@ -98,10 +117,7 @@ static void tiled_row(const pi2_attn *a, int32_t hkv, const float *q, int32_t j0
         double sum = 0.0;
         for (int g = 0; g < FA_TILE_KV; g += 16) sum += (double)reduce16(p + g);
         S = (float)((double)S + sum);
-        for (int32_t j = lo; j < hi; j++) {
-            const float pj = p[j - ic], *vr = v + (size_t)j * vd;
-            for (int32_t d = 0; d < hdv; d++) acc[d] = fma32(vr[d], pj, acc[d]);
-        }
+        for (int32_t j = lo; j < hi; j++) mad_f32(acc, v + (size_t)j * vd, p[j - ic], hdv);
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int32_t d = 0; d < hdv; d++) out[d] = acc[d] * inv;

@@ -113,7 +113,6 @@ class Mount:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("faultfs did not mount: " + self.log.read_text(errors="replace"))
             time.sleep(0.05)
-        self.path = self.mnt / src.name
 
     def arm(self, rule: dict) -> None:
         Path(str(self.ctl) + ".log").write_text("")
@@ -181,11 +180,12 @@ def paused_runs(paths: dict, budget: str) -> dict:
     return {b: (p, bytes(head)) for b, (p, head) in runs.items()}
 
 
-def arm_paused(mount, rule) -> None:
-    """Arm a fault for paused runs: from now on every read of the file meets it (stat: the kernel drops its
-    cached pages of the file, so a mapping reads through the file system too, as after an eviction)."""
+def arm_paused(mount, rule, paths) -> None:
+    """Arm a fault for paused runs: from now on every read of the files meets it (stat: the kernel drops its
+    cached pages of each file, so a mapping reads through the file system too, as after an eviction)."""
     mount.arm(rule)
-    os.stat(mount.path)
+    for path in paths:
+        os.stat(path)
 
 
 def finish_all(runs: dict, timeout=120) -> dict:
@@ -200,13 +200,26 @@ def finish_all(runs: dict, timeout=120) -> dict:
     return out
 
 
+def own_copies(mount, model, clean) -> dict:
+    """{backend: its own copy of the model under the mount}: runs of one file would wait on each other's read of
+    a shared page, so a fault would reach only the run that asked first."""
+    paths = {}
+    for b in clean:
+        if not model[0].with_name(f"{b}.pi2.gguf").exists():
+            shutil.copyfile(model[0], model[0].with_name(f"{b}.pi2.gguf"))
+        paths[b] = mount.mnt / f"{b}.pi2.gguf"
+    return paths
+
+
 def read_fault_outcomes(mount, model, clean, fault) -> dict:
     """{backend: (status, stdout, stderr, seconds, faulty reads)} of one run per usable backend meeting `fault`
     from its first token on, the runs all at once (once per fault: the tests read it backend by backend)."""
     if fault not in _OUTCOMES:
         mount.arm({"mode": "none"})
-        runs = paused_runs({b: mount.path for b in clean}, model[1])
-        arm_paused(mount, {"mode": fault, "count": 2 if fault == "stall" else 1 << 30, "stall_s": 1.5})
+        paths = own_copies(mount, model, clean)
+        runs = paused_runs(paths, model[1])
+        arm_paused(mount, {"mode": fault, "count": 2 if fault == "stall" else 1 << 30, "stall_s": 1.5},
+                   paths.values())
         out = finish_all(runs)
         hits = mount.hits()
         _OUTCOMES[fault] = {b: (*out[b], hits.get(runs[b][0].pid, 0)) for b in out}
@@ -228,7 +241,7 @@ def test_read_fault_mid_run(fuse_mount, model, clean, backend, fault):
         return
     assert code == 1, (code, err)
     line = error_line(err)
-    assert str(fuse_mount.path) in line, line
+    assert str(fuse_mount.mnt / f"{backend}.pi2.gguf") in line, line
     errno_text = re.search(r"(Input/output error|No data available|short read)", line)
     assert errno_text and line.count(errno_text.group(1)) == 1, line     # the errno said once
     assert not line.startswith("pi2: error: EngineError"), line
@@ -236,14 +249,15 @@ def test_read_fault_mid_run(fuse_mount, model, clean, backend, fault):
 
 
 def never_returns_outcomes(mount, model, clean) -> dict:
-    """Every usable backend's run meets reads that do not return from its first token on; a second after the first
-    read stalled, each run gets SIGINT once each has met a stalled read; the reads are let go once every run said
+    """Every usable backend's run (each on its own copy of the model) meets reads that do not return from its first
+    token on; each run gets SIGINT once a stalled read has reached it; the reads are let go once every run said
     `pi2: interrupted` (or 10 s). {backend: (a stalled read reached it, seconds from SIGINT to the message or None,
     still held by its read then, status, stdout, stderr)}"""
     if "never" not in _OUTCOMES:
         mount.arm({"mode": "none"})
-        runs = paused_runs({b: mount.path for b in clean}, model[1])
-        arm_paused(mount, {"mode": "stall", "stall_s": 300})
+        paths = own_copies(mount, model, clean)
+        runs = paused_runs(paths, model[1])
+        arm_paused(mount, {"mode": "stall", "stall_s": 300}, paths.values())
         for p, _ in runs.values():
             p.send_signal(signal.SIGCONT)
         pids = {p.pid for p, _ in runs.values()}

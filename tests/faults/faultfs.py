@@ -38,7 +38,6 @@ class FaultFS(fuse.Operations):
         self.src, self.control = src, control
         self._mutex = threading.Lock()       # not `lock`: that name is FUSE's POSIX-lock operation
         self.stamp, self.seen, self.hits, self.generation = None, {}, {}, 0
-        self.tgid: dict = {}
 
     def _rule(self) -> dict:
         try:
@@ -63,14 +62,12 @@ class FaultFS(fuse.Operations):
 
     def _process(self) -> int:
         """The process of the thread the request came from (0 when unknown)."""
-        tid = fuse.fuse_get_context()[2]
-        if tid not in self.tgid:
-            try:
-                with open(f"/proc/{tid}/status") as f:
-                    self.tgid[tid] = next(int(ln.split()[1]) for ln in f if ln.startswith("Tgid:"))
-            except (OSError, StopIteration, ValueError):
-                self.tgid[tid] = tid
-        return self.tgid[tid]
+        tid = fuse.fuse_get_context()[2]       # looked up every time: thread ids are reused by later processes
+        try:
+            with open(f"/proc/{tid}/status") as f:
+                return next(int(ln.split()[1]) for ln in f if ln.startswith("Tgid:"))
+        except (OSError, StopIteration, ValueError):
+            return tid
 
     def _real(self, path: str) -> str:
         return os.path.join(self.src, path.lstrip("/"))

@@ -19,7 +19,8 @@
 #include <string.h>
 
 pi2_ctx_params pi2_ctx_default_params(void) {
-    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 512, .n_threads = 1, .impl = PI2_IMPL_AUTO, .type_k = PI2_T_F16};
+    return (pi2_ctx_params){.n_ctx = 4096, .n_batch = 512, .n_threads = 1, .impl = PI2_IMPL_AUTO, .type_k = PI2_T_F16,
+                             .flash_attn = 0, .type_v = PI2_T_F16};
 }
 
 /* The largest scratch any matrix product of a step needs at n_tok tokens. */
@@ -49,11 +50,11 @@ enum { N_CTX_BUFFERS = 16, N_FFN_BUFFERS = 8 };
 /* Every buffer pi2_ctx_init allocates for params p (n_batch already capped at n_ctx); [0] and [1]: the KV cache. */
 static void ctx_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p, ctx_buffer *out) {
     const pi2_model_params *hp = &m->hp;
-    const size_t B = (size_t)p->n_batch, T = (size_t)p->n_threads, L = (size_t)hp->n_layer, C = (size_t)p->n_ctx;
+    const size_t B = (size_t)p->n_batch, T = (size_t)p->n_threads, C = (size_t)p->n_ctx;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t f = sizeof(float);
     const ctx_buffer list[N_CTX_BUFFERS] = {
-        {(void **)&c->k_cache, pi2_kv_k_bytes(hp, p->type_k, p->n_ctx)}, {(void **)&c->v_cache, L * C * vd * f},
+        {(void **)&c->k_cache, pi2_kv_k_bytes(hp, p->type_k, p->n_ctx)}, {(void **)&c->v_cache, pi2_kv_v_bytes(hp, p->type_v, p->n_ctx)},
         {(void **)&c->x, B * hp->n_embd * f}, {(void **)&c->xn, B * hp->n_embd * f},
         {(void **)&c->q, B * hp->n_head * hp->head_dim * f}, {(void **)&c->k, B * kd * f}, {(void **)&c->v, B * vd * f},
         {(void **)&c->att, B * hp->n_head * hp->head_dim_v * f}, {(void **)&c->o, B * hp->n_embd * f},
@@ -105,10 +106,13 @@ static int allocate(const pi2_ctx *c, ctx_buffer *list, int32_t n) {
 
 static pi2_status check_params(const pi2_ctx_params *p) {
     if (p->n_ctx < 1 || p->n_ctx > (1 << 24) || p->n_batch < 1 || p->n_batch > 65536 || p->impl < PI2_IMPL_AUTO ||
-        p->impl > PI2_IMPL_BASE || p->n_keep < 0 || p->ctx_shift < 0 || p->ctx_shift > 1 || !pi2_kv_type_ok(p->type_k))
+        p->impl > PI2_IMPL_BASE || p->n_keep < 0 || p->ctx_shift < 0 || p->ctx_shift > 1 ||
+        !pi2_kv_type_ok(p->type_k) || p->flash_attn < 0 || p->flash_attn > 1 || !pi2_kv_type_ok(p->type_v) ||
+        (p->type_v != PI2_T_F16 && !p->flash_attn))
         return pi2_set_error(PI2_ERR_INVALID, "bad context parameters: n_ctx %d, n_batch %d, impl %d, ctx_shift %d, "
-                             "n_keep %d, type_k %d", (int)p->n_ctx, (int)p->n_batch, (int)p->impl, (int)p->ctx_shift,
-                             (int)p->n_keep, (int)p->type_k);
+                             "n_keep %d, type_k %d, flash_attn %d, type_v %d", (int)p->n_ctx, (int)p->n_batch,
+                             (int)p->impl, (int)p->ctx_shift, (int)p->n_keep, (int)p->type_k, (int)p->flash_attn,
+                             (int)p->type_v);
     return PI2_OK;
 }
 
@@ -117,6 +121,9 @@ static pi2_status check_kv(const pi2_model *m, const pi2_ctx_params *p) {
     if (p->type_k != PI2_T_F16 && m->hp.head_dim % QK8_0)
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "K cache type %s with block size %d does not divide head_dim %d",
                              pi2_traits(p->type_k, PI2_IMPL_AUTO)->name, QK8_0, (int)m->hp.head_dim);
+    if (p->type_v != PI2_T_F16 && m->hp.head_dim_v % QK8_0)
+        return pi2_set_error(PI2_ERR_UNSUPPORTED, "V cache type %s with block size %d does not divide head_dim_v %d",
+                             pi2_traits(p->type_v, PI2_IMPL_AUTO)->name, QK8_0, (int)m->hp.head_dim_v);
     return PI2_OK;
 }
 
@@ -172,6 +179,12 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
         c->kt = pi2_traits(c->p.type_k, c->p.impl);
         c->k_cell_bytes = pi2_kv_k_cell_bytes(&m->hp, c->p.type_k);
         c->k_rot = pi2_kv_rot_size(m->hp.head_dim, c->p.type_k);
+    }
+    if (c->p.type_v != PI2_T_F16) {   /* quantized values (flash attention only) */
+        c->v_blocks = (uint8_t *)c->v_cache;
+        c->vt = pi2_traits(c->p.type_v, c->p.impl);
+        c->v_cell_bytes = pi2_kv_v_cell_bytes(&m->hp, c->p.type_v);
+        c->v_rot = m->hp.head_dim_v % 64 ? 0 : 64;
     }
     c->ffn.rule = PI2_FFN_DENSE;
     if ((s = pi2_moe_new(m, &c->p, &c->moe))) {

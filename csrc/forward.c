@@ -112,12 +112,16 @@ static void store_kv(pi2_ctx *c, int32_t il, size_t pos, const float *kr, const 
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t n_ctx = (size_t)c->p.n_ctx;
-    float *v = c->v_cache + ((size_t)il * n_ctx + pos) * vd;
     if (c->k_blocks) pi2_kv_store_k(c, il, pos, kr);
     else {
         float *k = c->k_cache + (size_t)il * n_ctx * kd + pos;
         for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_fp16_to_f32(pi2_f32_to_fp16(kr[i]));
     }
+    if (c->v_blocks) {
+        pi2_kv_store_v(c, il, pos, vr);
+        return;
+    }
+    float *v = c->v_cache + ((size_t)il * n_ctx + pos) * vd;
     for (size_t i = 0; i < vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(vr[i]));
 }
 
@@ -151,6 +155,16 @@ static void keep_rows(pi2_ctx *c, int32_t first, int32_t n) {
     pi2_moe_keep_rows(c, first, n);
 }
 
+/* Flash attention and a quantized V cache of context c's layer il into a. */
+static void set_flash(const pi2_ctx *c, int32_t il, pi2_attn *a) {
+    a->flash = c->p.flash_attn;
+    if (c->v_blocks) {
+        a->vq = c->v_blocks + (size_t)il * c->p.n_ctx * c->v_cell_bytes;
+        a->v_cell_bytes = c->v_cell_bytes;
+        a->vt = c->vt;
+    }
+}
+
 static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
@@ -164,6 +178,7 @@ static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, 
         a.k_cell_bytes = c->k_cell_bytes;
         a.kt = c->kt;
     }
+    set_flash(c, il, &a);
     pi2_attention(c->pool, &a);
 }
 
@@ -231,12 +246,15 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
         TRACE("Qcur.rope", il, c->q, n * QD);
         TRACE("Kcur.rope", il, c->k, n * KD);
 
-        /* attention over the cache (a quantized K: queries and keys rotated first, as llama.cpp) */
+        /* attention over the cache (a quantized K: queries and keys rotated first, as llama.cpp; a quantized V:
+         * values rotated before they are stored, the output rotated back) */
         if (c->k_rot) pi2_kv_fwht(c->k, n * KD, c->k_rot);
+        if (c->v_rot) pi2_kv_fwht(c->v, n * VD, c->v_rot);
         for_rows(c, n, (rows_job){.row = store_kv_row, .il = il}, n);
         if (hp->q_prescale) scale(c->q, n * QD, hp->attn_scale);
         if (c->k_rot) pi2_kv_fwht(c->q, n * QD, c->k_rot);
         attention(c, L, il, pos0, n);
+        if (c->v_rot) pi2_kv_fwht(c->att, (int64_t)n * hp->n_head * hp->head_dim_v, c->v_rot);
         TRACE("kqv_out", il, c->att, (int64_t)n * hp->n_head * hp->head_dim_v);
 
         /* attention output (+ post norm) and residual */
@@ -336,7 +354,12 @@ static void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard) {
                 pi2_rope(row, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
                 for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_fp16_to_f32(pi2_f32_to_fp16(row[i]));
             }
-            memmove(V + to * vd, V + from * vd, vd * sizeof(float));
+            if (c->v_blocks) {
+                uint8_t *VB = c->v_blocks + (size_t)il * C * c->v_cell_bytes;
+                memmove(VB + to * c->v_cell_bytes, VB + from * c->v_cell_bytes, c->v_cell_bytes);
+            } else {
+                memmove(V + to * vd, V + from * vd, vd * sizeof(float));
+            }
         }
     }
     c->n_past -= n_discard;
@@ -420,7 +443,8 @@ static pi2_status step_multi(pi2_ctx *const *cs, const int32_t *tokens, int32_t 
             norm_rows(c, n, c->k, c->k, L->k_norm, (int64_t)n * hp->n_head_kv, hp->head_dim);
         }
         for_rows(c, n, (rows_job){.row = rope_row, .L = L}, n);
-        if (c->k_rot) pi2_kv_fwht(c->k, n * KD, c->k_rot);   /* every context has the first one's K type */
+        if (c->k_rot) pi2_kv_fwht(c->k, n * KD, c->k_rot);   /* every context has the first one's K and V types */
+        if (c->v_rot) pi2_kv_fwht(c->v, n * VD, c->v_rot);
         if (hp->q_prescale) scale(c->q, n * QD, hp->attn_scale);
         if (c->k_rot) pi2_kv_fwht(c->q, n * QD, c->k_rot);
         for (int32_t t = 0; t < n; t++) {    /* each token into its own cache, then attention over it */
@@ -438,8 +462,10 @@ static pi2_status step_multi(pi2_ctx *const *cs, const int32_t *tokens, int32_t 
                 a.k_cell_bytes = d->k_cell_bytes;
                 a.kt = d->kt;
             }
+            set_flash(d, il, &a);
             pi2_attention(c->pool, &a);
         }
+        if (c->v_rot) pi2_kv_fwht(c->att, (int64_t)n * VO, c->v_rot);
         pi2_matmul(&mm, c->att, n, &(pi2_mm){&L->o, c->o}, 1);
         if (L->post_attn_norm) norm_rows(c, n, c->o, c->o, L->post_attn_norm, n, E);
         add(c->x, c->o, n * E);
@@ -472,6 +498,8 @@ static const char *multi_gap(pi2_ctx *const *cs, int32_t t) {
     if (d->n_past >= d->p.n_ctx) return "a context is full";
     if (d->p.n_ctx > cs[0]->p.n_ctx) return "a context is larger than the first (whose scratch serves them all)";
     if (d->p.type_k != cs[0]->p.type_k) return "the contexts have different K cache types";
+    if (d->p.type_v != cs[0]->p.type_v || d->p.flash_attn != cs[0]->p.flash_attn)
+        return "the contexts have different V cache types or flash attention";
     if (d->ffn.rule != PI2_FFN_DENSE || d->pipeline || d->ffn_pred || d->ffn_pwri || d->nnapi_hot || d->moe || d->trace)
         return "a context computes a sparse, streamed or expert FFN, or traces: decode it alone";
     return "";

@@ -80,14 +80,34 @@ static void quantize_block(int32_t type, const float *x, uint8_t *out) {
     if (bits5) memcpy(out + (with_min ? 4 : 2), &qh, 4);
 }
 
-/* n keys' values (a multiple of 32) into blocks of the cache's type, as ggml_set_rows stores them. */
-static void quantize_keys(const pi2_ctx *c, const float *x, uint8_t *dst, int64_t n) {
-    if (c->p.type_k == PI2_T_Q8_0) {
-        c->kt->quantize_act(x, dst, n);     /* Q8_0's from_float is its activation quantizer */
+/* n values (a multiple of 32) into blocks of `type`, as ggml_set_rows stores them; tr: the type's traits. */
+static void quantize_rows(int32_t type, const pi2_type_traits *tr, const float *x, uint8_t *dst, int64_t n) {
+    if (type == PI2_T_Q8_0) {
+        tr->quantize_act(x, dst, n);     /* Q8_0's from_float is its activation quantizer */
         return;
     }
-    const size_t bb = block_bytes(c->p.type_k);
-    for (int64_t b = 0; b < n / 32; b++) quantize_block(c->p.type_k, x + b * 32, dst + (size_t)b * bb);
+    const size_t bb = block_bytes(type);
+    for (int64_t b = 0; b < n / 32; b++) quantize_block(type, x + b * 32, dst + (size_t)b * bb);
+}
+
+/* n keys' values (a multiple of 32) into blocks of the cache's type. */
+static void quantize_keys(const pi2_ctx *c, const float *x, uint8_t *dst, int64_t n) {
+    quantize_rows(c->p.type_k, c->kt, x, dst, n);
+}
+
+size_t pi2_kv_v_cell_bytes(const pi2_model_params *hp, int32_t type_v) {
+    const size_t vd = (size_t)hp->n_head_kv * (size_t)hp->head_dim_v;
+    return type_v == PI2_T_F16 ? vd * sizeof(float) : vd / QK8_0 * block_bytes(type_v);
+}
+
+size_t pi2_kv_v_bytes(const pi2_model_params *hp, int32_t type_v, int32_t n_ctx) {
+    return (size_t)hp->n_layer * (size_t)n_ctx * pi2_kv_v_cell_bytes(hp, type_v);
+}
+
+void pi2_kv_store_v(pi2_ctx *c, int32_t il, size_t pos, const float *v) {
+    const pi2_model_params *hp = &c->m->hp;
+    uint8_t *cell = c->v_blocks + ((size_t)il * (size_t)c->p.n_ctx + pos) * c->v_cell_bytes;
+    quantize_rows(c->p.type_v, c->vt, v, cell, (int64_t)hp->n_head_kv * hp->head_dim_v);
 }
 
 size_t pi2_kv_k_bytes(const pi2_model_params *hp, int32_t type_k, int32_t n_ctx) {

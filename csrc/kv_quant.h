@@ -16,6 +16,13 @@ struct pi2_ctx;
 int pi2_kv_type_ok(int32_t type_k);
 /* Bytes of the K cache for these parameters (the V cache is always F16 values kept as floats). */
 size_t pi2_kv_k_bytes(const pi2_model_params *hp, int32_t type_k, int32_t n_ctx);
+/* Bytes of the V cache: F16 values kept as floats, or (flash attention) blocks of type_v. */
+size_t pi2_kv_v_bytes(const pi2_model_params *hp, int32_t type_v, int32_t n_ctx);
+/* Bytes of one cell's values (all KV heads) in a quantized V cache. */
+size_t pi2_kv_v_cell_bytes(const pi2_model_params *hp, int32_t type_v);
+/* Store one token's values v (n_head_kv * head_dim_v floats) at cell pos of layer il in a quantized V cache
+ * (ggml_set_rows' quantizer, as for keys). */
+void pi2_kv_store_v(struct pi2_ctx *c, int32_t il, size_t pos, const float *v);
 /* Bytes of one cell's keys (all KV heads) in a quantized K cache. */
 size_t pi2_kv_k_cell_bytes(const pi2_model_params *hp, int32_t type_k);
 /* The Hadamard size llama.cpp rotates queries and quantized keys with: the largest power of two >= 64 dividing

@@ -321,4 +321,12 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
     weigh_values(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
 }
 
-void pi2_attention(pi2_pool *pool, pi2_attn *a) { pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head); }
+void pi2_attention(pi2_pool *pool, pi2_attn *a) {
+    if (a->flash) pi2_flash_attention(pool, a);
+    else pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
+}
+
+void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,
+                         float *acc) {
+    score_keys(a, qf, kT, s, j0, j1, acc, 1);
+}

@@ -60,9 +60,22 @@ typedef struct {
     const uint8_t *kq;         /* NULL, or quantized keys [n_ctx][k_cell_bytes] (kv_quant.h) instead of k */
     size_t k_cell_bytes;
     const pi2_type_traits *kt; /* their traits */
+    int32_t flash;             /* 1: flash attention's numbers (flash_attn.c), which a quantized V needs */
+    const uint8_t *vq;         /* NULL, or (flash only) quantized values [n_ctx][v_cell_bytes] instead of v */
+    size_t v_cell_bytes;
+    const pi2_type_traits *vt; /* their traits */
 } pi2_attn;
 
+/* Attention as above, or with flash attention on when a->flash (pi2_flash_attention). */
 void pi2_attention(pi2_pool *pool, pi2_attn *a);
+/* Attention with llama.cpp's flash attention numbers (flash_attn.c, pi2/reference/flash_attn.py). */
+void pi2_flash_attention(pi2_pool *pool, pi2_attn *a);
+/* Whether pi2_flash_attention takes ggml's tiled loop for a (64 tokens or more, F16 keys and values). */
+int pi2_flash_tiled(const pi2_attn *a);
+/* s[j] = scale · (qf · key j) for j in [j0, j1), ggml_vec_dot_f16's order; qf already F16-valued, kT the KV head's
+ * transposed keys; acc: scratch of pi2_attn_acc_floats. */
+void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,
+                         float *acc);
 /* Floats of accumulator scratch one attention thread needs. */
 int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
 

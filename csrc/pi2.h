@@ -254,10 +254,14 @@ typedef struct {
     int32_t n_keep;     /* positions a context shift keeps (>= 0) */
     int32_t type_k;     /* ggml type of the K cache: 1 F16; 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1 (llama.cpp's
                            -ctk with flash attention off: queries and keys rotated by a Walsh-Hadamard matrix when
-                           head_dim is a multiple of 64, keys stored in the type, K·Q by its dot product); V is F16 */
+                           head_dim is a multiple of 64, keys stored in the type, K·Q by its dot product) */
+    int32_t flash_attn; /* 1: attention with llama.cpp's flash attention numbers (-fa on; its CPU default), 0: off */
+    int32_t type_v;     /* ggml type of the V cache: 1 F16, or (flash_attn only, as llama.cpp) one of type_k's
+                           quantized types, the values stored in the type and read back as floats */
 } pi2_ctx_params;
 
-/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO, no context shift, F16 keys. */
+/* n_ctx 4096, n_batch 512 (llama.cpp's n_ubatch), n_threads 1, impl PI2_IMPL_AUTO, no context shift, F16 keys and
+ * values, flash attention off. */
 PI2_API pi2_ctx_params pi2_ctx_default_params(void);
 
 /* Bytes a context allocates (what pi2_ctx_init makes of the params; the planner budgets with it). */

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""kv_goldens.py — llama.cpp's outputs with a quantized K cache (-ctk TYPE -fa off) on the real test models, for
-tests/test_kv_cache.py and tests/test_kv_types.py: greedy continuations (llama-completion's text) and
-llama-perplexity's chunk figures.
+"""kv_goldens.py — llama.cpp's outputs with a quantized K cache (-ctk TYPE -fa off), or with flash attention on
+(-fa on, any -ctk / -ctv), on the real test models, for tests/test_kv_cache.py, tests/test_kv_types.py and
+tests/test_flash_attn.py: greedy continuations (llama-completion's text) and llama-perplexity's chunk figures.
 
-    python3 scripts/kv_goldens.py LLAMA_BIN_DIR [OUT.json] [--ctk TYPE]
+    python3 scripts/kv_goldens.py LLAMA_BIN_DIR [OUT.json] [--ctk TYPE] [--fa on --ctv TYPE]
 
 LLAMA_BIN_DIR holds llama-completion and llama-perplexity of llama.cpp 0c1e570 (CPU backend). Models come from
 ~/.cache/pi2/models (scripts/fetch_models.py). TYPE: q8_0 (the default; writes tests/data/kvcache-llamacpp.json),
-q4_0, q4_1, q5_0 or q5_1 (tests/data/kvcache-llamacpp-TYPE.json).
+q4_0, q4_1, q5_0 or q5_1 (tests/data/kvcache-llamacpp-TYPE.json); with --fa on also f16, written to
+tests/data/fa-llamacpp-CTK-CTV.json.
 """
 from __future__ import annotations
 
@@ -27,18 +28,22 @@ PPL = ["-c", "128", "--chunks", "3"]
 
 def main() -> int:
     args = sys.argv[1:]
-    ctk = "q8_0"
-    if "--ctk" in args:
-        i = args.index("--ctk")
-        ctk = args[i + 1]
-        del args[i:i + 2]
-    if not args:
+    opts = {"--ctk": "q8_0", "--ctv": "f16", "--fa": "off"}
+    for flag in opts:
+        if flag in args:
+            i = args.index(flag)
+            opts[flag] = args[i + 1]
+            del args[i:i + 2]
+    ctk, ctv, fa = opts["--ctk"], opts["--ctv"], opts["--fa"]
+    if not args or (fa == "off" and ctv != "f16"):
         print(__doc__, file=sys.stderr)
         return 2
-    common = ["-ctk", ctk, "-fa", "off", "-t", "1"]
+    common = ["-ctk", ctk, "-fa", fa, "-t", "1"] + (["-ctv", ctv] if fa == "on" else [])
     bins = Path(args[0])
     root = Path(__file__).resolve().parent.parent
     name = "kvcache-llamacpp.json" if ctk == "q8_0" else f"kvcache-llamacpp-{ctk}.json"
+    if fa == "on":
+        name = f"fa-llamacpp-{ctk}-{ctv}.json"
     out = Path(args[1]) if len(args) > 1 else root / "tests" / "data" / name
     text_file = root / "tests" / "data" / "moe-text.txt"
     models = Path.home() / ".cache" / "pi2" / "models"

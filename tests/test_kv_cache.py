@@ -104,14 +104,14 @@ def test_kv_bytes_follow_the_type(tmp_path_factory):
 def test_types_pi2_does_not_compute_are_refused(tmp_path_factory, tmp_path):
     assert cache_type("-ctk", "Q8_0") == Q8_0 and cache_type("-ctv", "f16") == F16
     with pytest.raises(UsageError, match="needs flash attention"):
-        RunConfig(cache_type_v="q8_0")
+        RunConfig(cache_type_v="q8_0", flash_attn="off")
     with pytest.raises(UsageError, match="known to llama.cpp but not computed"):
         RunConfig(cache_type_k="iq4_nl")
     path = tmp_path / "small-heads.gguf"
     write_model(path, head_dim=16)
     with pytest.raises(UnsupportedError, match="does not divide head_dim 16"):
         CContext(CModel.from_model(load_model(path)), 32, 1, type_k=Q8_0)
-    for flags, text in ((["-ctv", "q8_0"], "needs flash attention"), (["-ctk", "bf16"], "not computed by pi2"),
+    for flags, text in ((["-ctv", "q8_0", "-fa", "off"], "needs flash attention"), (["-ctk", "bf16"], "not computed by pi2"),
                         (["-ctk", "nope"], "not a cache type")):
         res = cli("run", path, "-p", "hi", "-n", "1", *flags)
         assert res.code == 2 and text in res.err and "Traceback" not in res.err

@@ -97,7 +97,10 @@ CacheKOpt = typer.Option("f16", "-ctk", "--cache-type-k",
                          help="K cache type: f16, q8_0, q4_0, q4_1, q5_0 or q5_1 (llama.cpp's numerics with -fa off: "
                               "Hadamard-rotated quantized keys)")
 CacheVOpt = typer.Option("f16", "-ctv", "--cache-type-v",
-                         help="V cache type: f16 (a quantized V needs flash attention, which pi2 does not compute)")
+                         help="V cache type: f16, or with flash attention q8_0, q4_0, q4_1, q5_0, q5_1")
+FlashOpt = typer.Option("auto", "-fa", "--flash-attn",
+                        help="flash attention: on (llama.cpp's CPU default numbers), off, auto (off unless -ctv is "
+                             "quantized)")
 
 
 @app.command()
@@ -112,7 +115,7 @@ def run(
                                  help=f"context size (default {RUN.n_ctx}, capped at the model's; 0 = the model's)"),
     batch: int = typer.Option(2048, "-b", "--batch-size", help="logical batch: prompt tokens per pass (with -ub)"),
     ubatch: int = typer.Option(RUN.n_batch, "-ub", "--ubatch-size", help="physical batch: prompt tokens per pass"),
-    cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
+    cache_k: str = CacheKOpt, cache_v: str = CacheVOpt, flash_attn: str = FlashOpt,
     temp: float = typer.Option(SAMPLE.temp, "--temp", "--temperature", help="temperature (<= 0: greedy)"),
     top_k: int = typer.Option(SAMPLE.top_k, "--top-k", help="top-k (0 = off)"),
     top_p: float = typer.Option(SAMPLE.top_p, "--top-p", help="top-p (1.0 = off)"),
@@ -196,7 +199,7 @@ def run(
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                     memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps,
                     n_batch=_batch(batch, ubatch), ctx_shift=ctx_shift, n_keep=keep_tokens, cache_type_k=cache_k,
-                    cache_type_v=cache_v, no_mmap=no_mmap, expert_profile=expert_profile)
+                    cache_type_v=cache_v, flash_attn=flash_attn, no_mmap=no_mmap, expert_profile=expert_profile)
     breakers = SAMPLE.dry_sequence_breakers if not dry_breakers else \
         tuple(b for b in dry_breakers if b != "none") if "none" not in dry_breakers else ()
     sampling = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -273,12 +276,14 @@ def perplexity(
     threads: int = ThreadsOpt, engine: str = EngineOpt,
     keep: Optional[float] = KeepOpt, dense: bool = DenseOpt, use_predictor: bool = PredOpt,
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
-    no_mmap: bool = NoMmapOpt, load_mode: Optional[str] = LoadModeOpt, verbose: bool = VerboseOpt,
+    flash_attn: str = FlashOpt, no_mmap: bool = NoMmapOpt, load_mode: Optional[str] = LoadModeOpt,
+    verbose: bool = VerboseOpt,
 ):
     """Perplexity of a text, by llama-perplexity's method (second half of each chunk scored)."""
     _, no_mmap = load_notes(no_mmap, False, load_mode, locks=False)
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
-                    memory_budget=memory_budget, io=io, cache_type_k=cache_k, cache_type_v=cache_v, no_mmap=no_mmap)
+                    memory_budget=memory_budget, io=io, cache_type_k=cache_k, cache_type_v=cache_v,
+                    flash_attn=flash_attn, no_mmap=no_mmap)
     _commands().perplexity(_model_path(model, model_opt), file, cfg, chunks, verbose=_verbose(ctx))
 
 
@@ -294,7 +299,10 @@ def bench(
     threads: Optional[List[str]] = typer.Option(None, "-t", "--threads", help="threads: 1,2 or 1-4 (default: all)"),
     type_k: Optional[List[str]] = typer.Option(None, "-ctk", "--cache-type-k", help="K cache types: f16,q8_0,"
                                                "q4_0,q4_1,q5_0,q5_1 (default f16)"),
-    type_v: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types: f16"),
+    type_v: Optional[List[str]] = typer.Option(None, "-ctv", "--cache-type-v", help="V cache types: f16, or with "
+                                               "flash attention q8_0,q4_0,q4_1,q5_0,q5_1"),
+    flash_attn: Optional[List[str]] = typer.Option(None, "-fa", "--flash-attn", help="flash attention: 0,1 "
+                                                   "(on, off, auto also; default auto: off unless -ctv is quantized)"),
     load_mode: Optional[List[str]] = typer.Option(None, "-lm", "--load-mode", help="load modes: mmap,none (auto = "
                                                   "mmap, dio = none: read into memory)"),
     mmap: Optional[List[str]] = typer.Option(None, "-mmp", "--mmap", help="0: read the model into memory, 1: map "
@@ -321,7 +329,7 @@ def bench(
     hf_model = [_model_path(None, None, hf)] if hf else []
     _commands().bench([*(models or []), *(model_opt or []), *hf_model], n_prompt, n_gen, pg, batch, threads, reps, output,
                       engine, warmup=not no_warmup, progress=progress, run=cfg, type_k=type_k, type_v=type_v,
-                      load_mode=load_mode, mmap=[*(mmap or []), *(["0"] if no_mmap else [])])
+                      flash_attn=flash_attn, load_mode=load_mode, mmap=[*(mmap or []), *(["0"] if no_mmap else [])])
 
 
 @app.command()
@@ -390,12 +398,13 @@ def plan(model: Optional[Path] = ModelArg, model_opt: Optional[Path] = ModelOpt,
          ctx_size: int = typer.Option(RUN.n_ctx, "-c", "--ctx-size", help="context size the plan holds a KV cache for"),
          threads: int = ThreadsOpt, io: str = IoOpt, npu: str = NpuOpt, nnapi_lib: Optional[str] = NnapiLibOpt,
          npu_gbps: Optional[float] = NpuGbpsOpt, use_predictor: bool = PredOpt, cache_k: str = CacheKOpt,
-         cache_v: str = CacheVOpt,
+         cache_v: str = CacheVOpt, flash_attn: str = FlashOpt,
          json_out: bool = typer.Option(False, "--json", help="print the plan as JSON"), verbose: bool = VerboseOpt):
     """How a pi2 file runs inside a memory budget: fixed region, hot prefix per layer, cold cache, gate rows (with
     --predictor), I/O, and whether the NPU computes the hot prefix (with the memory its copies take and the
     predicted gain); for a plain MoE GGUF the expert cache's split, expected hit rate and flash bytes per token:
     the plan `pi2 run` makes with the same flags."""
     cfg = RunConfig(n_ctx=ctx_size, n_threads=threads, predictor=use_predictor, memory_budget=memory_budget, io=io,
-                    npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, cache_type_k=cache_k, cache_type_v=cache_v)
+                    npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, cache_type_k=cache_k, cache_type_v=cache_v,
+                    flash_attn=flash_attn)
     _commands().plan(_model_path(model, model_opt), cfg, json_out)

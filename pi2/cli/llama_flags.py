@@ -26,7 +26,7 @@ def _note(names: str, value: bool, why: str) -> None:
 
 _note("-ngl --gpu-layers --n-gpu-layers", True, _CPU_ONLY)
 _note("-sm --split-mode -ts --tensor-split -mg --main-gpu -dev --device", True, _CPU_ONLY)
-_note("-fa --flash-attn", True, "pi2's attention is llama.cpp's with flash attention off")
+_note("-fa --flash-attn", True, "flash attention applies to run, perplexity, bench, plan and serve")
 _note("-kvo --kv-offload -nkvo --no-kv-offload --no-host --op-offload --no-op-offload", False, _CPU_ONLY)
 _note("--repack -nr --no-repack", False, "pi2 lays its weights out at load time by itself")
 _note("-C --cpu-mask -Cr --cpu-range -Cb --cpu-mask-batch -Crb --cpu-range-batch --prio --prio-batch --poll "

@@ -9,8 +9,9 @@ from typing import Optional
 
 import typer
 
-from pi2.cli.app import (RUN, SAMPLE, BudgetOpt, DenseOpt, EngineOpt, HfOpt, IoOpt, KeepOpt, ModelArg, ModelOpt,
-                         NnapiLibOpt, NpuGbpsOpt, NpuOpt, PredOpt, ThreadsOpt, VerboseOpt, _model_path, app)
+from pi2.cli.app import (RUN, SAMPLE, BudgetOpt, CacheKOpt, CacheVOpt, DenseOpt, EngineOpt, FlashOpt, HfOpt, IoOpt,
+                         KeepOpt, ModelArg, ModelOpt, NnapiLibOpt, NpuGbpsOpt, NpuOpt, PredOpt, ThreadsOpt, VerboseOpt,
+                         _model_path, app)
 from pi2.cli.load_flags import LoadModeOpt, NoMmapOpt, load_notes
 from pi2.errors import Pi2Error, UsageError
 from pi2.hub import pull as hub_pull
@@ -51,7 +52,8 @@ def serve(
     keep_tokens: int = typer.Option(0, "--keep-tokens", help="tokens a context shift keeps after BOS (llama.cpp's "
                                     "--keep)"),
     memory_budget: Optional[str] = BudgetOpt, io: str = IoOpt, no_mmap: bool = NoMmapOpt,
-    load_mode: Optional[str] = LoadModeOpt, verbose: bool = VerboseOpt,
+    load_mode: Optional[str] = LoadModeOpt, cache_k: str = CacheKOpt, cache_v: str = CacheVOpt,
+    flash_attn: str = FlashOpt, verbose: bool = VerboseOpt,
     expert_profile: bool = typer.Option(True, "--expert-profile/--no-expert-profile",
                                         help="a MoE file whose experts stream: learn its hot experts while serving "
                                              "and add the slots' routing to its routing profile at shutdown (the "
@@ -77,7 +79,8 @@ def serve(
                stream_interval_ms=stream_interval,
                n_ctx=ctx_size, n_threads=threads, engine=engine, keep=keep, dense=dense, predictor=use_predictor,
                memory_budget=memory_budget, io=io, npu=npu, nnapi_lib=nnapi_lib, npu_gbps=npu_gbps, no_mmap=no_mmap,
-               ctx_shift=ctx_shift, n_keep=keep_tokens, expert_profile=expert_profile,
+               ctx_shift=ctx_shift, n_keep=keep_tokens, expert_profile=expert_profile, cache_type_k=cache_k,
+               cache_type_v=cache_v, flash_attn=flash_attn,
                temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                repeat_last_n=repeat_last_n)
 

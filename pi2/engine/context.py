@@ -39,10 +39,12 @@ class CContext:
     at the next layer boundary and raises KeyboardInterrupt (the cache stays as before the call)."""
 
     def __init__(self, cmodel: CModel, n_ctx: int, n_threads: int = 0, impl: str = "auto", n_batch: int = 512,
-                 ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1):
+                 ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1, flash_attn: bool = False,
+                 type_v: int = 1):
         p = lib.pi2_ctx_default_params()
         p.n_ctx, p.n_batch, p.impl = n_ctx, n_batch, impl_id(impl)
         p.ctx_shift, p.n_keep, p.type_k = int(ctx_shift), n_keep, type_k
+        p.flash_attn, p.type_v = int(flash_attn), type_v
         self.ctx_shift, self.n_keep = ctx_shift, n_keep
         p.n_threads = n_threads if n_threads > 0 else default_threads()
         out = ffi.new("pi2_ctx **")

@@ -254,11 +254,13 @@ def stream_sizes(cmodel: CModel, cluster: int, layer: int = 0, n_hot: int = 0) -
                                          "gate_slot_bytes", "gate_hot_bytes", "gate_row_bytes", "gate_layer_bytes")}
 
 
-def ctx_sizes(cmodel: CModel, n_ctx: int, n_threads: int, n_batch: int = 512, type_k: int = 1) -> tuple:
-    """(KV cache bytes, other buffers' bytes) a C context of these params allocates (pi2_ctx_query); type_k: the K
-    cache's ggml type."""
+def ctx_sizes(cmodel: CModel, n_ctx: int, n_threads: int, n_batch: int = 512, type_k: int = 1,
+              type_v: int = 1) -> tuple:
+    """(KV cache bytes, other buffers' bytes) a C context of these params allocates (pi2_ctx_query); type_k, type_v:
+    the K and V caches' ggml types (a quantized V is counted with flash attention, which it needs)."""
     p = lib.pi2_ctx_default_params()
     p.n_ctx, p.n_threads, p.n_batch, p.type_k = n_ctx, max(n_threads, 1), n_batch, type_k
+    p.type_v, p.flash_attn = type_v, int(type_v != 1)
     out = ffi.new("pi2_ctx_sizes *", {"size": ffi.sizeof("pi2_ctx_sizes")})
     check(lib.pi2_ctx_query(cmodel._h, ffi.new("pi2_ctx_params *", p), out))
     return out.kv_bytes, out.scratch_bytes

@@ -93,10 +93,10 @@ def fixed_bytes(model, n_ctx: int, gate: bool = False, pred: bool | None = None)
     return sum(seen.values())
 
 
-def context_bytes(cmodel, n_ctx: int, n_threads: int, n_batch: int = 512, type_k: int = 1) -> tuple:
+def context_bytes(cmodel, n_ctx: int, n_threads: int, n_batch: int = 512, type_k: int = 1, type_v: int = 1) -> tuple:
     """(KV cache bytes, scratch bytes) of a C context on `cmodel` (an engine.CModel): what pi2_ctx_init allocates,
     as the C core counts it (pi2_ctx_query); type_k: the K cache's ggml type (-ctk)."""
-    return ctx_sizes(cmodel, n_ctx, n_threads, n_batch, type_k)
+    return ctx_sizes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)
 
 
 EARLY_P = 0.95     # a cold cluster this likely to be needed is read before the layer's attention (n_early)
@@ -289,7 +289,8 @@ def _take_hot(items: list, left: int, n_layer: int) -> tuple:
 
 
 def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
-              cluster: int | None = None, runtime: int | None = None, npu=None, rule=None, type_k: int = 1) -> Plan:
+              cluster: int | None = None, runtime: int | None = None, npu=None, rule=None, type_k: int = 1,
+              type_v: int = 1) -> Plan:
     """The split of `budget` for `model` (a loader.Model) loaded as `cmodel`; UsageError below the floor.
     runtime: the process's own bytes (default: measured now, runtime_rss). npu: the NPU's decision
     (npu_plan.NpuDecision) when it computes the hot prefix: its copies join the fixed region, the cache keeps
@@ -303,10 +304,11 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         raise UsageError(why)
     runtime, up = runtime_bounds(model) if runtime is None else (runtime, runtime)
     args = (model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
-    need = min_budget(model, cmodel, n_ctx, n_threads, io, n_batch, cluster, runtime, npu, rule, type_k=type_k)
+    need = min_budget(model, cmodel, n_ctx, n_threads, io, n_batch, cluster, runtime, npu, rule, type_k=type_k,
+                      type_v=type_v)
     shown = need + up - runtime     # the minimum as printed: with the RSS rounded up
     if budget < need:
-        kv = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k)[0]
+        kv = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)[0]
         gate = rule is not None and rule.rule == "predicted"
         raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(shown)} for this model at a "
                          f"context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
@@ -315,12 +317,13 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
 
     def fit(c):
         try:
-            return _plan(*args, c, type_k=type_k)
+            return _plan(*args, c, type_k=type_k, type_v=type_v)
         except UsageError as e:   # below the floor with the gate rows mapped: stream them too, whole, if they can
             if (rule is not None and rule.rule == "predicted") or not stream_sizes(cmodel, c, 0, 0)["gate_slot_bytes"]:
                 return None
             try:
-                return _plan(*args, c, gate_whole=True, floor_mapped=getattr(e, "floor", 0), type_k=type_k)
+                return _plan(*args, c, gate_whole=True, floor_mapped=getattr(e, "floor", 0), type_k=type_k,
+                             type_v=type_v)
             except UsageError:
                 return None
     # the budget is at least the minimum: some cluster size fits (the preferred one, else the first that does)
@@ -334,7 +337,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         if c == first.cluster:
             continue
         try:
-            p = _plan(*args, c, gate_whole=whole, floor_mapped=first.floor_mapped_gate, type_k=type_k)
+            p = _plan(*args, c, gate_whole=whole, floor_mapped=first.floor_mapped_gate, type_k=type_k, type_v=type_v)
         except UsageError:          # a floor above the budget (bigger slots)
             continue
         if p.read_mbps and p.read_seconds < best.read_seconds:
@@ -344,7 +347,8 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
 
 
 def min_budget(model, cmodel, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
-               cluster: int | None = None, runtime: int | None = None, npu=None, rule=None, type_k: int = 1) -> int:
+               cluster: int | None = None, runtime: int | None = None, npu=None, rule=None, type_k: int = 1,
+               type_v: int = 1) -> int:
     """The smallest budget make_plan accepts with these settings: the lowest floor over the cluster sizes it may
     choose, with the gate rows mapped or (when they can) streamed whole. `pi2 plan` prints it and a refused
     `--memory-budget` names it: one figure, whatever budget was asked for."""
@@ -354,7 +358,8 @@ def min_budget(model, cmodel, n_ctx: int, n_threads: int, io: str = "auto", n_ba
         not stream_sizes(cmodel, 64, 0, 0)["gate_slot_bytes"] else (False, True)
     clusters = (cluster,) if cluster else \
         tuple(dict.fromkeys([cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]), *CLUSTERS]))
-    return min(_base(*args, c, gate_whole=g, type_k=type_k)[0].floor for c in clusters for g in gate_whole)
+    return min(_base(*args, c, gate_whole=g, type_k=type_k, type_v=type_v)[0].floor
+               for c in clusters for g in gate_whole)
 
 
 def measured_runtime(model) -> int:
@@ -374,7 +379,7 @@ def runtime_bounds(model) -> tuple:
 
 
 def _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
-          floor_mapped=0, type_k=1) -> tuple:
+          floor_mapped=0, type_k=1, type_v=1) -> tuple:
     """The plan's fixed parts at one cluster size (its floor), before any hot prefix: (Plan, sizes, kv)."""
     npu = npu if npu is not None and npu.use else None
     cfg = model.config
@@ -382,7 +387,7 @@ def _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     gate = rule is not None and rule.rule == "predicted"
     streams_gate = gate or gate_whole
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
-    kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k)
+    kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)
     p = Plan(budget=budget, runtime=runtime,
              fixed=fixed_bytes(model, n_ctx, streams_gate, pred=gate) + (npu.bytes if npu else 0), kv=kv,
              scratch=scratch, margin=MARGIN,
@@ -401,10 +406,10 @@ def _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
 
 
 def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster, gate_whole=False,
-          floor_mapped=0, type_k=1) -> Plan:
+          floor_mapped=0, type_k=1, type_v=1) -> Plan:
     """make_plan at one cluster size; gate_whole: the gate rows stream, read whole each token."""
     p, sizes, kv = _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster,
-                         gate_whole, floor_mapped, type_k)
+                         gate_whole, floor_mapped, type_k, type_v)
     npu = npu if npu is not None and npu.use else None
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff

@@ -281,11 +281,11 @@ def _hit_rate(freq: np.ndarray, hot: np.ndarray, n_slots: int, k: int) -> float:
 
 
 def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto",
-                     n_batch: int = 512, ahead: bool = True, type_k: int = 1) -> ExpertPlan:
+                     n_batch: int = 512, ahead: bool = True, type_k: int = 1, type_v: int = 1) -> ExpertPlan:
     """The budget's split (UsageError when it is below the floor: the fixed region, KV, buffers and k slots);
     type_k: the K cache's ggml type (-ctk)."""
     c = model.config
-    kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k)
+    kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)
     layers = expert_layers(model)
     n_layers = sum(1 for b in layers if b)
     reads = read_bytes(model)

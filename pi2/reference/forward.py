@@ -17,7 +17,8 @@ from pi2.errors import UsageError
 from pi2.model.loader import Model
 from pi2.reference import ggml_order as go
 from pi2.reference import sparse_ffn as sparse
-from pi2.reference.kv_cache import make_keys
+from pi2.reference.flash_attn import flash_attention
+from pi2.reference.kv_cache import fwht, make_keys, make_values
 from pi2.reference.quants import QuantLinear
 from pi2.runtime.ffn_rule import choose_rule
 
@@ -114,10 +115,15 @@ class ReferenceContext:
     """A sequence being evaluated: the F16 KV cache and the position of the next token."""
 
     def __init__(self, model: Model, n_ctx: int, rule=None, weights: ReferenceWeights | None = None,
-                 ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1):
+                 ctx_shift: bool = False, n_keep: int = 0, type_k: int = 1, flash_attn: bool = False,
+                 type_v: int = 1):
         """rule: the run's runtime.ffn_rule.FFNRule (which neurons each token computes); None: the file's own rule,
         choose_rule(model). ctx_shift: a decode that would fill the context first drops half of the positions
-        after the first n_keep (shift()). type_k: the K cache's ggml type (F16 1, Q8_0 8, Q4_0 2, ...: make_keys)."""
+        after the first n_keep (shift()). type_k: the K cache's ggml type (F16 1, Q8_0 8, Q4_0 2, ...: make_keys).
+        flash_attn: attention as llama.cpp's flash attention (flash_attn.py); type_v: the V cache's ggml type, other
+        than F16 only with flash_attn (make_values)."""
+        if type_v != 1 and not flash_attn:
+            raise UsageError("a quantized V cache needs flash attention")
         cfg = model.config
         self.cfg, self.n_ctx = cfg, n_ctx
         self.ctx_shift, self.n_keep = ctx_shift, n_keep
@@ -125,7 +131,9 @@ class ReferenceContext:
         self.ffn = sparse.SparseFFN(model, self.w.layers, choose_rule(model) if rule is None else rule)
         self.qk = make_keys(type_k, cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim)
         self.k = None if self.qk else np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim), F16)
-        self.v = np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
+        self.flash = flash_attn
+        self.qv = make_values(type_v, cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v)
+        self.v = None if self.qv else np.zeros((cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim_v), F16)
         self.n_past = 0
         self.trace = None   # optional callable(name, layer, array) for checkpoint comparisons
 
@@ -196,7 +204,10 @@ class ReferenceContext:
             else:
                 k = self.k[il, src].astype(np.float32)
                 self.k[il, dst] = rope(k, *cs, cfg.n_rot, cfg.rope_neox).astype(F16)
-            self.v[il, dst] = self.v[il, src].copy()
+            if self.qv:
+                self.qv.move(il, src, dst)
+            else:
+                self.v[il, dst] = self.v[il, src].copy()
         self.n_past = n_past - n_discard
 
     def _layer(self, il: int, L: dict, x: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
@@ -225,7 +236,12 @@ class ReferenceContext:
             self.qk.store(il, pos, self.qk.rotate(k))
         else:
             self.k[il, pos] = k.astype(F16)
-        self.v[il, pos] = v.reshape(n, cfg.n_head_kv, cfg.head_dim_v).astype(F16)
+        v = v.reshape(n, cfg.n_head_kv, cfg.head_dim_v)
+        v_rot = 64 if self.qv and cfg.head_dim_v % 64 == 0 else 0     # llama.cpp's attn_rot_v
+        if self.qv:
+            self.qv.store(il, pos, fwht(v, v_rot) if v_rot else v)
+        else:
+            self.v[il, pos] = v.astype(F16)
         window = cfg.sliding_window if cfg.is_swa_layer(il) else 0
         scale = cfg.attn_scale
         if cfg.q_prescale:
@@ -234,8 +250,16 @@ class ReferenceContext:
         if self.qk:
             q, n_kv = self.qk.rotate(q), self.n_past + n
             kq_fn = lambda qh: self.qk.kq(il, qh, n_kv)  # noqa: E731
-        a = attention(q, None if self.qk else self.k[il], self.v[il], pos, self.n_past + n, scale, window,
-                      trace=(lambda name, t: self._cb(name, il, t)) if self.trace else None, kq_fn=kq_fn)
+        if self.flash:
+            n_kv = self.n_past + n
+            vals = self.qv.values(il, slice(0, n_kv)) if self.qv else self.v[il]
+            a = flash_attention(q, None if self.qk else self.k[il], vals, pos, n_kv, scale, window, kq_fn=kq_fn,
+                                v_f16=self.qv is None)
+            if v_rot:
+                a = fwht(a, v_rot)
+        else:
+            a = attention(q, None if self.qk else self.k[il], self.v[il], pos, self.n_past + n, scale, window,
+                          trace=(lambda name, t: self._cb(name, il, t)) if self.trace else None, kq_fn=kq_fn)
         self._cb("kqv_out", il, a)
         a = L["attn_output"](a)
         if cfg.post_norms:

@@ -11,8 +11,11 @@ Q4_0, Q4_1, Q5_0 and Q5_1 keys (BlockKeys) go the same way with ggml_set_rows' q
 quantize_row_*_ref, as gguf.quants computes it) and the type's vec_dot on the query quantized to its vec_dot type:
 Q4_0 and Q5_0 with Q8_0 (8 lanes, as Q8_0; tinyBLAS_Q0_AVX for batches adds alike), Q4_1 and Q5_1 with Q8_1 (the
 lanes plus the fma chain of block minimum × query block sum; no tinyBLAS for them).
-A quantized V needs flash attention in llama.cpp (`-fa off` refuses it), which pi2 does not compute: refused.
-Does not: the softmax or the product with V (forward.attention).
+A quantized V (-ctv, flash attention only, as llama.cpp) is stored by the same classes (make_values): ggml_set_rows
+quantizes V rows as it does K rows; flash_attn.py reads them back as floats. llama.cpp rotates those values too
+(`attn_rot_v`: fwht in runs of 64 whenever head_dim_v is a multiple of 64, the attention output rotated back):
+forward.py does that around the store and the attention, not these classes.
+Does not: the softmax or the product with V (forward.attention, flash_attn.py).
 """
 from __future__ import annotations
 
@@ -86,6 +89,10 @@ class QuantKeys:
             out.append(qdot.dot_q8_lanes(w, quantize_act(qh[h], Q8_0)))
         return np.stack(out)
 
+    def move(self, il: int, src: slice, dst: slice) -> None:
+        """Copy cells src to dst unchanged (values after a context shift)."""
+        self.d[il, dst], self.q[il, dst] = self.d[il, src].copy(), self.q[il, src].copy()
+
     def shift(self, il: int, src: slice, dst: slice, rope_fn) -> None:
         """Move keys src to dst as build_rope_shift does on a quantized cache: dequantize, rotate back, rope_fn
         (the keys (m, n_head_kv, head_dim) -> rotated by RoPE), rotate forward, quantize."""
@@ -128,6 +135,9 @@ class BlockKeys(QuantKeys):
             out.append(dot(w, quantize_act(qh[h], vdt)))
         return np.stack(out)
 
+    def move(self, il: int, src: slice, dst: slice) -> None:
+        self.raw[il, dst] = self.raw[il, src].copy()
+
     def shift(self, il: int, src: slice, dst: slice, rope_fn) -> None:
         self.raw[il, dst] = self._quantize(self.rotate(rope_fn(self.rotate(self.values(il, src)))))
 
@@ -137,3 +147,12 @@ def make_keys(qtype: int, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: in
     if qtype == Q8_0:
         return QuantKeys(n_layer, n_ctx, n_head_kv, head_dim)
     return BlockKeys(n_layer, n_ctx, n_head_kv, head_dim, qtype) if qtype in BLOCK_TYPES else None
+
+
+def make_values(qtype: int, n_layer: int, n_ctx: int, n_head_kv: int, head_dim_v: int) -> QuantKeys | None:
+    """The quantized V cache of ggml type qtype (None for F16): the K classes, storing what they are given (the caller
+    rotates: forward.py)."""
+    v = make_keys(qtype, n_layer, n_ctx, n_head_kv, head_dim_v)
+    if v is not None:
+        v.rot = 0
+    return v

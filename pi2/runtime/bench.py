@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pi2.engine import default_threads
 from pi2.errors import UsageError
 from pi2.runtime import bench_report as report
-from pi2.runtime.config import DEFAULT_CTX, ENGINES, RunConfig, cache_type
+from pi2.runtime.config import DEFAULT_CTX, ENGINES, RunConfig, cache_type, flash_mode
 from pi2.runtime.session import open_model, open_session
 
 OUTPUTS = ("md", "json", "jsonl", "csv")
@@ -37,6 +37,7 @@ class BenchParams:
     n_threads: tuple = ()            # () = the cores this process may use
     type_k: tuple = ("f16",)         # -ctk: K cache types (llama-bench's lists)
     type_v: tuple = ("f16",)         # -ctv
+    flash_attn: tuple = ("auto",)    # -fa: on / off / auto per test (llama-bench's 0,1 lists)
     load_mode: tuple = ("mmap",)     # -lm / -mmp: mmap (the file mapped) or none (read into memory, --no-mmap)
     engines: tuple = ("auto",)
     reps: int = 5
@@ -57,6 +58,7 @@ class Test:
     n_gen: int
     type_k: str = "f16"
     type_v: str = "f16"
+    flash_attn: str = "auto"
     load_mode: str = "mmap"
     samples_ns: list = field(default_factory=list)
 
@@ -125,6 +127,12 @@ def _types(values, flag: str) -> tuple:
     return out
 
 
+def _flash(values) -> tuple:
+    """-fa lists (llama-bench's 0,1; on, off, auto also), in the order given."""
+    out = tuple(flash_mode(v) for s in values or () for v in str(s).split(",") if v.strip()) or ("auto",)
+    return tuple(dict.fromkeys(out))
+
+
 # -lm values pi2 bench times: llama.cpp's load modes that mean mapping the file or reading it into memory
 _LOAD_MODES = {"auto": "mmap", "mmap": "mmap", "none": "none", "dio": "none"}
 
@@ -153,7 +161,7 @@ def _load_modes(load_mode, mmap) -> tuple:
 
 def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=None, reps=5, output="md",
                 engine="auto", warmup=True, progress=False, run: RunConfig | None = None, type_k=None,
-                type_v=None, load_mode=None, mmap=None) -> BenchParams:
+                type_v=None, load_mode=None, mmap=None, flash_attn=None) -> BenchParams:
     """Validate raw flag values (strings as typed; each flag may repeat) into BenchParams; run: the options every
     test shares (RunConfig's defaults when None); load_mode / mmap: the -lm and -mmp lists."""
     models = tuple(str(m) for m in models or ())
@@ -170,8 +178,10 @@ def make_params(models, n_prompt=None, n_gen=None, pg=None, batch=None, threads=
     p = BenchParams(models=models, n_prompt=_ints(n_prompt, "-p", (512,), 0), n_gen=_ints(n_gen, "-n", (128,), 0),
                     n_pg=tuple(_pair(s) for s in pg or ()), n_batch=_ints(batch, "-b", (DEFAULT_BATCH,), 1),
                     n_threads=_ints(threads, "-t", (), 1), type_k=_types(type_k, "-ctk"), type_v=_types(type_v, "-ctv"),
-                    load_mode=_load_modes(load_mode, mmap), engines=engines, reps=reps, output=output,
-                    warmup=warmup, progress=progress, run=run or RunConfig())
+                    flash_attn=_flash(flash_attn), load_mode=_load_modes(load_mode, mmap), engines=engines, reps=reps,
+                    output=output, warmup=warmup, progress=progress, run=run or RunConfig())
+    if "off" in p.flash_attn and any(v != "f16" for v in p.type_v):
+        raise UsageError("-fa 0 with a quantized -ctv: a quantized V cache needs flash attention, as llama.cpp says")
     if not any(p.n_prompt) and not any(p.n_gen) and not p.n_pg:
         raise UsageError("nothing to run: every test is skipped (-p 0 and -n 0, no -pg)")
     return p
@@ -182,9 +192,10 @@ def tests_for(p: BenchParams, model: str) -> list:
     out = []
     for engine in p.engines:
         for nb in p.n_batch:
-            for tk, tv, lm in ((tk, tv, lm) for tk in p.type_k for tv in p.type_v for lm in p.load_mode):
+            for tk, tv, fa, lm in ((tk, tv, fa, lm) for tk in p.type_k for tv in p.type_v for fa in p.flash_attn
+                                   for lm in p.load_mode):
                 for nt in p.n_threads or (default_threads(),):
-                    kv = {"type_k": tk, "type_v": tv, "load_mode": lm}
+                    kv = {"type_k": tk, "type_v": tv, "flash_attn": fa, "load_mode": lm}
                     out += [Test(model, engine, nb, nt, n, 0, **kv) for n in p.n_prompt if n > 0]
                     out += [Test(model, engine, nb, nt, 0, n, **kv) for n in p.n_gen if n > 0]
                     out += [Test(model, engine, nb, nt, pp, tg, **kv) for pp, tg in p.n_pg]
@@ -254,10 +265,10 @@ def run_model(p: BenchParams, path: str, emit, log) -> None:
         n_ctx = _ctx_size(tests)
         groups: dict = {}
         for t in tests:
-            groups.setdefault((t.engine, t.n_threads, t.type_k, t.type_v, t.load_mode), []).append(t)
-        for (engine, nt, tk, tv, lm), group in groups.items():
+            groups.setdefault((t.engine, t.n_threads, t.type_k, t.type_v, t.flash_attn, t.load_mode), []).append(t)
+        for (engine, nt, tk, tv, fa, lm), group in groups.items():
             session = open_session(model, replace(p.run, n_ctx=n_ctx, n_threads=nt, engine=engine, cache_type_k=tk,
-                                                  cache_type_v=tv, no_mmap=lm == "none"))
+                                                  cache_type_v=tv, flash_attn=fa, no_mmap=lm == "none"))
             resolved = session.engine
             log(f"pi2 bench: {os.path.basename(path)}: {info['model_type']}, engine {resolved}, {nt} thread(s)"
                 + (" (threads have no effect on the reference engine)" if resolved == "reference" and nt > 1 else ""))

@@ -106,7 +106,8 @@ def record(t, info: dict, engine: str, test_time: str, rss: int, extra: dict) ->
     commit, number = build_info()
     rec = {"build_commit": commit, "build_number": number, "cpu_info": cpu_info(), "gpu_info": "",
            "backends": "CPU", **info, "n_batch": t.n_batch, "n_threads": t.n_threads, "type_k": t.type_k,
-           "type_v": t.type_v, "n_gpu_layers": 0, "load_mode": t.load_mode, "n_prompt": t.n_prompt,
+           "type_v": t.type_v, "n_gpu_layers": 0, "flash_attn": FA_IDS[getattr(t, "flash_attn", "auto")],
+           "load_mode": t.load_mode, "n_prompt": t.n_prompt,
            "n_gen": t.n_gen, "n_depth": 0,
            "test_time": test_time}
     rec.update(summarize(t.samples_ns, t.n_prompt + t.n_gen))
@@ -138,22 +139,25 @@ def human_params(n: int) -> str:
     return f"{n / 1e6:.2f} M" if n < 1e9 else f"{n / 1e9:.2f} B"
 
 
+FA_IDS = {"auto": -1, "off": 0, "on": 1}   # llama_flash_attn_type, as llama-bench prints -fa
+
 # (field, header, printf-style width: negative = left-aligned), as llama-bench's markdown_printer
 _MD = {"model": ("model", -30), "size": ("size", 10), "params": ("params", 10), "backend": ("backend", -10),
        "n_threads": ("threads", 7), "n_batch": ("n_batch", 7), "type_k": ("type_k", 6), "type_v": ("type_v", 6),
-       "load_mode": ("lm", 10),
+       "flash_attn": ("fa", 3), "load_mode": ("lm", 10),
        "pi2_engine": ("engine", -10),
        "test": ("test", 15), "t/s": ("t/s", 20)}
 
 
 def markdown_columns(n_batch_varies: bool = False, engine: bool = False, type_k: bool = False,
-                     type_v: bool = False, load_mode: bool = False) -> list:
+                     type_v: bool = False, load_mode: bool = False, flash_attn: bool = False) -> list:
     """llama-bench's CPU columns; n_batch, type_k, type_v and load_mode when non-default, pi2 extras just before
     `test`."""
     cols = ["model", "size", "params", "backend", "n_threads"]
     cols += ["n_batch"] if n_batch_varies else []
     cols += ["type_k"] if type_k else []
     cols += ["type_v"] if type_v else []
+    cols += ["flash_attn"] if flash_attn else []
     cols += ["load_mode"] if load_mode else []
     cols += ["pi2_engine"] if engine else []
     return cols + ["test", "t/s"]
@@ -215,7 +219,7 @@ class MarkdownPrinter(_Printer):
         p = self.params
         engine = len(p.engines) > 1 or p.engines != ("auto",)
         self.cols = markdown_columns(p.n_batch != (2048,), engine, p.type_k != ("f16",), p.type_v != ("f16",),
-                                      p.load_mode != ("mmap",))
+                                      p.load_mode != ("mmap",), getattr(p, "flash_attn", ("auto",)) != ("auto",))
         self.w(markdown_header(self.cols) + "\n")
 
     def test(self, rec: dict) -> None:

@@ -70,12 +70,25 @@ class RunConfig:
     expert_profile: bool = True         # --no-expert-profile: a run streaming a MoE file's experts neither learns hot
                                         # experts nor adds its routing to the file's routing profile
     cache_type_k: str = "f16"           # -ctk: the K cache's type (f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1)
-    cache_type_v: str = "f16"           # -ctv: the V cache's type (f16: llama.cpp needs flash attention for others)
+    cache_type_v: str = "f16"           # -ctv: the V cache's type (f16, or with flash attention as -ctk's types)
+    flash_attn: str = "auto"            # -fa: on | off | auto (off unless -ctv is quantized: see `flash`)
 
     @property
     def type_k(self) -> int:
         """The K cache's ggml type id."""
         return cache_type("-ctk", self.cache_type_k)
+
+    @property
+    def type_v(self) -> int:
+        """The V cache's ggml type id."""
+        return cache_type("-ctv", self.cache_type_v)
+
+    @property
+    def flash(self) -> bool:
+        """Whether attention takes llama.cpp's flash-attention numbers. `auto` is off (the goldens' and the more
+        precise path: F32 softmax weights, no F16 accumulator) unless the V cache is quantized, which only flash
+        attention computes: then on, as llama.cpp's auto is on the CPU."""
+        return self.flash_attn == "on" or (self.flash_attn == "auto" and self.type_v != 1)
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -103,13 +116,27 @@ class RunConfig:
         if self.n_threads < 0:
             object.__setattr__(self, "n_threads", 0)
         cache_type("-ctk", self.cache_type_k), cache_type("-ctv", self.cache_type_v)
+        object.__setattr__(self, "flash_attn", flash_mode(self.flash_attn))
+        if self.flash_attn == "off" and cache_type("-ctv", self.cache_type_v) != 1:
+            raise UsageError(f"-ctv {self.cache_type_v}: a quantized V cache needs flash attention (-fa on or auto), "
+                             "as llama.cpp says", hint="-fa off keeps -ctv f16")
         object.__setattr__(self, "cache_type_k", self.cache_type_k.strip().lower())
         object.__setattr__(self, "cache_type_v", self.cache_type_v.strip().lower())
 
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7}   # -ctk values pi2 computes with, by
 # ggml type id (reference/kv_cache.py)
-V_TYPES = {"f16": 1}                   # -ctv: without flash attention only F16 (llama.cpp's rule)
+V_TYPES = KV_TYPES                     # -ctv: types other than F16 with flash attention only (llama.cpp's rule)
+FLASH_MODES = {"on": "on", "off": "off", "auto": "auto", "1": "on", "0": "off", "true": "on", "false": "off",
+               "enabled": "on", "disabled": "off"}
+
+
+def flash_mode(value) -> str:
+    """A -fa value (llama.cpp's on | off | auto; 1 / 0 as llama-bench lists them) as on, off or auto."""
+    v = str(value).strip().lower()
+    if v not in FLASH_MODES:
+        raise UsageError(f"-fa {value}: expected on, off or auto")
+    return FLASH_MODES[v]
 _QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 _OTHER_TYPES = ("f32", "bf16", "iq4_nl")
 
@@ -120,9 +147,6 @@ def cache_type(flag: str, value: str) -> int:
     table = KV_TYPES if flag == "-ctk" else V_TYPES
     if v in table:
         return table[v]
-    if flag == "-ctv" and v in _QUANTIZED:
-        raise UsageError(f"-ctv {value}: a quantized V cache needs flash attention (llama.cpp refuses it with -fa "
-                         "off), which pi2 does not compute; use -ctv f16", hint="-ctk q8_0 quantizes the K cache")
     known = "known to llama.cpp but not computed by pi2" if v in _OTHER_TYPES else "not a cache type"
     raise UsageError(f"{flag} {value}: {known}; pi2's {'K' if flag == '-ctk' else 'V'} cache holds "
                      f"{', '.join(table)}")

@@ -74,14 +74,14 @@ def c_engine_gap(model: Model) -> str:
 _WARNED: set = set()
 
 
-def resolve_ctx(model: Model, n_ctx: int, type_k: int = 1) -> int:
+def resolve_ctx(model: Model, n_ctx: int, type_k: int = 1, type_v: int = 1) -> int:
     """-c 0 is the model's training context; the default (4096) is capped at it; other sizes are as given. type_k:
     the K cache's ggml type (-ctk), which check_ctx sizes the cache by."""
     if n_ctx < 0:
         raise UsageError(f"invalid context size {n_ctx}")
     train = model.config.n_ctx_train
     n = train if n_ctx == 0 else min(n_ctx, train) if n_ctx == DEFAULT_CTX else n_ctx
-    check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "", type_k)
+    check_ctx(model, n, "the model's, -c 0" if n_ctx == 0 else "", type_k, type_v)
     if n > train > 0 and ("ctx", n) not in _WARNED:
         _WARNED.add(("ctx", n))     # as llama.cpp: once, and run anyway
         print(f"pi2: warning: -c {n} is larger than the model's training context ({train}): "
@@ -89,7 +89,7 @@ def resolve_ctx(model: Model, n_ctx: int, type_k: int = 1) -> int:
     return n
 
 
-def check_ctx(model: Model, n_ctx: int, whose: str = "", type_k: int = 1) -> None:
+def check_ctx(model: Model, n_ctx: int, whose: str = "", type_k: int = 1, type_v: int = 1) -> None:
     """Refuse, before anything is allocated, a context larger than the C engine takes (csrc/context.c) or whose KV
     cache (keys of ggml type type_k, -ctk) and buffers exceed the memory this process may use (as the C core counts
     them, for the models it runs)."""
@@ -100,7 +100,7 @@ def check_ctx(model: Model, n_ctx: int, whose: str = "", type_k: int = 1) -> Non
     if limit is None or c_engine_gap(model):   # C counts a context's bytes (pi2_ctx_query) of the models it runs
         return
     try:
-        need = sum(context_bytes(CModel.from_model(model), n_ctx, 1, type_k=type_k))
+        need = sum(context_bytes(CModel.from_model(model), n_ctx, 1, type_k=type_k, type_v=type_v))
     except (UnsupportedError, ModelFormatError):
         return
     if need > limit:
@@ -113,7 +113,7 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     """The run's decisions (UsageError for settings that cannot run). A budget streams a pi2 file's FFN: the C
     model is loaded to size the cache, the device probed for the I/O backend, NNAPI opened to decide the hot
     prefix; `pi2 plan` prints what this returns."""
-    n_ctx = resolve_ctx(model, cfg.n_ctx, cfg.type_k)
+    n_ctx = resolve_ctx(model, cfg.n_ctx, cfg.type_k, cfg.type_v)
     gap = c_engine_gap(model) if is_sparse_run(model, cfg) or model.config.moe_family else ""
     if model.config.moe_family and cfg.keep is not None:
         raise UsageError(f"--keep does not apply to {model.config.arch} models (experts are computed whole; --dense: "
@@ -176,13 +176,13 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     cfg = p.cfg
     if p.budget is not None and _streams_experts(model):   # a MoE file: the expert cache (pi2/plan/experts.py)
         p.cache = p.cache_cpu = make_expert_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io,
-                                                 n_batch=cfg.n_batch, type_k=cfg.type_k)
+                                                 n_batch=cfg.n_batch, type_k=cfg.type_k, type_v=cfg.type_v)
         p.cache.learn = cfg.expert_profile        # --no-expert-profile: a plain LRU
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return
     if p.budget is not None:
         p.cache = p.cache_cpu = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, rule=p.rule,
-                                          type_k=cfg.type_k)
+                                          type_k=cfg.type_k, type_v=cfg.type_v)
     if not model.config.pi2:
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return
@@ -190,7 +190,7 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     p.npu = npu.plan_hot(model, cfg.npu, cfg.nnapi_lib, p.n_threads, room, cfg.npu_gbps)
     if p.npu.hot and p.cache is not None:
         p.cache = make_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io, runtime=p.cache_cpu.runtime,
-                            npu=p.npu.decision, rule=p.rule, type_k=cfg.type_k)
+                            npu=p.npu.decision, rule=p.rule, type_k=cfg.type_k, type_v=cfg.type_v)
 
 
 def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | None:
@@ -202,7 +202,8 @@ def _fit_memory(model: Model, cfg: RunConfig, n_ctx: int, notes: list) -> int | 
     if limit is None:
         return None
     try:
-        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1), type_k=cfg.type_k)
+        kv, scratch = context_bytes(CModel.from_model(model), n_ctx, max(cfg.n_threads, 1), type_k=cfg.type_k,
+                                    type_v=cfg.type_v)
     except (UnsupportedError, ModelFormatError):   # not a model the C core runs: its contexts are not counted
         kv = scratch = 0
     need = sum(size for _, _, size in file_parts(model.file)) + kv + scratch + runtime_rss(model) + MARGIN

@@ -92,14 +92,16 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     n_keep = p.cfg.n_keep + int(bool(model.tokenizer.add_bos))    # llama-completion keeps the BOS too
     if p.engine == "reference":
         npu.attach(None, p.npu)
-        if model.config.moe_family and p.cfg.type_k != 1:
-            raise UsageError(f"-ctk {p.cfg.cache_type_k}: the reference engine keeps an F16 K cache for "
-                             f"{model.config.arch} models", hint="use the C engine (--engine c or auto)")
+        if model.config.moe_family and (p.cfg.type_k != 1 or p.cfg.flash):
+            raise UsageError(f"-ctk {p.cfg.cache_type_k} -fa {p.cfg.flash_attn}: the reference engine keeps an F16 K "
+                             f"cache without flash attention for {model.config.arch} models",
+                             hint="use the C engine (--engine c or auto)")
         ref = MoEContext(model, p.n_ctx) if model.config.moe_family else \
-            ReferenceContext(model, p.n_ctx, p.rule, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep, type_k=p.cfg.type_k)
+            ReferenceContext(model, p.n_ctx, p.rule, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep, type_k=p.cfg.type_k,
+                             flash_attn=p.cfg.flash, type_v=p.cfg.type_v)
         return Session(model, p, ref, p.npu)
     ctx = CContext(p.cmodel, p.n_ctx, p.n_threads, n_batch=p.cfg.n_batch, ctx_shift=p.cfg.ctx_shift, n_keep=n_keep,
-                   type_k=p.cfg.type_k)
+                   type_k=p.cfg.type_k, flash_attn=p.cfg.flash, type_v=p.cfg.type_v)
     ctx.set_ffn(p.rule)
     npu.attach(ctx, p.npu)      # first: whether the NPU took the hot prefix decides the cache split in force
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu

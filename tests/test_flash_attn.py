@@ -10,34 +10,20 @@ import numpy as np
 import pytest
 
 from clirun import cli
-from fixtures import write_model
-from pi2.engine import CContext, CModel, ctx_sizes
+from pi2.engine import CContext, ctx_sizes
 from pi2.engine.multi import decode_multi
 from pi2.errors import EngineError, UsageError
-from pi2.model.loader import load_model
 from pi2.reference.forward import ReferenceContext
 from pi2.runtime.config import RunConfig
+from test_kv_cache import PROMPT, model   # the same tiny models (rotated keys)
 
 F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = 1, 8, 2, 3, 6, 7
-PROMPT = [3, 17, 42, 99, 7, 256, 300, 11, 64, 128, 5, 77, 200, 401, 33, 9, 150, 18, 260, 71]
 LONG = [(37 * i + 11) % 500 for i in range(70)]       # >= 64 tokens: ggml's tiled loop
 DATA = Path(__file__).parent / "data"
 GOLDENS = {f"{k}-{v}": json.loads((DATA / f"fa-llamacpp-{k}-{v}.json").read_text())
            for k, v in (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q4_1", "q4_1"), ("q5_0", "q5_0"),
                         ("q5_1", "q5_1"))}
 GREEDY = ("f16-f16", "q8_0-q8_0")     # greedy text for these; perplexity figures for every kind
-_models = {}
-
-
-def model(tmp_path_factory, arch):
-    """A tiny model with 64-value heads (llama, qwen2) or 128 (gemma3, sliding window 5 on its local layers)."""
-    if arch not in _models:
-        path = tmp_path_factory.mktemp("fa") / f"{arch}.gguf"
-        write_model(path, arch=arch, wtype="Q8_0", n_embd=256, n_head=4, head_dim=128 if arch == "gemma3" else 64,
-                    n_layer=6 if arch == "gemma3" else 2, sliding_window=5)
-        m = load_model(path)
-        _models[arch] = (m, CModel.from_model(m))
-    return _models[arch]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])

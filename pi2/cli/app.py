@@ -2,6 +2,8 @@
 runtime's objects (RunConfig, SamplerParams) and calls one function of pi2/cli/commands.py, which does the work and
 the printing. This module imports only Typer and pi2's light modules: commands.py (numpy, the engine) is imported
 when a command runs, so `pi2 --help` stays fast. main() is in pi2/cli/main.py.
+Just over 400 lines: each command's flag list is one signature, and the shared flags are defined once here;
+the server and hub commands are already in pi2/cli/net.py.
 """
 from __future__ import annotations
 

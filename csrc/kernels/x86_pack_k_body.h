@@ -53,11 +53,23 @@ static inline X86_TARGET __m256i X86_FN(pkk_pick)(int j, int at) {
     return _mm256_loadu_si256((const __m256i *)c);
 }
 
+/* The 6-bit scales and mins of eight packed K-quant rows (Q4_K, Q5_K: 12 bytes per row at b + 32, interleaved),
+ * one byte per sub-block: sm[0] scales of sub-blocks 0-3, sm[1] of 4-7, sm[2] mins of 0-3, sm[3] of 4-7. */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(pkk_scales_mins)(const uint8_t *b, __m256i sm[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3f = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i u0 = _mm256_loadu_si256((const __m256i *)(b + 32)), u1 = _mm256_loadu_si256((const __m256i *)(b + 64)),
+                  u2 = _mm256_loadu_si256((const __m256i *)(b + 96));
+    sm[0] = _mm256_and_si256(u0, m3f);
+    sm[1] = _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m30));
+    sm[2] = _mm256_and_si256(u1, m3f);
+    sm[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4), _mm256_and_si256(_mm256_srli_epi32(u1, 2), m30));
+}
+
 /* Q4_K, NT tokens, 8 rows: the GEMM order (GEMM) or the GEMV order. */
 static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_pack_rows)(
         int64_t n, float *s, size_t s_stride, const uint8_t *g, const void *xq, size_t xq_stride, const int NT,
         const int GEMM) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3f = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i pick[4], pair[2];
     for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, 0);
     for (int k = 0; k < 2; k++) {   /* bytes 2k, 2k+1 of a lane -> int16 pair */
@@ -73,12 +85,9 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_pack_ro
     for (int64_t i = 0; i < n / QK_K; i++) {
         const uint8_t *b = g + (size_t)i * PKK_Q4K_COL;
         PKK_PREFETCH(b, PKK_Q4K_COL);
-        const __m256i u0 = _mm256_loadu_si256((const __m256i *)(b + 32)), u1 = _mm256_loadu_si256((const __m256i *)(b + 64)),
-                      u2 = _mm256_loadu_si256((const __m256i *)(b + 96));
-        const __m256i s_lo = _mm256_and_si256(u0, m3f), m_lo = _mm256_and_si256(u1, m3f);
-        const __m256i s_hi = _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m30));
-        const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
-                                             _mm256_and_si256(_mm256_srli_epi32(u1, 2), m30));
+        __m256i sm[4];
+        X86_FN(pkk_scales_mins)(b, sm);
+        const __m256i s_lo = sm[0], s_hi = sm[1], m_lo = sm[2], m_hi = sm[3];
         __m256i sc[8], mp[4];
         for (int j = 0; j < 4; j++) {
             sc[j] = _mm256_shuffle_epi8(s_lo, pick[j]);

@@ -30,7 +30,7 @@ static inline X86_TARGET __m256i X86_FN(q5k_hbit)(__m256i qh, int j) {
 static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_pack_rows)(
         int64_t n, float *s, size_t s_stride, const uint8_t *g, const void *xq, size_t xq_stride, const int NT,
         const int TILED) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3f = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i pick[4], pair[2];
     for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, -1);   /* scale byte j -> an int16 pair */
     for (int k = 0; k < 2; k++) {   /* bytes 2k, 2k+1 of a lane -> int16 pair */
@@ -46,12 +46,9 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_pack_ro
     for (int m = 0; m < 8; m++) accv[m] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const uint8_t *b = g + (size_t)i * PKK_Q5K_COL;
-        const __m256i u0 = _mm256_loadu_si256((const __m256i *)(b + 32)), u1 = _mm256_loadu_si256((const __m256i *)(b + 64)),
-                      u2 = _mm256_loadu_si256((const __m256i *)(b + 96));
-        const __m256i s_lo = _mm256_and_si256(u0, m3f), m_lo = _mm256_and_si256(u1, m3f);
-        const __m256i s_hi = _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m30));
-        const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
-                                             _mm256_and_si256(_mm256_srli_epi32(u1, 2), m30));
+        __m256i sm[4];
+        X86_FN(pkk_scales_mins)(b, sm);
+        const __m256i s_lo = sm[0], s_hi = sm[1], m_lo = sm[2], m_hi = sm[3];
         __m256i sc[8], mp[4];
         for (int j = 0; j < 4; j++) {
             sc[j] = _mm256_shuffle_epi8(s_lo, pick[j]);
@@ -129,7 +126,7 @@ static X86_TARGET void X86_FN(q5_K_dot_pack)(int64_t n, float *s, const void *gr
  * instructions per token than maddubs + vpdpwssd per unit. The same exact s1 and s2, the same float steps. */
 static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_tiled_rows)(
         int64_t n, float *s, size_t s_stride, const uint8_t *g, const void *xq, size_t xq_stride, const int NT) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3f = _mm256_set1_epi8(0x3F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i pick[4], pair[2];
     for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, 0);   /* scale byte j -> an int32 */
     for (int k = 0; k < 2; k++) {
@@ -144,12 +141,9 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_tiled_r
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
         const uint8_t *b = g + (size_t)i * PKK_Q5K_COL;
-        const __m256i u0 = _mm256_loadu_si256((const __m256i *)(b + 32)), u1 = _mm256_loadu_si256((const __m256i *)(b + 64)),
-                      u2 = _mm256_loadu_si256((const __m256i *)(b + 96));
-        const __m256i s_lo = _mm256_and_si256(u0, m3f), m_lo = _mm256_and_si256(u1, m3f);
-        const __m256i s_hi = _mm256_or_si256(_mm256_and_si256(u2, m4), _mm256_and_si256(_mm256_srli_epi32(u0, 2), m30));
-        const __m256i m_hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
-                                             _mm256_and_si256(_mm256_srli_epi32(u1, 2), m30));
+        __m256i sm[4];
+        X86_FN(pkk_scales_mins)(b, sm);
+        const __m256i s_lo = sm[0], s_hi = sm[1], m_lo = sm[2], m_hi = sm[3];
         const __m256i mp[4] = {_mm256_shuffle_epi8(m_lo, pair[0]), _mm256_shuffle_epi8(m_lo, pair[1]),
                                _mm256_shuffle_epi8(m_hi, pair[0]), _mm256_shuffle_epi8(m_hi, pair[1])};
         const blk_q8_K *y[4];

@@ -435,6 +435,7 @@ void pi2_model_free(pi2_model *m) {
     free(m->packs[0]);
     free(m->packs[1]);
     free(m->moe_pack);
+    free(m->down_pack);
     free(m->layers);
     free(m);
 }

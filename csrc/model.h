@@ -17,6 +17,7 @@ typedef struct {
     const float *ffn_norm;                    /* [n_embd] */
     pi2_weight gate, up, down;                /* down.data NULL when the layer has down_rows */
     pi2_weight down_rows;                     /* [n_ff] rows of n_embd (ffn_down transposed) or data NULL */
+    const uint8_t *down_qx1p;                 /* Q4_1/Q5_1 down_rows per 64-neuron group (ffn/down_pack.c), or NULL */
     const float *down_scale;                  /* [n_ff] row scales of I8 down_rows, else NULL */
     const float *down_colscale;               /* [n_embd] their column scales, else NULL */
     const float *post_ffw_norm;               /* [n_embd] or NULL */
@@ -49,6 +50,7 @@ struct pi2_model {
     pi2_fp16 *gelu_table;        /* [65536] when ffn_act is GELU, else NULL */
     void *packs[2];              /* pi2_model_repack's copies (attention and output; FFN), or NULL */
     void *moe_pack;              /* pi2_moe_repack's copy of the in-memory experts (ffn/moe_pack.c), or NULL */
+    void *down_pack;             /* pi2_ffn_down_pack's copy of the down rows (ffn/down_pack.c), or NULL */
     int64_t packed_bytes;        /* the size of all these copies */
 };
 

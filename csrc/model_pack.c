@@ -8,6 +8,7 @@
  * Does not: change any result (each packed kernel returns its plain kernel's bits), pack types or
  *       tables without a packed kernel, or pack matrices whose rows are not 8-row groups of tight rows. */
 #define _GNU_SOURCE
+#include "ffn/down_pack.h"
 #include "ffn/moe.h"
 #include "internal.h"
 #include "kernels/pack.h"
@@ -94,8 +95,9 @@ pi2_status pi2_model_repack(pi2_model *m, int32_t impl, int32_t ffn, int64_t *by
         m->packs[pass] = arena;
         m->packed_bytes += (int64_t)total;
     }
-    if (ffn) {   /* a MoE model's experts, in their own layout's kernels */
-        const pi2_status s = pi2_moe_repack(m, impl);
+    if (ffn) {   /* a MoE model's experts, and a pi2 file's Q4_1/Q5_1 down rows, in their own layouts' kernels */
+        pi2_status s = pi2_moe_repack(m, impl);
+        if (s == PI2_OK) s = pi2_ffn_down_pack(m, impl);
         if (s != PI2_OK) return s;
     }
     if (bytes) *bytes = m->packed_bytes;

@@ -17,6 +17,7 @@ from pi2file import convert_pi2
 from pi2 import engine
 from pi2.reference import sparse_ffn as sparse
 from pi2.engine import CContext, CModel
+from pi2.engine.kernels import kernel_info
 from pi2.errors import ModelFormatError
 from pi2.model.loader import load_model
 from pi2.reference.forward import ReferenceContext
@@ -24,16 +25,20 @@ from pi2.runtime import ffn_rule
 
 
 
-def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto"))):
-    """Reference logits and stats, and the C engine's for each (thread count, kernel table). (The other tables
-    reproduce the auto kernels' sums only for axpy_group, which tests/c/kernel_selftest.c checks.)"""
+def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto")), repack=False):
+    """Reference logits and stats, and the C engine's for each (thread count, kernel table), on a model whose
+    matrices are repacked as `pi2 run` in memory does when repack. (The other tables reproduce the auto kernels'
+    sums only for axpy_group, which tests/c/kernel_selftest.c checks.)"""
     m = load_model(path)
     ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, keep, dense))
     want = run(ref)
     spec = ffn_rule.choose_rule(m, keep, dense)
     got = []
     for nt, impl in threads:
-        c = CContext(CModel.from_model(m), 32, nt, impl=impl)
+        cm = CModel.from_model(m)
+        if repack:
+            cm.repack(ffn=True, impl=impl)
+        c = CContext(cm, 32, nt, impl=impl)
         c.set_ffn(spec)
         got.append((run(c), c.bench_stats()))
     return want, ref.bench_stats(), got, spec
@@ -45,10 +50,14 @@ def files(tmp_path_factory):
     plain = write_model(d / "plain.gguf", wtype="Q8_0", n_ff=320, n_embd=64)
     q4 = write_model(d / "q4.gguf", wtype="Q4_1", n_ff=320, n_embd=64, seed=2)
     odd = write_model(d / "odd.gguf", wtype="Q8_0", n_ff=256, n_embd=96, seed=4)   # 96 = 64 + a tail of 32
+    # 608 columns: 19 blocks (16 + a tail of 3 in the packed kernel), 288 neurons (a short last group)
+    wide = write_model(d / "wide.gguf", wtype="Q4_1", n_ff=288, n_embd=608, n_head=4, n_head_kv=2, seed=6)
     return {"plain": plain, "q4": q4, "f16": convert_pi2(odd, d / "f16.pi2.gguf", down_type="F16", default_keep=0.5),
             "odd_q8": convert_pi2(odd, d / "oq8.pi2.gguf", down_type="Q8_0", default_keep=0.5),
             "ud": convert_pi2(q4, d / "ud.pi2.gguf", down_type="Q5_1", default_keep=0.5),
             "ud4": convert_pi2(q4, d / "ud4.pi2.gguf", down_type="Q4_1", default_keep=0.5),
+            "wide4": convert_pi2(wide, d / "wide4.pi2.gguf", down_type="Q4_1", default_keep=0.6),
+            "wide5": convert_pi2(wide, d / "wide5.pi2.gguf", down_type="Q5_1", default_keep=0.6),
             "f32": convert_pi2(plain, d / "f32.pi2.gguf", down_type="F32", default_keep=0.75),
             "gud": convert_pi2(plain, d / "gud.pi2.gguf", layout="bundle-gud", down_type="Q8_0", default_keep=0.5)}
 
@@ -67,6 +76,22 @@ def test_c_sparse_ffn_equals_reference(files, name, keep, rule):
         assert stats == ref_stats
     if rule != "dense":
         assert ref_stats["ffn_keep"] < 1.0
+
+
+@pytest.mark.parametrize("name,keep", [("ud", None), ("ud4", None), ("ud4", 0.3), ("wide4", None), ("wide5", None),
+                                       ("wide5", 0.25)])
+def test_packed_down_rows_equal_reference(files, name, keep):
+    """In memory, `pi2 run` repacks a pi2 file's Q4_1/Q5_1 down rows per group (ffn/down_pack.c) where the CPU has
+    their kernel: one token's sums read that copy and give the reference's bits, prompt and decode, -t 1/2/3."""
+    want, ref_stats, got, _ = both(files[name], keep, threads=((1, "auto"), (2, "auto"), (3, "auto")), repack=True)
+    for logits, stats in got:
+        assert np.array_equal(logits, want)
+        assert stats == ref_stats
+    m = load_model(files[name])
+    plain = CModel.from_model(m).repack(ffn=False)
+    packed = CModel.from_model(m).repack(ffn=True)
+    if "avx512vnni" in kernel_info()["isa"]:   # the down rows' copy (the gate's too), else the gate's alone
+        assert packed > plain + m.config.n_layer * m.config.n_ff * m.config.n_embd // 2
 
 
 def test_dense_rule_on_bundles_and_plain(files):

@@ -23,6 +23,7 @@
 #include "ffn/pwri.h"
 #include "ffn/select.h"
 #include "internal.h"
+#include "kernels/axpy_qx1_pack.h"
 #include "nnapi/hot_ffn.h"
 #include "ops.h"
 #include "pipeline/pipeline.h"
@@ -47,6 +48,8 @@ typedef struct {
     pi2_rows up_rows, down_rows;
     int64_t up0, down0;
     const int32_t *groups;       /* the pipeline's ready groups (task -> group), or NULL: task = group */
+    pi2_axpy_qx1p_fn down_qx1p;  /* mapped rows with a packed copy (L->down_qx1p): its kernel, else NULL */
+    size_t qx1p_bytes;           /* bytes of one packed group */
 } ffn_job;
 
 /* ---- the active set (ffn/select.c) ---- */
@@ -162,7 +165,7 @@ static void group_task(void *arg, int32_t task, int32_t thread) {
             const uint8_t *u = pi2_row_at(ur, idx[pf], j->up0 + idx[pf] * us);      /* scattered rows defeat the */
             const uint8_t *d = pi2_row_at(dr, idx[pf], j->down0 + idx[pf] * ds);    /* hardware prefetcher: ask */
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);   /* PREFETCH ahead */
-            for (size_t o = 0; o < j->down_bytes; o += 64) __builtin_prefetch(d + o);
+            for (size_t o = 0; o < j->down_bytes && !j->down_qx1p; o += 64) __builtin_prefetch(d + o);
         }
         const uint8_t *row = pi2_row_at(ur, idx[i], j->up0 + idx[i] * us);
         if (dr->delta) off[i] = (int32_t)(pi2_row_at(dr, idx[i], j->down0 + idx[i] * ds) - dr->base);
@@ -181,6 +184,11 @@ static void group_task(void *arg, int32_t task, int32_t thread) {
         i++;
     }
     memset(part, 0, (size_t)j->n_embd * sizeof *part);
+    if (j->down_qx1p) {   /* the packed copy: rows by their place in the group */
+        for (int32_t i = 0; i < k; i++) off[i] = idx[i] - g * PI2_FFN_GROUP;
+        j->down_qx1p(j->n_embd, part, j->L->down_qx1p + (size_t)g * j->qx1p_bytes, off, hg, k);
+        return;
+    }
     row_scales(j->L, hg, idx, k);
     const pi2_type_traits *dt = pi2_traits(down->type, c->p.impl);
     if (dr->delta) dt->axpy_group(j->n_embd, part, dr->base, 1, off, hg, k);
@@ -226,7 +234,10 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     j->down_rows = (pi2_rows){.base = down->data, .cluster = PI2_FFN_GROUP};
     j->up0 = j->down0 = 0;
     j->groups = NULL;
+    j->down_qx1p = j->L->down_qx1p ? pi2_kernels_axpy_qx1p(down->type, c->p.impl) : NULL;
+    j->qx1p_bytes = pi2_qx1p_group_bytes(down->type, j->n_embd / 32);
     if (c->pipeline && pi2_pipeline_by_units(c->pipeline, PI2_PART_BUNDLES)) {
+        j->down_qx1p = NULL;   /* rows in the neuron cache's slots */
         /* hits and the hot prefix while the misses are read, then groups as their reads land */
         j->up_rows = j->down_rows = pi2_pipeline_rows(c->pipeline, PI2_PART_BUNDLES);
         j->up0 = up->data - c->m->map;   /* file offsets: the mapping's bundles are never read */

@@ -106,7 +106,10 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
     npu.attach(ctx, p.npu)      # first: whether the NPU took the hot prefix decides the cache split in force
     cache = p.cache if p.npu.state == "nnapi" else p.cache_cpu
     if p.cfg.repack:    # attention and output (the FFN too when every neuron is computed in memory) in the packed
-        ffn = (p.rule.rule == "dense" or model.config.moe_family) and cache is None   # MoE: experts whole or by neuron
+        # MoE: experts whole or by neuron; a pi2 file's sparse FFN: its gate rows and down rows (whose kernels read
+        # every gate row, and a group's rows from its packed copy), unless a predictor picks the gate rows to read
+        sparse_pi2 = model.config.pi2 and p.rule.rule in ("threshold", "topk")
+        ffn = (p.rule.rule == "dense" or model.config.moe_family or sparse_pi2) and cache is None
         repacked = p.cmodel.repack(ffn=ffn)   # the packed kernels' layout; same bits
         if cache is not None:
             cache.repacked = repacked      # the copies replace their mapped pages: the fixed region is unchanged

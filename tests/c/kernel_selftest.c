@@ -26,6 +26,7 @@
  * Does not: compare with numpy (tests/test_kernels.py does) or time anything. */
 #include "../../csrc/pi2.h"
 #include "../../csrc/pi2_test.h"
+#include "../../csrc/kernels/axpy_qx1_pack.h"
 #include "../../csrc/kernels/lowbit.h"
 #include "../../csrc/kernels/pack.h"
 #include "../../csrc/kernels/traits.h"
@@ -461,6 +462,44 @@ static void test_axpy(int type, int size) {
     free(w); free(y0); free(want); free(got); free(v); free(p);
 }
 
+/* The per-group layout's kernel (axpy_qx1_pack.c, where this CPU has one) equals the reference table's axpy_group
+ * of the same plain rows bit for bit: one group of n_rows ≤ 64 rows (a short last group too), active rows ascending
+ * (1, 3, 4 of one quad, 51 scattered, all 64), random h, all h = 0, h of inf and ~1e-35 (blocks whose largest
+ * a_i is out of range: M alone), the largest values with equal h (every z = 127), k = 0; y starts random. */
+static void test_axpy_qx1p(int type, int size) {
+    const pi2_axpy_qx1p_fn fn = pi2_kernels_axpy_qx1p(type, PI2_K_IMPL_AUTO);
+    if (!fn || size < 1) return;
+    const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
+    const int64_t nb = size > 160 ? 160 : size, n = nb * 32;
+    const size_t rb = (size_t)nb * (size_t)ref->type_size + 8;   /* + padding, like a bundle */
+    for (int32_t n_rows = 64; n_rows >= 37; n_rows -= 27) {
+        uint8_t *w = calloc(rb, 64), *grp = malloc(pi2_qx1p_group_bytes(type, nb));
+        for (int32_t r = 0; r < n_rows; r++) fill_weights(type, w + (size_t)r * rb, nb, ref->type_size);
+        pi2_qx1p_pack_group(type, w, rb, n_rows, nb, grp);
+        float *y0 = rand_floats(n, 1.0f), *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n), h[64];
+        int32_t idx[64];
+        for (int c = 0; c < 9; c++) {
+            int32_t k = 0;
+            for (int32_t r = 0; r < n_rows; r++) {
+                const int take = c == 0 ? r == n_rows / 2 : c == 1 ? r % 19 == 5 : c == 2 ? r / 4 == 3 :
+                                 c == 8 ? 0 : c >= 3 && c <= 4 ? next_u32() % 5 != 0 : 1;
+                if (take) idx[k++] = r;
+            }
+            for (int32_t i = 0; i < k; i++)
+                h[i] = c == 5 ? 0.0f : c == 6 ? (i == 1 ? INFINITY : -3.0f) : c == 7 ? 1e-35f * (float)(i + 1) : next_f();
+            if (c == 4)   /* every value the largest, d = 1: z = ±127 on every row */
+                for (int32_t i = 0; i < k; i++) h[i] = i % 2 ? 2.0f : -2.0f;
+            memcpy(want, y0, sizeof(float) * n);
+            memcpy(got, y0, sizeof(float) * n);
+            ref->axpy_group(n, want, w, rb, idx, h, k);
+            fn(n, got, grp, idx, h, k);
+            check(same_bits(got, want, n), "axpy_qx1p", ref->name, "auto", (int)(size * 1000 + n_rows * 10 + c),
+                  nmse(got, want, n));
+        }
+        free(w); free(grp); free(y0); free(want); free(got);
+    }
+}
+
 /* ---------------- I8 rows: the integer grouped row sum (axpy_i8.c) against a direct model ---------------- */
 
 /* The scheme written out: m = max|p_i|, z_i = nearbyint(p_i·(32767/m)), y[j] = y[j] + (m/32767)·(float)Σ z_i·q_i[j]. */
@@ -724,6 +763,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof packed_k / sizeof packed_k[0]; i++)
         for (int nb = 1; nb <= 7; nb += 3) test_packed(packed_k[i], pool, nb, nb < 4 ? 8 : 24);
     pi2_pool_free(pool);
+    for (int s = 0; s < N_SIZES; s++) {
+        test_axpy_qx1p(PI2_T_Q4_1, SIZES[s]);
+        test_axpy_qx1p(PI2_T_Q5_1, SIZES[s]);
+    }
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }

@@ -1,8 +1,10 @@
-/* ffn/down_pack.c — pi2_ffn_down_pack: a pi2 file's Q4_1/Q5_1 down rows copied, once at load, into the
- * per-group layout whose kernel streams them (kernels/axpy_qx1_pack.h), for decoding in memory.
- * Does: size, allocate (2 MiB-aligned on huge pages when large), pack group by group, point each layer at its copy.
- * Does not: release the file's pages (the bundles hold each neuron's up row beside its down row, and batches
- *       read the file's rows), or change any result (the kernel returns axpy_group's bits). */
+/* ffn/down_pack.c — pi2_ffn_down_pack: a pi2 file's bundles with Q4_1/Q5_1 down rows copied, once at load, for
+ * decoding in memory: the down rows into the per-group layout whose kernel streams them (kernels/axpy_qx1_pack.h),
+ * the up rows back to back (a bundle's up row and down row side by side make the hardware prefetcher fetch both
+ * when one token reads only the up rows there).
+ * Does: size, allocate (2 MiB-aligned on huge pages when large), copy layer by layer, point each layer at its
+ *       copies, release the bundles' mapped pages (as model_pack.c does for the matrices it packs).
+ * Does not: change any result (the down kernel returns axpy_group's bits; the up rows are the same bytes). */
 #define _GNU_SOURCE
 #include "ffn/down_pack.h"
 
@@ -10,14 +12,34 @@
 #include "kernels/axpy_qx1_pack.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 _Static_assert(PI2_QX1P_ROWS == PI2_FFN_GROUP, "the packed groups are the sparse FFN's groups");
 
+/* bytes of one tight up row of L */
+static size_t up_bytes(const pi2_layer *L, int32_t impl) {
+    const pi2_type_traits *t = pi2_traits(L->up.type, impl);
+    return t ? (size_t)(L->up.n_in / t->block_size) * (size_t)t->type_size : 0;
+}
+
+static size_t down_bytes(const pi2_layer *L, int64_t n_ff) {
+    return (size_t)((n_ff + PI2_QX1P_ROWS - 1) / PI2_QX1P_ROWS) * pi2_qx1p_group_bytes(L->down_rows.type, L->down_rows.n_in / 32);
+}
+
 static size_t layer_bytes(const pi2_layer *L, int32_t impl, int64_t n_ff) {
     const pi2_weight *w = &L->down_rows;
-    if (!w->data || L->down_qx1p || !pi2_kernels_axpy_qx1p(w->type, impl) || w->n_in % 32) return 0;
-    return (size_t)((n_ff + PI2_QX1P_ROWS - 1) / PI2_QX1P_ROWS) * pi2_qx1p_group_bytes(w->type, w->n_in / 32);
+    if (!w->data || !L->up.data || L->down_qx1p || !pi2_kernels_axpy_qx1p(w->type, impl) || w->n_in % 32 ||
+        !up_bytes(L, impl))
+        return 0;
+    return (down_bytes(L, n_ff) + (size_t)n_ff * up_bytes(L, impl) + 63) / 64 * 64;
+}
+
+static void release_pages(const uint8_t *p, size_t n) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) / page * page,
+                    b = ((uintptr_t)p + n) / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 pi2_status pi2_ffn_down_pack(pi2_model *m, int32_t impl) {
@@ -47,7 +69,15 @@ pi2_status pi2_ffn_down_pack(pi2_model *m, int32_t impl) {
                                 (int32_t)(n_ff - r0 < PI2_QX1P_ROWS ? n_ff - r0 : PI2_QX1P_ROWS), nb,
                                 arena + off + (size_t)(r0 / PI2_QX1P_ROWS) * gb);
         L->down_qx1p = arena + off;
+        uint8_t *up = arena + off + down_bytes(L, n_ff);
+        const size_t ub = up_bytes(L, impl);
+        for (int64_t r = 0; r < n_ff; r++) memcpy(up + (size_t)r * ub, L->up.data + (size_t)r * L->up.row_bytes, ub);
+        L->up_tight = up;
         off += sz;
+        /* the bundles' pages (bundle-ud: up row, down row; a gud bundle's gate rows are read every token) */
+        const uint8_t *b0 = L->up.data, *b1 = b0 + (size_t)n_ff * L->up.row_bytes;
+        if (!m->in_memory && !(L->gate.data >= b0 && L->gate.data < b1) && L->down_rows.data >= b0 && L->down_rows.data < b1)
+            release_pages(b0, (size_t)(b1 - b0));
     }
     m->down_pack = arena;
     m->packed_bytes += (int64_t)total;

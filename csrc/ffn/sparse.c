@@ -50,6 +50,7 @@ typedef struct {
     const int32_t *groups;       /* the pipeline's ready groups (task -> group), or NULL: task = group */
     pi2_axpy_qx1p_fn down_qx1p;  /* mapped rows with a packed copy (L->down_qx1p): its kernel, else NULL */
     size_t qx1p_bytes;           /* bytes of one packed group */
+    int64_t up_stride;           /* bytes from one up row to the next (the bundle's, or L->up_tight's) */
 } ffn_job;
 
 /* ---- the active set (ffn/select.c) ---- */
@@ -154,7 +155,7 @@ static void group_task(void *arg, int32_t task, int32_t thread) {
     const pi2_weight *up = &j->L->up, *down = &j->L->down_rows;
     const pi2_rows *ur = &j->up_rows, *dr = &j->down_rows;
     const int32_t *idx = c->ffn_idx + k0, cluster = ur->cluster;
-    const int64_t us = (int64_t)up->row_bytes, ds = (int64_t)down->row_bytes;
+    const int64_t us = j->up_stride, ds = (int64_t)down->row_bytes;
     const float *s = c->ffn_score;
     const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
@@ -236,8 +237,14 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     j->groups = NULL;
     j->down_qx1p = j->L->down_qx1p ? pi2_kernels_axpy_qx1p(down->type, c->p.impl) : NULL;
     j->qx1p_bytes = pi2_qx1p_group_bytes(down->type, j->n_embd / 32);
+    j->up_stride = (int64_t)up->row_bytes;
+    if (j->down_qx1p && j->L->up_tight) {   /* in memory: the copies (ffn/down_pack.c) */
+        j->up_rows.base = j->L->up_tight;
+        j->up_stride = (int64_t)j->up_bytes;
+    }
     if (c->pipeline && pi2_pipeline_by_units(c->pipeline, PI2_PART_BUNDLES)) {
         j->down_qx1p = NULL;   /* rows in the neuron cache's slots */
+        j->up_stride = (int64_t)up->row_bytes;
         /* hits and the hot prefix while the misses are read, then groups as their reads land */
         j->up_rows = j->down_rows = pi2_pipeline_rows(c->pipeline, PI2_PART_BUNDLES);
         j->up0 = up->data - c->m->map;   /* file offsets: the mapping's bundles are never read */

@@ -20,16 +20,20 @@ size_t pi2_qx1p_group_bytes(int32_t type, int64_t nb) {
     return u ? (size_t)nb * (PI2_QX1P_ROWS / 4 * u + PI2_QX1P_ROWS * 4) : 0;
 }
 
+/* the start of chunk c0's scales; its values follow them */
+static size_t chunk_at(size_t u, int64_t c0) { return (size_t)c0 * (PI2_QX1P_ROWS * 4 + PI2_QX1P_ROWS / 4 * u); }
+
 void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n_rows, int64_t nb, uint8_t *dst) {
     const size_t u = unit_bytes(type), bs = type == PI2_T_Q5_1 ? sizeof(blk_q5_1) : sizeof(blk_q4_1);
     const int five = type == PI2_T_Q5_1;
-    uint8_t *dm = dst + (size_t)nb * (PI2_QX1P_ROWS / 4) * u;
     memset(dst, 0, pi2_qx1p_group_bytes(type, nb));
     for (int32_t r = 0; r < n_rows; r++)
         for (int64_t b = 0; b < nb; b++) {
+            const int64_t c0 = b / 16 * 16, nc = nb - c0 < 16 ? nb - c0 : 16;
+            uint8_t *dm = dst + chunk_at(u, c0), *vals = dm + PI2_QX1P_ROWS * 4 * (size_t)nc;
             const uint8_t *blk = rows + (size_t)r * rb + (size_t)b * bs, *qs = blk + (five ? 8 : 4);
-            memcpy(dm + ((size_t)r * (size_t)nb + (size_t)b) * 4, blk, 4);
-            uint8_t *v = dst + ((size_t)b * (PI2_QX1P_ROWS / 4) + (size_t)(r / 4)) * u;
+            memcpy(dm + ((size_t)r * (size_t)nc + (size_t)(b - c0)) * 4, blk, 4);
+            uint8_t *v = vals + ((size_t)(b - c0) * (PI2_QX1P_ROWS / 4) + (size_t)(r / 4)) * u;
             for (int j = 0; j < 16; j++) v[4 * j + r % 4] = qs[j];
             if (!five) continue;
             uint32_t qh;
@@ -70,7 +74,6 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
     if (k <= 0) return;
     const int64_t nb = n / 32;
     const size_t u = five ? 80 : 64;
-    const uint8_t *dm = grp + (size_t)nb * (PI2_QX1P_ROWS / 4) * u;
     int32_t quads[PI2_QX1P_ROWS / 4], nq = 0;   /* quads with an active row, ascending (loc is) */
     for (int32_t i = 0; i < k; i++)
         if (!nq || quads[nq - 1] != loc[i] / 4) quads[nq++] = loc[i] / 4;
@@ -80,10 +83,11 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
     for (int64_t c0 = 0; c0 < nb; c0 += 16) {
         const int32_t nc = nb - c0 < 16 ? (int32_t)(nb - c0) : 16;
         const __mmask16 lanes = (__mmask16)((1u << nc) - 1u);
+        const uint8_t *dm = grp + chunk_at(u, c0), *vals = dm + PI2_QX1P_ROWS * 4 * (size_t)nc;
         __m512 Mv = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
         __mmask16 nan = 0;
         for (int32_t i = 0; i < k; i++) {   /* a, M and mx of 16 blocks, row by row in the active order */
-            const __m512i w = _mm512_maskz_loadu_epi32(lanes, dm + ((size_t)loc[i] * (size_t)nb + (size_t)c0) * 4);
+            const __m512i w = _mm512_maskz_loadu_epi32(lanes, dm + (size_t)loc[i] * (size_t)nc * 4);
             const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
             const __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
             const __m512 pv = _mm512_set1_ps(p[i]), av = _mm512_mul_ps(pv, d);
@@ -106,7 +110,7 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
             _mm512_storeu_si512(zt, _mm512_or_si512(_mm512_loadu_si512(zt), zb));
         }
         for (int32_t c = 0; c < nc; c++) {   /* every active quad of each block; two chains per half */
-            const uint8_t *q = grp + (size_t)(c0 + c) * (PI2_QX1P_ROWS / 4) * u;
+            const uint8_t *q = vals + (size_t)c * (PI2_QX1P_ROWS / 4) * u;
             __m512i lo0 = _mm512_setzero_si512(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
             int32_t t = 0;
             for (; t + 2 <= nq; t += 2) {

@@ -1,11 +1,13 @@
 /* axpy_qx1_pack.h — Q4_1 and Q5_1 down rows repacked per 64-neuron group for the integer group sums
  * (pi2/reference/down_qx1.py's numbers; axpy_qx1.c sums the file's rows, this layout's kernel the same bits).
- * Layout of one group of up to 64 rows (PI2_QX1P_ROWS; missing rows are zeros) of nb 32-column blocks:
- *   values: for block b, for quad t (rows 4t..4t+3): 64 bytes, byte 4j+r = row 4t+r's nibble byte j (its
- *           low nibble is column j, its high nibble column j+16); Q5_1 then 16 bytes: two 64-bit masks whose
+ * Layout of one group of up to 64 rows (PI2_QX1P_ROWS; missing rows are zeros) of nb 32-column blocks, chunk by
+ *   chunk of 16 blocks (the last chunk nc = the rest), so that a group is one forward stream:
+ *   scales: per row r, per block b of the chunk: d and m (fp16 each, the block's leading 4 bytes), nc·4 bytes a row;
+ *   values: for block b of the chunk, for quad t (rows 4t..4t+3): 64 bytes, byte 4j+r = row 4t+r's nibble byte j
+ *           (its low nibble is column j, its high nibble column j+16); Q5_1 then 16 bytes: two 64-bit masks whose
  *           bit 4j+r is row 4t+r's fifth bit of column j, then of column j+16. So one 64-byte load holds the
- *           four rows' values column by column, the layout VNNI's 4-byte dot products read;
- *   scales: after the values, per row r, per block b: d and m (fp16 each, the block's leading 4 bytes).
+ *           four rows' values column by column, the layout VNNI's 4-byte dot products read.
+ *   Chunk c0 (a multiple of 16) starts at c0·(64·4 + 16·unit) bytes, unit = 64 (Q4_1) or 80 (Q5_1).
  * Does: pack one group; the kernel that sums a group's active rows from it (AVX-512 VNNI; NULL elsewhere).
  * Does not: decide what to pack (ffn/down_pack.c) or sum rows in the file's layout (axpy_qx1.c). */
 #ifndef PI2_KERNELS_AXPY_QX1_PACK_H

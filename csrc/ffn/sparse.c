@@ -41,6 +41,7 @@ typedef struct {
     int64_t n_ff, n_embd;
     const pi2_type_traits *up_tr;
     pi2_vec_dot_rows4_fn up_rows4;     /* four up rows x one token in vec_dot's order, or NULL */
+    pi2_vec_dot_rows4p_fn up_rows4p;   /* the same on four rows anywhere: with the tight up rows, else NULL */
     size_t xq_row;
     int64_t slice;               /* down rows: output values per task */
     size_t up_bytes, down_bytes; /* bytes of one up row and one down row */
@@ -162,7 +163,8 @@ static void group_task(void *arg, int32_t task, int32_t thread) {
     int32_t off[PI2_FFN_GROUP];
     for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
         const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / cluster == idx[i + 3] / cluster;
-        for (const int32_t end = i + (four ? 4 : 1) + PREFETCH < k ? i + (four ? 4 : 1) + PREFETCH : k; pf < end; pf++) {
+        const int any4 = !four && j->up_rows4p && i + 4 <= k, step = four || any4 ? 4 : 1;
+        for (const int32_t end = i + step + PREFETCH < k ? i + step + PREFETCH : k; pf < end; pf++) {
             const uint8_t *u = pi2_row_at(ur, idx[pf], j->up0 + idx[pf] * us);      /* scattered rows defeat the */
             const uint8_t *d = pi2_row_at(dr, idx[pf], j->down0 + idx[pf] * ds);    /* hardware prefetcher: ask */
             for (size_t o = 0; o < j->up_bytes; o += 64) __builtin_prefetch(u + o);   /* PREFETCH ahead */
@@ -177,6 +179,14 @@ static void group_task(void *arg, int32_t task, int32_t thread) {
                 hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
                 if (dr->delta) off[i] = off[i - r] + (int32_t)(r * ds);
             }
+            continue;
+        }
+        if (any4) {   /* four active neurons anywhere in the tight copy: the four-row kernel on their rows */
+            const uint8_t *at[4];
+            float u4[4];
+            for (int r = 0; r < 4; r++) at[r] = pi2_row_at(ur, idx[i + r], j->up0 + idx[i + r] * us);
+            j->up_rows4p(up->n_in, u4, at, c->ffn_xq);
+            for (int r = 0; r < 4; r++, i++) hg[i] = s[idx[i]] * pi2_ffn_up_factor(u4[r], act);
             continue;
         }
         float u;
@@ -238,12 +248,15 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
     j->down_qx1p = j->L->down_qx1p ? pi2_kernels_axpy_qx1p(down->type, c->p.impl) : NULL;
     j->qx1p_bytes = pi2_qx1p_group_bytes(down->type, j->n_embd / 32);
     j->up_stride = (int64_t)up->row_bytes;
+    j->up_rows4p = NULL;
     if (j->down_qx1p && j->L->up_tight) {   /* in memory: the copies (ffn/down_pack.c) */
         j->up_rows.base = j->L->up_tight;
         j->up_stride = (int64_t)j->up_bytes;
+        j->up_rows4p = pi2_kernels_dot_rows4p(up->type, c->p.impl);
     }
     if (c->pipeline && pi2_pipeline_by_units(c->pipeline, PI2_PART_BUNDLES)) {
         j->down_qx1p = NULL;   /* rows in the neuron cache's slots */
+        j->up_rows4p = NULL;
         j->up_stride = (int64_t)up->row_bytes;
         /* hits and the hot prefix while the misses are read, then groups as their reads land */
         j->up_rows = j->down_rows = pi2_pipeline_rows(c->pipeline, PI2_PART_BUNDLES);

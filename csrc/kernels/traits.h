@@ -56,6 +56,8 @@ typedef void (*pi2_vec_dot4x2_fn)(int64_t n, float *out, size_t out_stride, cons
 /* vec_dot on four weight rows (w + k·w_stride bytes, k < 4) and one activation row: s[k] = row k · x_q,
  * each in vec_dot's float order, each activation block loaded once for the four rows. */
 typedef void (*pi2_vec_dot_rows4_fn)(int64_t n, float *s, const void *w, size_t w_stride, const void *x_q);
+/* the same on four rows anywhere: s[k] = rows[k] · x_q */
+typedef void (*pi2_vec_dot_rows4p_fn)(int64_t n, float *s, const uint8_t *const *rows, const void *x_q);
 /* The grouped row sum of the sparse FFN (axpy.c): y[j] += (((+0 + h[0]·v_0[j]) + h[1]·v_1[j]) + ...) for
  * j < n, v_i the values of the row at rows + idx[i]·row_bytes (to_float's), one product and one sum per
  * term. n is a multiple of the block size; rows may point into the middle of a row at a block boundary.
@@ -133,6 +135,8 @@ pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl);
 /* The four-row one-token kernel of `type` in table `impl` (x86.c), NULL where there is none; kept like
  * pi2_kernels_dot4x2. */
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl);
+/* The four-row kernel on rows anywhere (x86.c: where dot_rows4 exists), or NULL. */
+pi2_vec_dot_rows4p_fn pi2_kernels_dot_rows4p(int32_t type, int32_t impl);
 /* vec_dot_pack's order (each token's result bit for bit vec_dot_pack's) on up to four tokens per pass over a packed
  * group: s[t·s_stride + r], tokens x_q + t·x_stride; NULL where there is none (x86.c: Q4_K). */
 pi2_vec_dot_pack4_fn pi2_kernels_dot_pack_n(int32_t type, int32_t impl);

@@ -85,6 +85,13 @@ pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
     return dot_rows4[impl == PI2_K_IMPL_AUTO][type];
 }
 
+static pi2_vec_dot_rows4p_fn dot_rows4p[2][PI2_T_COUNT];
+
+pi2_vec_dot_rows4p_fn pi2_kernels_dot_rows4p(int32_t type, int32_t impl) {
+    if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
+    return dot_rows4p[impl == PI2_K_IMPL_AUTO][type];
+}
+
 /* [allow_ext][type]: the packed one-token order on up to four tokens (x86_pack_k_gemv_body.h), filled like dot4x2. */
 static pi2_vec_dot_pack4_fn dot_pack_n[2][PI2_T_COUNT];
 
@@ -203,6 +210,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_Q6_K, vnni ? q6_K_vec_dot512_vnni : q6_K_vec_dot_avx2, NULL, vnni ? "avx512vnni" : "avx2");
     dot_rows4[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_vec_dot_rows4_vnni : NULL;
+    dot_rows4p[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_vec_dot_rows4p_vnni : NULL;
     dot_pack_n[allow_ext != 0][PI2_T_Q4_K] = vnni ? q4_K_dot_pack_n_vnni : q4_K_dot_pack_n_avx2;
     t[PI2_T_Q4_K].vec_dot_batch = q4_K_gemm_dot_avx2;
     t[PI2_T_Q6_K].vec_dot_batch = q6_K_tiled_dot_avx2;
@@ -239,6 +247,11 @@ pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
 }
 
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
+    (void)type; (void)impl;
+    return NULL;
+}
+
+pi2_vec_dot_rows4p_fn pi2_kernels_dot_rows4p(int32_t type, int32_t impl) {
     (void)type; (void)impl;
     return NULL;
 }

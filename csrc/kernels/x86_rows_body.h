@@ -95,6 +95,37 @@ static X86_TARGET void X86_FN(q4_K_vec_dot_rows4)(int64_t n, float *s, const voi
     _mm_storeu_ps(s, _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
 }
 
+/* q4_K_vec_dot_rows4 on four rows anywhere (rows[k]: one token's scattered active neurons), no prefetch (the
+ * caller knows which rows come next): s[k] = rows[k] · the activation row, each bit for bit its vec_dot. */
+static X86_TARGET void X86_FN(q4_K_vec_dot_rows4p)(int64_t n, float *s, const uint8_t *const *rows, const void *xq) {
+    const blk_q8_K *y = xq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m512i ya = _mm512_loadu_si512((const void *)y[i].qs), yb = _mm512_loadu_si512((const void *)(y[i].qs + 64));
+        const __m512i yc = _mm512_loadu_si512((const void *)(y[i].qs + 128)), yd = _mm512_loadu_si512((const void *)(y[i].qs + 192));
+        const __m512i ylo[2] = {_mm512_shuffle_i64x2(ya, yb, 0x44), _mm512_shuffle_i64x2(yc, yd, 0x44)};
+        const __m512i yhi[2] = {_mm512_shuffle_i64x2(ya, yb, 0xEE), _mm512_shuffle_i64x2(yc, yd, 0xEE)};
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        __m256i is[4], ms[4];
+        uint32_t dmin[4];
+        PI2_UNROLL
+        for (int k = 0; k < 4; k++) {
+            const blk_q4_K *x = (const blk_q4_K *)rows[k] + i;
+            X86_FN(q4_K_row_lanes)(x, ylo, yhi, bsums, &is[k], &ms[k]);
+            memcpy(&dmin[k], &x->d, 4);   /* d, dmin */
+        }
+        const __m256i hi_ = _mm256_hadd_epi32(_mm256_hadd_epi32(is[0], is[1]), _mm256_hadd_epi32(is[2], is[3]));
+        const __m256i hm = _mm256_hadd_epi32(_mm256_hadd_epi32(ms[0], ms[1]), _mm256_hadd_epi32(ms[2], ms[3]));
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(hi_, hm, 0x20),
+                                              _mm256_permute2x128_si256(hi_, hm, 0x31));
+        const __m128i dd16 = _mm_set_epi32((int)dmin[3], (int)dmin[2], (int)dmin[1], (int)dmin[0]);
+        const __m128i order = _mm_set_epi8(15, 14, 11, 10, 7, 6, 3, 2, 13, 12, 9, 8, 5, 4, 1, 0);
+        const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(y[i].d), _mm256_cvtph_ps(_mm_shuffle_epi8(dd16, order)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
+    }
+    _mm_storeu_ps(s, _mm_sub_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+}
+
 /* Q6_K block, 64 values per step: the 8 int32 lanes of q6_K_lanes (x86_body.h), bit for bit. */
 static inline X86_TARGET __m256i X86_FN(q6_K_lanes512)(const blk_q6_K *x, const blk_q8_K *y) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);

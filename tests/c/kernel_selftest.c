@@ -241,6 +241,14 @@ static void test_multi_token(const pi2_type_traits *t, const pi2_type_traits *re
             for (int k = 0; k < 4; k++) t->vec_dot(n, &want4[k], w + k * row_bytes, xq);
             rows4(n, got, w, row_bytes, xq);
             check(same_bits(got, want4, 4), "rows4-vs-dot", ref->name, t->vec_dot_impl, size, nmse(got, want4, 4));
+            const pi2_vec_dot_rows4p_fn rows4p = pi2_kernels_dot_rows4p(PI2_T_Q4_K, PI2_K_IMPL_AUTO);
+            if (rows4p && t == pi2_traits(PI2_T_Q4_K, PI2_K_IMPL_AUTO)) {   /* rows anywhere, in any order */
+                const uint8_t *const at[4] = {w + 3 * row_bytes, w, w + 3 * row_bytes, w + 2 * row_bytes};
+                float want_at[4];
+                for (int k = 0; k < 4; k++) t->vec_dot(n, &want_at[k], at[k], xq);
+                rows4p(n, got, at, xq);
+                check(same_bits(got, want_at, 4), "rows4p-vs-dot", ref->name, t->vec_dot_impl, size, nmse(got, want_at, 4));
+            }
         }
         if (t->vec_dot_batch && t->vec_dot_batch4) {
             t->vec_dot_batch(n, &want, row, xq);

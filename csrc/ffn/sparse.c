@@ -9,7 +9,8 @@
  *       In a streamed context the read pipeline (csrc/pipeline/) brings the bytes: one token computes each
  *       group as its clusters become present (the same group task as mapped rows, with the rows' addressing
  *       passed in); a batch gets each layer's bundles read whole and runs the same code on them (and streamed
- *       gate rows, whenever all are needed).
+ *       gate rows, whenever all are needed). In memory, one token reads a pi2 file's copies instead where
+ *       ffn/down_pack.c made them: Q4_1/Q5_1 down rows per group (kernels/axpy_qx1_pack.h), up rows back to back.
  * Does not: read or decide what to read (the pipeline); it only tells the pipeline which parts it reads unit by
  *       unit (pi2_ffn_unit_parts).
  * Determinism: every up value is computed in vec_dot's order (vec_dot, the four-row kernel, or the tiled

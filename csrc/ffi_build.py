@@ -13,7 +13,7 @@ SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "kv_quant
            "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c", "kernels/axpy_qx1.c",
            "kernels/lowbit.c", "kernels/api.c", "kernels/pack.c", "model_pack.c", "kernels/ggml_order.c", "kernels/ggml_x8.c",
            "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c",
-           "ffn/moe_mm.c", "ffn/moe_stream.c", "ffn/moe_pack.c", "ffn/moe_relu.c",
+           "ffn/moe_mm.c", "ffn/moe_stream.c", "ffn/moe_pack.c", "ffn/moe_relu.c", "ffn/moe_neurons.c", "ffn/moe_down_rows.c",
            "kernels/pack_k.c",
            "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c", "pipeline/experts.c",
            "cache/cache.c", "cache/read.c", "cache/slots.c", "cache/experts.c", "cache/experts_learn.c",

@@ -140,6 +140,13 @@ class CContext:
             check(lib.pi2_ctx_get_stats(self._h, st, ffi.NULL))
         return out
 
+    def count_expert_neurons(self, counts: np.ndarray | None) -> None:
+        """From now on, add to counts (int64 [n_layer][n_expert][n_ff_exp], the caller's zeros) the routed rows whose
+        gate opened each expert neuron (gate > 0), experts computed in memory; None stops (`pi2 convert`'s profile)."""
+        self._neuron_counts = counts
+        buf = ffi.NULL if counts is None else ffi.from_buffer("int64_t[]", counts, require_writable=True)
+        check(lib.pi2_ctx_count_expert_neurons(self._h, buf))
+
     def ffn_counts(self) -> tuple:
         """(tokens through the FFN, active neurons per layer summed over them) since set_ffn."""
         st = self.stats()

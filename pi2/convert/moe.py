@@ -45,8 +45,9 @@ def check(cfg) -> None:
         raise UnsupportedError(f"pi2 convert does not convert {cfg.arch} models without experts yet (run the GGUF as "
                                "it is)")
     if cfg.expert_act != "relu":
+        act = {"silu": "SwiGLU"}.get(cfg.expert_act, cfg.expert_act)
         raise UnsupportedError(f"pi2 convert converts MoE files whose experts are ReLU-family (smallthinker); this "
-                               f"file's are {cfg.expert_act}: run it as it is")
+                               f"file's are {act}: run it as it is")
 
 
 def profile_neurons(model, calib, n_tokens: int, n_threads: int) -> tuple:

@@ -482,10 +482,12 @@ typedef struct {
 } pi2_cache_stats;
 
 /* From now on, count the neurons of ReLU-family experts that routed rows open: counts[(il·n_expert + e)·n_ff_exp + r]
- * += 1 for each (token, slot) routed to expert e of layer il whose gate row r is > 0 (`pi2 convert`'s profile). The
- * caller's zeroed buffer of n_layer·n_expert·n_ff_exp values, kept until the next call; NULL stops. Experts computed
- * from the mapping only (not while they stream). PI2_ERR_INVALID: NULL context or a model without experts. */
-PI2_API pi2_status pi2_ctx_count_expert_neurons(pi2_ctx *ctx, int64_t *counts);
+ * += 1 for each (token, slot) routed to expert e of layer il whose gate row r is > 0 (`pi2 convert`'s profile), and
+ * clusters[il] += the runs of `cluster` consecutive neurons holding an open one, per routed row (what reading only
+ * open clusters of a converted file's bundles costs). The caller's zeroed buffers of n_layer·n_expert·n_ff_exp and
+ * n_layer values, kept until the next call; NULL: not counted. Experts computed from the mapping only (not while
+ * they stream). PI2_ERR_INVALID: NULL context, a model without experts, or a cluster outside 1..n_ff_exp. */
+PI2_API pi2_status pi2_ctx_count_expert_neurons(pi2_ctx *ctx, int64_t *counts, int64_t *clusters, int32_t cluster);
 
 /* The context's figures into `out` (NULL: skipped) and, for a streamed context, its neuron cache's into `cache`
  * (NULL: skipped). PI2_ERR_INVALID: NULL context, a size of 0, or `cache` given for a context not streamed. */

@@ -7,13 +7,15 @@ file's logits are close to the source's, not equal: that is checked as a bound.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from clirun import cli
 from moe_files import write_moe
 
 from pi2.convert import convert
-from pi2.engine import CContext, CModel
+from pi2.engine import CContext, CModel, expert_clusters
 from pi2.model.expert_bundles import layout
 from pi2.model.loader import load_model
 from pi2.reference.moe import MoEContext
@@ -25,14 +27,15 @@ NEXT = [5, 9, 300, 41]
 _files: dict = {}
 
 
-def converted(tmp_path_factory, exp_type: str):
+def converted(tmp_path_factory, exp_type: str, ffn_type: str = "auto"):
     """(source model, converted model, report) of the synthetic smallthinker file with exp_type experts."""
-    if exp_type not in _files:
+    key = (exp_type, ffn_type)
+    if key not in _files:
         d = tmp_path_factory.mktemp("moeconv")
         src = write_moe(d / f"st.{exp_type}.gguf", "smallthinker", "F32", exp_type=exp_type)
-        rep = convert(src, d / "st.pi2.gguf", calib_tokens=256, progress=False, n_threads=2)
-        _files[exp_type] = (load_model(src), load_model(rep.output), rep)
-    return _files[exp_type]
+        rep = convert(src, d / "st.pi2.gguf", calib_tokens=256, progress=False, n_threads=2, ffn_type=ffn_type)
+        _files[key] = (load_model(src), load_model(rep.output), rep)
+    return _files[key]
 
 
 def rows3(m, name):
@@ -79,24 +82,34 @@ def test_profile_counts_the_open_neurons(tmp_path_factory):
     c = CContext(CModel.from_model(src), 64, 2)
     c.set_ffn(FFNRule("relu"))
     counts = np.zeros((cfg.n_layer, cfg.n_expert, cfg.n_ff_exp), np.int64)
-    c.count_expert_neurons(counts)
+    expert_clusters.count_neurons(c, counts)
     for t in PROMPT[:12]:
         c.decode([t])
     tokens, active = c.ffn_counts()
     assert tokens == 12 and np.array_equal(counts.sum(axis=(1, 2)), active)
     assert np.all(counts <= c.expert_counts[:, :, None])
-    c.count_expert_neurons(None)
+    expert_clusters.count_neurons(c, None)
     c.decode([7])
     assert counts.sum(axis=(1, 2)).tolist() == active.tolist()     # stopped
+    # clusters of one neuron are the neurons; of eight, at most that many and at least an eighth
+    for cluster, lo in ((1, 1.0), (8, 1 / 8)):
+        counts[:], cl = 0, np.zeros(cfg.n_layer, np.int64)
+        expert_clusters.count_neurons(c, counts, cl, cluster)
+        for t in NEXT:
+            c.decode([t])
+        per = counts.sum(axis=(1, 2))
+        assert np.all(cl <= per) and np.all(cl >= np.ceil(per * lo)) if cluster > 1 else np.array_equal(cl, per)
 
 
 def run(ctx) -> list:
     return [ctx.decode(PROMPT, all_logits=True)] + [ctx.decode([t]) for t in NEXT]
 
 
-@pytest.mark.parametrize("exp_type", ["Q4_0", "F32"])
-def test_converted_file_c_equals_reference(tmp_path_factory, exp_type):
-    src, dst, _ = converted(tmp_path_factory, exp_type)
+@pytest.mark.parametrize("exp_type,ffn_type", [("Q4_0", "auto"), ("F32", "auto"), ("Q4_0", "q4_1")])
+def test_converted_file_c_equals_reference(tmp_path_factory, exp_type, ffn_type):
+    """Down rows I8 (quantized sources), F32 (float sources, exact values) and Q4_1 (--ffn-type q4_1)."""
+    src, dst, rep = converted(tmp_path_factory, exp_type, ffn_type)
+    assert rep.down_types == [{"auto": "I8" if exp_type == "Q4_0" else "F32", "q4_1": "Q4_1"}[ffn_type]] * 3
     want = run(MoEContext(dst, 64))
     cm = CModel.from_model(dst)
     for threads in (1, 2, 3):
@@ -108,7 +121,8 @@ def test_converted_file_c_equals_reference(tmp_path_factory, exp_type):
     # close to the source: only down's storage and summation order differ
     base = run(MoEContext(src, 64))
     for a, b in zip(base, want):
-        assert np.linalg.norm(a - b) / np.linalg.norm(a) < (1e-4 if exp_type == "F32" else 0.05)
+        bound = 1e-4 if exp_type == "F32" else 0.05 if ffn_type == "auto" else 0.25   # 4-bit rows of 4-bit rows
+        assert np.linalg.norm(a - b) / np.linalg.norm(a) < bound
 
 
 def test_cli_convert_and_run(tmp_path_factory, tmp_path):
@@ -119,6 +133,12 @@ def test_cli_convert_and_run(tmp_path_factory, tmp_path):
     args = ("-p", "hello world", "-n", "8", "--temp", "0", "-c", "128", "--ignore-eos")
     run1, run2 = cli("run", str(tmp_path / "c.gguf"), *args), cli("run", dst.path, *args)
     assert run1.code == 0 and run1.out == run2.out and run1.out, run1.err
+    verbose = cli("run", dst.path, *args, "--verbose")
+    assert verbose.out == run2.out and "of the bundle clusters open per routed row" in verbose.err
+    bench = cli("bench", dst.path, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "json")
+    b = json.loads(bench.out)[0]
+    assert 0.4 < b["pi2_expert_open_clusters"] < 1
+    assert 0 < b["pi2_expert_bytes_per_token_open_clusters"] < b["pi2_expert_bytes_per_token_whole"]
     again = cli("convert", str(tmp_path / "c.gguf"), "-o", str(tmp_path / "d.gguf"))
     assert again.code == 2 and "already converted" in again.err
     budget = cli("run", str(tmp_path / "c.gguf"), *args, "--memory-budget", "64M")

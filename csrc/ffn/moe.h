@@ -34,6 +34,8 @@ struct pi2_moe {
     const uint8_t *const *stream_rows[3];
     struct pi2_moe_stream *stream;   /* its scratch, made on first use */
     int64_t *neuron_counts;          /* [n_layer][X][n_ff_exp] open-neuron counts (moe_neurons.c), or NULL */
+    int64_t *cluster_counts;         /* [n_layer] open clusters of `cluster` neurons summed over rows, or NULL */
+    int32_t cluster;
 };
 
 /* Where expert e's rows of w are, and in which layout: the expert cache's copy while it streams (file layout), else

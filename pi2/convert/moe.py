@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from pi2.convert import layout, profile
 from pi2.convert.writer import kv_types, write_gguf
-from pi2.engine import CContext, CModel, default_threads
+from pi2.engine import CContext, CModel, default_threads, expert_clusters
 from pi2.errors import UnsupportedError, UsageError
 from pi2.model.expert_bundles import LAYOUT
 from pi2.model.gguf_file import GGML_TYPES
@@ -57,11 +57,11 @@ def profile_neurons(model, calib, n_tokens: int, n_threads: int) -> tuple:
     chunks, sha, n_tok = profile.calib_tokens(model.tokenizer, calib, n_tokens)
     ctx = CContext(CModel.from_model(model), max(len(ch) for ch in chunks) + 1, n_threads or default_threads())
     counts = np.zeros((cfg.n_layer, cfg.n_expert, cfg.n_ff_exp), np.int64)
-    ctx.count_expert_neurons(counts)
+    expert_clusters.count_neurons(ctx, counts)
     for ch in chunks:
         ctx.reset()
         ctx.decode(ch, all_logits=True)      # the last layer too computes every row
-    ctx.count_expert_neurons(None)
+    expert_clusters.count_neurons(ctx, None)
     return ctx.expert_counts, counts, n_tok, sha
 
 

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from pi2.engine import expert_clusters
 from pi2.engine.flash_io import IDS as IO_IDS
 from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
@@ -54,6 +55,8 @@ class CContext:
         self.n_ctx, self.n_threads = n_ctx, p.n_threads
         self._logits = np.empty(self.cfg.n_vocab, np.float32)
         self._trace_cb = None
+        if self.cfg.expert_bundles:       # a converted MoE file: what its open clusters would cost to read
+            expert_clusters.start(self)
 
     def __getattr__(self, name: str):
         # decode_from, on the MoE family only (llama-perplexity's rows: its last layer computes just those). Not a
@@ -140,13 +143,6 @@ class CContext:
             check(lib.pi2_ctx_get_stats(self._h, st, ffi.NULL))
         return out
 
-    def count_expert_neurons(self, counts: np.ndarray | None) -> None:
-        """From now on, add to counts (int64 [n_layer][n_expert][n_ff_exp], the caller's zeros) the routed rows whose
-        gate opened each expert neuron (gate > 0), experts computed in memory; None stops (`pi2 convert`'s profile)."""
-        self._neuron_counts = counts
-        buf = ffi.NULL if counts is None else ffi.from_buffer("int64_t[]", counts, require_writable=True)
-        check(lib.pi2_ctx_count_expert_neurons(self._h, buf))
-
     def ffn_counts(self) -> tuple:
         """(tokens through the FFN, active neurons per layer summed over them) since set_ffn."""
         st = self.stats()
@@ -169,7 +165,7 @@ class CContext:
             return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
                     "ffn_bytes_per_token": ffn_bytes_per_token(model), "active_bytes_per_token": active_params(model)[1],
                     **({"expert_neurons_active": round(share, 4)} if share is not None else {}),
-                    **self.stream_stats()}
+                    **expert_clusters.stats(self), **self.stream_stats()}
         return {**self._ffn_stats(), **self.stream_stats()}
 
     def expert_neurons_active(self) -> float | None:

@@ -121,7 +121,7 @@ def test_converted_file_c_equals_reference(tmp_path_factory, exp_type, ffn_type)
     # close to the source: only down's storage and summation order differ
     base = run(MoEContext(src, 64))
     for a, b in zip(base, want):
-        bound = 1e-4 if exp_type == "F32" else 0.05 if ffn_type == "auto" else 0.25   # 4-bit rows of 4-bit rows
+        bound = 1e-4 if exp_type == "F32" else 0.05 if ffn_type == "auto" else 0.5   # 4-bit rows of 4-bit columns
         assert np.linalg.norm(a - b) / np.linalg.norm(a) < bound
 
 

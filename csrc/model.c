@@ -29,11 +29,13 @@ static const char *ROLE_NAMES[PI2_TENSOR_COUNT] = {
     "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_down_rows",
     "ffn_gate_pred", "fc1", "fc2", "ffn_down_scale", "ffn_down_colscale", "attn_output.bias", "ffn_gate_inp",
     "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-    "ffn_gate_inp_shexp"};
+    "ffn_gate_inp_shexp", "ffn_down_rows_exps", "ffn_down_scale_exps", "ffn_down_colscale_exps"};
 
 static int per_layer(int32_t role) { return role >= PI2_TENSOR_ATTN_NORM; }
 
-static int is_expert(int32_t role) { return role >= PI2_TENSOR_FFN_GATE_EXPS && role <= PI2_TENSOR_FFN_DOWN_EXPS; }
+static int is_expert(int32_t role) {
+    return (role >= PI2_TENSOR_FFN_GATE_EXPS && role <= PI2_TENSOR_FFN_DOWN_EXPS) || role >= PI2_TENSOR_FFN_DOWN_ROWS_EXPS;
+}
 
 /* The ggml shape (ne0, ne1) a role must have (0: any, the low-rank predictor's rank), and whether the
  * architecture reads it at all. */
@@ -47,6 +49,9 @@ static int expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64
     case PI2_TENSOR_FFN_GATE_INP: *ne0 = E; *ne1 = p->n_expert; return experts;
     case PI2_TENSOR_FFN_GATE_EXPS: case PI2_TENSOR_FFN_UP_EXPS: *ne0 = E; *ne1 = p->n_ff_exp; return experts;
     case PI2_TENSOR_FFN_DOWN_EXPS: *ne0 = p->n_ff_exp; *ne1 = E; return experts;
+    case PI2_TENSOR_FFN_DOWN_ROWS_EXPS: *ne0 = E; *ne1 = p->n_ff_exp; return experts;
+    case PI2_TENSOR_FFN_DOWN_SCALE_EXPS: *ne0 = p->n_ff_exp; return experts;
+    case PI2_TENSOR_FFN_DOWN_COLSCALE_EXPS: *ne0 = E; return experts;
     case PI2_TENSOR_FFN_GATE_SHEXP: case PI2_TENSOR_FFN_UP_SHEXP: *ne0 = E; *ne1 = p->n_ff_shexp; return experts && p->n_ff_shexp;
     case PI2_TENSOR_FFN_DOWN_SHEXP: *ne0 = p->n_ff_shexp; *ne1 = E; return experts && p->n_ff_shexp;
     case PI2_TENSOR_FFN_GATE_INP_SHEXP: *ne0 = E; return experts && p->n_ff_shexp && p->shexp_gate;
@@ -86,7 +91,8 @@ static int is_vector(int32_t role) {
            (role >= PI2_TENSOR_ATTN_Q_BIAS && role <= PI2_TENSOR_POST_ATTN_NORM) ||
            role == PI2_TENSOR_FFN_NORM || role == PI2_TENSOR_POST_FFW_NORM || role == PI2_TENSOR_FFN_DOWN_SCALE ||
            role == PI2_TENSOR_FFN_DOWN_COLSCALE || role == PI2_TENSOR_ATTN_OUTPUT_BIAS ||
-           role == PI2_TENSOR_FFN_GATE_INP_SHEXP;
+           role == PI2_TENSOR_FFN_GATE_INP_SHEXP || role == PI2_TENSOR_FFN_DOWN_SCALE_EXPS ||
+           role == PI2_TENSOR_FFN_DOWN_COLSCALE_EXPS;
 }
 
 static pi2_status check_params(const pi2_model_params *p) {
@@ -150,7 +156,8 @@ static pi2_status check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32
         row = pi2_lowbit_row_bytes(pi2_lowbit_bits(d->type), ne0);
     } else {
         const pi2_type_traits *t = pi2_traits(d->type, PI2_IMPL_REF);
-        const int rows_only = d->role == PI2_TENSOR_FFN_DOWN_ROWS && d->type == PI2_T_I8;   /* summed, never dotted */
+        const int rows_only = (d->role == PI2_TENSOR_FFN_DOWN_ROWS || d->role == PI2_TENSOR_FFN_DOWN_ROWS_EXPS) &&
+                              d->type == PI2_T_I8;   /* summed, never dotted */
         if (is_vector(d->role) ? d->type != PI2_T_F32 : (!t || !(rows_only ? t->axpy_group != NULL : t->vec_dot != NULL)))
             return pi2_set_error(PI2_ERR_UNSUPPORTED, "tensor %s (layer %d) has ggml type %d, which pi2 cannot compute with",
                                  name, (int)d->layer, (int)d->type);
@@ -218,6 +225,9 @@ static void place(pi2_model *m, const pi2_tensor_desc *d) {
     case PI2_TENSOR_ATTN_OUTPUT_BIAS: L->o_bias = f; break;
     case PI2_TENSOR_FFN_GATE_INP: L->router = weight_view(m, d); break;
     case PI2_TENSOR_FFN_GATE_EXPS: L->gate_exps = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_DOWN_ROWS_EXPS: L->down_rows_exps = weight_view(m, d); break;
+    case PI2_TENSOR_FFN_DOWN_SCALE_EXPS: L->down_scale_exps = f; break;
+    case PI2_TENSOR_FFN_DOWN_COLSCALE_EXPS: L->down_colscale_exps = f; break;
     case PI2_TENSOR_FFN_UP_EXPS: L->up_exps = weight_view(m, d); break;
     case PI2_TENSOR_FFN_DOWN_EXPS: L->down_exps = weight_view(m, d); break;
     case PI2_TENSOR_FFN_GATE_SHEXP: L->gate_sh = weight_view(m, d); break;
@@ -378,8 +388,15 @@ pi2_status pi2_model_load_parts(const char *const *paths, const uint64_t *bases,
             int64_t ne0, ne1;
             if (per_layer(role) != (layer >= 0) || role == PI2_TENSOR_ROPE_FREQS || role == PI2_TENSOR_FFN_DOWN_ROWS ||
                 (role >= PI2_TENSOR_FFN_GATE_PRED && role <= PI2_TENSOR_ATTN_OUTPUT_BIAS) ||
-                !expected(params, role, &ne0, &ne1)) continue;
+                role >= PI2_TENSOR_FFN_DOWN_ROWS_EXPS || !expected(params, role, &ne0, &ne1)) continue;
             const uint8_t *row = &seen[(size_t)(layer + 1) * PI2_TENSOR_COUNT];
+            if (role == PI2_TENSOR_FFN_DOWN_EXPS && row[PI2_TENSOR_FFN_DOWN_ROWS_EXPS]) {
+                if (row[role]) {
+                    s = pi2_set_error(PI2_ERR_FORMAT, "layer %d has both ffn_down_exps and ffn_down_rows_exps", (int)layer);
+                    goto fail;
+                }
+                continue;
+            }
             if (role == PI2_TENSOR_FFN_DOWN && row[PI2_TENSOR_FFN_DOWN] && row[PI2_TENSOR_FFN_DOWN_ROWS]) {
                 s = pi2_set_error(PI2_ERR_FORMAT, "layer %d has both ffn_down and ffn_down_rows", (int)layer);
                 goto fail;
@@ -395,6 +412,12 @@ pi2_status pi2_model_load_parts(const char *const *paths, const uint64_t *bases,
         if (i8 != (L->down_scale != NULL) || i8 != (L->down_colscale != NULL)) {
             s = pi2_set_error(PI2_ERR_FORMAT, i8 ? "layer %d's int8 ffn_down_rows need ffn_down_scale and ffn_down_colscale"
                                                  : "layer %d has ffn_down_scale/colscale without int8 ffn_down_rows", (int)il);
+            goto fail;
+        }
+        const int i8x = L->down_rows_exps.data && L->down_rows_exps.type == PI2_T_I8;
+        if (i8x != (L->down_scale_exps != NULL) || i8x != (L->down_colscale_exps != NULL)) {
+            s = pi2_set_error(PI2_ERR_FORMAT, "layer %d: int8 ffn_down_rows_exps go with ffn_down_scale_exps and "
+                              "ffn_down_colscale_exps, and only they", (int)il);
             goto fail;
         }
         if (!L->fc1.data != !L->fc2.data || (L->fc1.data && L->fc1.n_out != L->fc2.n_in)) {

@@ -28,6 +28,9 @@ typedef struct {
     const float *o_bias;                      /* [n_embd] or NULL */
     pi2_weight router;                        /* ffn_gate_inp [n_expert] rows, or data NULL (dense) */
     pi2_weight gate_exps, up_exps, down_exps; /* expert 0's rows (n_out per expert); expert e at data + e·n_out rows */
+    pi2_weight down_rows_exps;                /* a converted file's down rows per expert (moe_down_rows.c), or data NULL */
+    const float *down_scale_exps;             /* [n_expert][n_ff_exp] row scales of I8 down_rows_exps, else NULL */
+    const float *down_colscale_exps;          /* [n_expert][n_embd] their column scales, else NULL */
     pi2_weight gate_sh, up_sh, down_sh;       /* the shared expert, or data NULL */
     const float *gate_inp_sh;                 /* [n_embd] qwen2moe's shared-expert gate, or NULL */
     int32_t nope;                             /* 1: no RoPE on this layer */

@@ -153,7 +153,12 @@ typedef enum {
     PI2_TENSOR_FFN_UP_SHEXP = 32,  /* [n_ff_shexp][n_embd] */
     PI2_TENSOR_FFN_DOWN_SHEXP = 33,/* [n_embd][n_ff_shexp] */
     PI2_TENSOR_FFN_GATE_INP_SHEXP = 34, /* [n_embd] F32, when shexp_gate */
-    PI2_TENSOR_COUNT = 35
+    /* a converted MoE file's experts (`pi2 convert`): up rows (FFN_UP_EXPS) and down rows in one bundle per neuron */
+    PI2_TENSOR_FFN_DOWN_ROWS_EXPS = 35,     /* ne {n_embd, n_ff_exp, n_expert}: row r of expert e is neuron r's down
+                                               column (summed as FFN_DOWN_ROWS); a layer has this or FFN_DOWN_EXPS */
+    PI2_TENSOR_FFN_DOWN_SCALE_EXPS = 36,    /* ne {n_ff_exp, 1, n_expert} F32: row scales of I8 FFN_DOWN_ROWS_EXPS */
+    PI2_TENSOR_FFN_DOWN_COLSCALE_EXPS = 37, /* ne {n_embd, 1, n_expert} F32: their column scales, per expert */
+    PI2_TENSOR_COUNT = 38
 } pi2_tensor_role;
 
 /* Type ids (not ggml's) of FFN_GATE_PRED rows: per 32 values an f16 scale d, then 32 codes of 1 or 2 bits
@@ -475,6 +480,14 @@ typedef struct {
     int64_t expert_pinned;     /* cold slots pinned now: hot experts learned while running (expert_learn) */
     int64_t expert_pinned_hits;/* of expert_hits: found in a pinned slot */
 } pi2_cache_stats;
+
+/* From now on, count the neurons of ReLU-family experts that routed rows open: counts[(il·n_expert + e)·n_ff_exp + r]
+ * += 1 for each (token, slot) routed to expert e of layer il whose gate row r is > 0 (`pi2 convert`'s profile), and
+ * clusters[il] += the runs of `cluster` consecutive neurons holding an open one, per routed row (what reading only
+ * open clusters of a converted file's bundles costs). The caller's zeroed buffers of n_layer·n_expert·n_ff_exp and
+ * n_layer values, kept until the next call; NULL: not counted. Experts computed from the mapping only (not while
+ * they stream). PI2_ERR_INVALID: NULL context, a model without experts, or a cluster outside 1..n_ff_exp. */
+PI2_API pi2_status pi2_ctx_count_expert_neurons(pi2_ctx *ctx, int64_t *counts, int64_t *clusters, int32_t cluster);
 
 /* The context's figures into `out` (NULL: skipped) and, for a streamed context, its neuron cache's into `cache`
  * (NULL: skipped). PI2_ERR_INVALID: NULL context, a size of 0, or `cache` given for a context not streamed. */

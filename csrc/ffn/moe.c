@@ -390,9 +390,14 @@ pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
             pi2_moe_prep(c, L->gate_exps.type, c->xn, n, E);
             pi2_moe_experts(c, (const pi2_weight *[]){&L->gate_exps}, (float *[]){moe->gate}, 1, 1);
         }
+        if (moe->neuron_counts || moe->cluster_counts) pi2_moe_count_neurons(c, il);   /* pi2 convert's profile */
         activate_rows(c, moe->gate, moe->up, n * k, F, hp->expert_act);
-        pi2_moe_prep(c, L->down_exps.type, moe->gate, n * k, F);
-        pi2_moe_experts(c, (const pi2_weight *[]){&L->down_exps}, (float *[]){moe->down}, 1, 0);
+        if (L->down_rows_exps.data) {   /* a converted file: down rows of the bundles (moe_down_rows.c) */
+            pi2_moe_down_rows(c, L, n);
+        } else {
+            pi2_moe_prep(c, L->down_exps.type, moe->gate, n * k, F);
+            pi2_moe_experts(c, (const pi2_weight *[]){&L->down_exps}, (float *[]){moe->down}, 1, 0);
+        }
     }
 
     /* y_t = Σ_j w_j·down_j in slot order (ggml_mul, then the adds) */

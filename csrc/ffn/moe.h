@@ -33,6 +33,9 @@ struct pi2_moe {
     const pi2_weight *stream_w[3];
     const uint8_t *const *stream_rows[3];
     struct pi2_moe_stream *stream;   /* its scratch, made on first use */
+    int64_t *neuron_counts;          /* [n_layer][X][n_ff_exp] open-neuron counts (moe_neurons.c), or NULL */
+    int64_t *cluster_counts;         /* [n_layer] open clusters of `cluster` neurons summed over rows, or NULL */
+    int32_t cluster;
 };
 
 /* Where expert e's rows of w are, and in which layout: the expert cache's copy while it streams (file layout), else
@@ -97,6 +100,13 @@ pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
  * dense kernels pass over an expert's rows once for four tokens). */
 int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L, int32_t n);
 void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+
+/* moe_down_rows.c: moe->down[i] = expert sel[i]'s down rows summed over h = moe->gate[i] (after the activation), for
+ * the n·k rows of a converted file's layer (down_rows_exps). */
+void pi2_moe_down_rows(pi2_ctx *c, const pi2_layer *L, int32_t n);
+
+/* moe_neurons.c: neuron_counts[il][e][r] += the rows routed to e whose gate row r is > 0 (moe->gate as computed). */
+void pi2_moe_count_neurons(pi2_ctx *c, int32_t il);
 
 /* ReGLU / SwiGLU as ggml computes them on a row of n: ggml_v_silu 16 at a time, libm expf for the n % 16 tail. */
 void pi2_moe_activate(float *g, const float *u, int64_t n, int32_t act);

@@ -18,6 +18,7 @@ import numpy as np
 from pi2 import convert as cv
 from pi2.api import Model
 from pi2.convert.predictor import Spec
+from pi2.engine import expert_clusters
 from pi2.errors import FileError, UsageError
 from pi2.model.info import describe
 from pi2.model.loader import load_model
@@ -210,6 +211,11 @@ def verbose_report(session) -> None:
     if share is not None:   # ReLU experts: the up rows of closed gates were skipped
         print(f"pi2: experts: {share:.1%} of the routed experts' neurons active per token (up rows of the others "
               f"skipped)", file=sys.stderr)
+    cl = expert_clusters.stats(session.ctx) if hasattr(session.ctx, "cmodel") else {}
+    if cl:   # a converted MoE file: what streaming only the open clusters would read
+        print(f"pi2: experts: {cl['expert_open_clusters']:.1%} of the bundle clusters open per routed row: gate rows "
+              f"+ open clusters {cl['expert_bytes_per_token_open_clusters'] / 2**20:.2f} MiB per token, whole experts "
+              f"{cl['expert_bytes_per_token_whole'] / 2**20:.2f} MiB", file=sys.stderr)
     plan = session.cache
     if plan is None:
         return

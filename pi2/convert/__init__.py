@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pi2.convert import layerwise, layout, predictor, profile, writer
+from pi2.convert import layerwise, layout, moe, predictor, profile, writer
 from pi2.convert.writer import ConvertError, kv_types, write_gguf
-from pi2.errors import FileError, UnsupportedError, UsageError
+from pi2.errors import FileError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
 
@@ -114,8 +114,15 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     f, cfg = model.file, model.config
     if "pi2.version" in f.kv:
         raise UsageError(f"{src} is already a pi2 file")
-    if cfg.moe_family:
-        raise UnsupportedError(f"pi2 convert does not convert {cfg.arch} models yet (run the GGUF as it is)")
+    if cfg.moe_family:   # experts in hot-first neuron order with up/down bundles (moe.py)
+        try:
+            if pred is not None or ffn_layout != "bundle-ud":
+                raise UsageError("--predictor and --layout bundle-gud are for dense models")
+            moe.check(cfg)
+            return moe.convert_moe(model, src, out, calib=calib, calib_tokens=calib_tokens, ffn_type=ffn_type,
+                                   n_threads=n_threads, progress=progress, source_sha=_sha256(src))
+        finally:
+            model.close()
     if pred is not None:
         _check_spec(pred, cfg, f)
     chunks, calib_sha, n_tok = profile.calib_tokens(model.tokenizer, calib, calib_tokens)
@@ -250,6 +257,8 @@ def _predictor_tensors(p: str, b, perm: np.ndarray) -> list:
 
 def summary(rep: ConvertReport) -> str:
     """A few lines for the terminal."""
+    if isinstance(rep, moe.MoEConvertReport):
+        return moe.summary(rep)
     k = np.asarray(rep.keep_at_10pct)
     types = sorted(set(rep.down_types))
     return "\n".join([

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from pi2.engine import expert_clusters
 from pi2.engine.flash_io import IDS as IO_IDS
 from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, error_for, ffi, last_error, lib
@@ -54,6 +55,8 @@ class CContext:
         self.n_ctx, self.n_threads = n_ctx, p.n_threads
         self._logits = np.empty(self.cfg.n_vocab, np.float32)
         self._trace_cb = None
+        if self.cfg.expert_bundles:       # a converted MoE file: what its open clusters would cost to read
+            expert_clusters.start(self)
 
     def __getattr__(self, name: str):
         # decode_from, on the MoE family only (llama-perplexity's rows: its last layer computes just those). Not a
@@ -162,7 +165,7 @@ class CContext:
             return {"experts_per_token": c.n_expert_used, "ffn_keep": c.n_expert_used / c.n_expert,
                     "ffn_bytes_per_token": ffn_bytes_per_token(model), "active_bytes_per_token": active_params(model)[1],
                     **({"expert_neurons_active": round(share, 4)} if share is not None else {}),
-                    **self.stream_stats()}
+                    **expert_clusters.stats(self), **self.stream_stats()}
         return {**self._ffn_stats(), **self.stream_stats()}
 
     def expert_neurons_active(self) -> float | None:

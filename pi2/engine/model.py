@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pi2.engine.kernels import impl_id
 from pi2.engine.lib import check, enum, ffi, lib
 from pi2.errors import UnsupportedError
+from pi2.model import expert_bundles
 from pi2.model.ffn_layout import bundle_layout, row_bytes
 from pi2.model.gguf_split import file_parts
 
@@ -26,7 +27,8 @@ ROLES = enum("PI2_TENSOR_", ("token_embd", "output_norm", "output", "rope_freqs"
                              "post_ffw_norm", "ffn_down_rows", "ffn_gate_pred", "ffn_pred_fc1", "ffn_pred_fc2",
                              "ffn_down_scale", "ffn_down_colscale", "attn_output_bias", "ffn_gate_inp",
                              "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp",
-                             "ffn_down_shexp", "ffn_gate_inp_shexp"))
+                             "ffn_down_shexp", "ffn_gate_inp_shexp", "ffn_down_rows_exps", "ffn_down_scale_exps",
+                             "ffn_down_colscale_exps"))
 _LAYER_ROLES = {   # blk.{il}.<name> -> pi2_tensor_role, and the ModelConfig flag that makes it present
     "attn_norm.weight": (ROLES["attn_norm"], None), "attn_q.weight": (ROLES["attn_q"], None),
     "attn_k.weight": (ROLES["attn_k"], None), "attn_v.weight": (ROLES["attn_v"], None),
@@ -158,6 +160,8 @@ def _moe_descs(model) -> list:
             if "shexp" in name and not cfg.n_ff_shexp or name == "ffn_gate_inp_shexp.weight" and not cfg.shexp_gate:
                 continue
             out.append((ROLES[role], il, model.tensor(b + name)))
+        if cfg.expert_bundles and expert_bundles.has_bundles(model, il):   # a converted file's up and down rows
+            out += expert_bundles.descs(model, il, ROLES)
     return out
 
 

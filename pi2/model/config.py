@@ -63,6 +63,7 @@ class ModelConfig:
     n_expert: int = 0              # experts per layer (0: a dense FFN)
     n_expert_used: int = 0         # experts each token uses (top-k)
     n_ff_exp: int = 0              # one expert's FFN width
+    expert_bundles: bool = False   # a converted MoE file (pi2.experts.layout): see pi2/model/expert_bundles.py
     n_ff_shexp: int = 0            # the shared expert's FFN width (0: none)
     shexp_gate: bool = False       # qwen2moe: the shared expert is scaled by sigmoid(ffn_gate_inp_shexp · x)
     expert_gating: str = ""        # softmax | sigmoid | softmax_weight | sqrt_softplus
@@ -154,7 +155,10 @@ class ModelConfig:
         if is_pi2 and common["ffn_layout"] not in ("bundle-ud", "bundle-gud"):
             raise UnsupportedError(f"pi2.ffn.layout '{common['ffn_layout']}' is not supported (bundle-ud, bundle-gud)")
         if moe:
-            return cls(moe_family=True, **{**common, **moe_fields(arch, kv, get, common)})
+            bundles = "pi2.experts.layout" in kv
+            if bundles and kv["pi2.experts.layout"] != "bundle-ud":
+                raise UnsupportedError(f"pi2.experts.layout '{kv['pi2.experts.layout']}' is not supported (bundle-ud)")
+            return cls(moe_family=True, expert_bundles=bundles, **{**common, **moe_fields(arch, kv, get, common)})
         if arch in ("llama", "bamboo"):
             act = ("drelu" if pwri else "relu") if arch == "bamboo" else ("relu" if pwri else "silu")
             return cls(rope_neox=False, ffn_act=act, **common)

@@ -126,8 +126,12 @@ def moe_tensors(cfg, b: str) -> dict[str, tuple]:
         f = cfg.n_ff
         return {b + "ffn_gate.weight": (e, f), b + "ffn_up.weight": (e, f), b + "ffn_down.weight": (f, e)}
     x, fe = cfg.n_expert, cfg.n_ff_exp
-    want = {b + "ffn_gate_inp.weight": (e, x), b + "ffn_gate_exps.weight": (e, fe, x),
-            b + "ffn_up_exps.weight": (e, fe, x), b + "ffn_down_exps.weight": (fe, e, x)}
+    want = {b + "ffn_gate_inp.weight": (e, x), b + "ffn_gate_exps.weight": (e, fe, x)}
+    if cfg.expert_bundles:          # a converted file: up and down rows in bundles (pi2/model/expert_bundles.py)
+        want.update({b + "ffn_bundle_exps.weight": (None, fe, x), b + "ffn_perm_exps.weight": (fe, x),
+                     b + "ffn_freq_exps.weight": (fe, x)})
+    else:
+        want.update({b + "ffn_up_exps.weight": (e, fe, x), b + "ffn_down_exps.weight": (fe, e, x)})
     if cfg.n_ff_shexp:
         s = cfg.n_ff_shexp
         want.update({b + "ffn_gate_shexp.weight": (e, s), b + "ffn_up_shexp.weight": (e, s),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-EXPERT = re.compile(r"\.ffn_(gate|up|down)_exps\.")
-GROUPS = [("experts", r"\.ffn_(gate|up|down)_exps\."), ("router", r"\.ffn_gate_inp\."),
+EXPERT = re.compile(r"\.ffn_(gate|up|down|bundle|down_scale|down_colscale)_exps\.")   # bundle...: converted files
+GROUPS = [("experts", r"\.ffn_(gate|up|down|bundle|down_scale|down_colscale)_exps\."), ("router", r"\.ffn_gate_inp\."),
           ("shared expert", r"\.ffn_(gate|up|down|gate_inp)_shexp\.")]
 
 

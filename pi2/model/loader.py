@@ -67,6 +67,7 @@ def _ffn_tensors(cfg: ModelConfig, b: str) -> dict[str, tuple]:
 
 # pi2 files' raw tensors (everything else must be a weight type from SUPPORTED_TYPES)
 _RAW_TYPES = {"ffn_bundle.weight": "I8", "ffn_perm.weight": "I32"}
+_RAW_EXPERT_TYPES = {"ffn_bundle_exps.weight": "I8", "ffn_perm_exps.weight": "I32", "ffn_freq_exps.weight": "F32"}
 
 
 @dataclass
@@ -136,7 +137,8 @@ def load_model(path: str | os.PathLike) -> Model:
             if len(t.ne) != len(ne) or any(w is not None and int(a) != w for a, w in zip(t.ne, ne)):
                 shape = [w if w is not None else "*" for w in ne]
                 raise ModelFormatError(f"{f.path}: tensor '{name}' has shape {list(t.ne)}, expected {shape}")
-            raw = _RAW_TYPES.get(name.split(".", 2)[-1]) if cfg.pi2 else None
+            raws = _RAW_TYPES if cfg.pi2 else _RAW_EXPERT_TYPES if cfg.expert_bundles else {}
+            raw = raws.get(name.split(".", 2)[-1])
             if raw is not None:
                 if t.type_name != raw:
                     raise ModelFormatError(f"{f.path}: tensor '{name}' has type {t.type_name}, expected {raw}")

@@ -41,6 +41,9 @@ def expert_gap(model) -> str:
     c = model.config
     if not c.moe_family or not c.n_expert:
         return f"{os.path.basename(model.path)} has no experts to stream"
+    if c.expert_bundles:
+        return (f"the bundled experts of {os.path.basename(model.path)} (a converted MoE file) are not streamed yet; "
+                "run it in memory or stream its source file")
     names = model.file.tensors
     for il in range(c.n_layer):
         have = [f"blk.{il}.ffn_{s}_exps.weight" in names for s in SLICES]

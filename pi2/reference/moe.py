@@ -19,6 +19,7 @@ import numpy as np
 
 from pi2.reference import ggml_order as go
 from pi2.errors import UsageError
+from pi2.model import expert_bundles
 from pi2.model.info_moe import active_params, ffn_bytes_per_token
 from pi2.model.loader import Model
 from pi2.reference.moe_matmul import ExpertLinear, Linear, group_by_expert
@@ -79,9 +80,13 @@ class MoEWeights:
                 L.update({n: lin(b + n + ".weight") for n in ("ffn_gate", "ffn_up", "ffn_down")})
             else:
                 L["router"] = lin(b + "ffn_gate_inp.weight")
-                for n in ("gate", "up", "down"):
+                for n in ("gate",) if cfg.expert_bundles else ("gate", "up", "down"):
                     t = model.tensor(b + f"ffn_{n}_exps.weight")
                     L[f"{n}_exps"] = ExpertLinear(model.raw(t.name), t.type, t.ne[0], t.ne[1], t.ne[2])
+                if cfg.expert_bundles:   # a converted file: up rows and down rows from the bundles
+                    raw, qtype = expert_bundles.up_rows(model, il)
+                    L["up_exps"] = ExpertLinear(raw, qtype, cfg.n_embd, cfg.n_ff_exp, cfg.n_expert)
+                    L["down_exps"] = expert_bundles.DownRows(model, il)
                 if cfg.n_ff_shexp:
                     L.update({f"{n}_shexp": lin(b + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")})
                     if cfg.shexp_gate:

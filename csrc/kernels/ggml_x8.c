@@ -1,5 +1,6 @@
-/* ggml_x8.c — the x8 Q4_0 kernels of ggml_x8.h: AVX-512 VNNI (vpdpbusd on 256-bit vectors) and AVX2
- * (maddubs + madd), one body (ggml_x8_body.h). Both compute the same exact integer sums and the same float steps.
+/* ggml_x8.c — the x8 Q4_0 kernels of ggml_x8.h: AVX-512 VNNI (vpdpbusd on 256-bit vectors, the eight rows' double
+ * accumulators in one zmm) and AVX2 (maddubs + madd), one body (ggml_x8_body.h). Both compute the same exact
+ * integer sums and the same float steps.
  * Twin: pi2_go_dot_q4_0 (ggml_order.c) on the unpacked rows; pi2/reference/fdot.py dot_q4_0_repack. */
 #include "ggml_x8.h"
 

@@ -57,7 +57,8 @@ static inline __attribute__((always_inline)) X8_TARGET void X8_BODY(int64_t n, c
                 const __m256 isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(tot, _mm256_set1_epi32(ys[t][b])));
                 const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(_cvtsh_ss(xb->d)));
 #if X8_ZMM
-                acc[t] = _mm512_cvtps_pd(_mm512_cvtpd_ps(_mm512_fmadd_pd(_mm512_cvtps_pd(isum), _mm512_cvtps_pd(scale), acc[t])));
+                const __m512d sum = _mm512_fmadd_pd(_mm512_cvtps_pd(isum), _mm512_cvtps_pd(scale), acc[t]);
+                acc[t] = _mm512_cvtps_pd(_mm512_cvtpd_ps(sum));   /* rounded to float every block */
 #else
                 const __m256d i_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(isum));
                 const __m256d i_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(isum, 1));

@@ -2,7 +2,7 @@
  * Does: hand out the tasks of a job through one atomic claim word (tag | n_tasks | next index),
  *       so whoever is running takes the next task; count finished tasks; workers spin up to
  *       SPIN_NS for the next job, then sleep on a condvar; between marks, run jobs shared or on
- *       the caller alone, whichever was measured faster.
+ *       the caller alone, whichever was measured faster (intervals of LONG_NS and more: shared).
  * Does not: touch the tasks' data; keep any global state.
  * The caller never waits for a worker to check in, only for claimed tasks to finish: a worker
  * that another process keeps off its core delays a job by at most the one task it holds.
@@ -23,6 +23,7 @@
 #define EXPLORE 8                    /* intervals timed in each mode per comparison */
 #define EXPLOIT_MIN 256              /* intervals run in the faster mode before comparing again, */
 #define EXPLOIT_MAX 2048             /* doubling up to this while the choice stays the same */
+#define LONG_NS 20000000             /* a shared interval this long is not compared with running alone */
 #define IDX_BITS 20                  /* claim word: tag (24 bits) | n_tasks (20) | next index (20) */
 #define MAX_TASKS ((1 << IDX_BITS) - 1)
 #define IDX(v) ((int32_t)((v) & MAX_TASKS))
@@ -157,6 +158,15 @@ static void interval_done(pi2_pool *p, int64_t dt) {
         p->cnt[0] = p->cnt[1] = 0;
     }
     if (!p->warm) return;
+    /* A long interval (a layer of a prompt batch) runs many tasks, and a preempted worker delays it by at most the
+     * one task it holds, a small part of the interval: sharing stays, without timing alone intervals that each cost
+     * about as much as the interval again (8 of them were a third of a 512-token prompt's 24 layers). */
+    if (!p->alone && dt >= LONG_NS) {
+        p->choice = 0;
+        p->exploit_len = p->exploit_left = EXPLOIT_MIN;
+        p->explore_key = -1;
+        return;
+    }
     p->sum[p->alone] += dt;
     p->cnt[p->alone]++;
     if (p->cnt[0] < EXPLORE || p->cnt[1] < EXPLORE) return;

@@ -6,7 +6,7 @@
  *   q5_K_vec_dot / q5_K_tiled_dot     one plain row (twins q5_K_vec_dot, q5_K_tiled_dot in ref.c);
  *   q5_K_dot_pack                     one token, 8 packed rows, vec_dot's order (lanes are rows, the 8 value
  *                                     lanes kept as 8 vectors of 8 rows, the same hsum tree lane-wise);
- *   q5_K_tiled_pack                   up to four tokens, 8 packed rows, the tiled order.
+ *   q5_K_tiled_pack                   up to eight tokens (four per pass on AVX2), 8 packed rows, the tiled order.
  * Codes are u5 (the 5th bit from qh moved to bit 4); maddubs pairs them with the s8 activations (|pair| ≤
  * 2·31·128, exact in int16) and an int16 pair madd (vpdpwssd with VNNI) multiplies by the sub-block's scale.
  * Included by x86.c in the AVX2 pass and the AVX-512 VNNI pass (ymm). Needs: X86_TARGET, X86_FN, X86_VNNI, and

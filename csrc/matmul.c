@@ -134,20 +134,22 @@ static void tile_rows(const mm_job *j, int32_t i, const uint8_t *base, int64_t r
 }
 
 /* Packed rows [r0, r1) of a type whose packed kernels take batches (the K-quants): per tile of PACK_K_TOK tokens,
- * each group computed on up to four tokens at a time where they are in the batch order, one at a time otherwise. */
+ * each group computed on up to pack_batch_tok (four by default) tokens at a time where they are in the batch
+ * order, one at a time otherwise. */
 static void packed_rows_batch(const mm_job *j, int32_t i, int64_t r0, int64_t r1) {
     const pi2_weight *w = j->mm[i].w;
     const pi2_type_traits *tr = j->tr[i];
     float *out = j->mm[i].out;
+    const int32_t max_tok = tr->pack_batch_tok ? tr->pack_batch_tok : 4;
     for (int32_t s0 = 0; s0 < j->n_tok; s0 += PACK_K_TOK) {
         const int32_t s1 = s0 + PACK_K_TOK < j->n_tok ? s0 + PACK_K_TOK : j->n_tok;
         for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
             const uint8_t *g = w->packed + (size_t)r * w->row_bytes;
             for (int32_t t = s0; t < s1;) {
                 const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
-                if (uses_batch(j, tr, t)) {   /* up to 4 tokens, all in the batch order */
+                if (uses_batch(j, tr, t)) {   /* up to pack_batch_tok tokens, all in the batch order */
                     int32_t nt = 1;
-                    while (nt < 4 && t + nt < s1 && uses_batch(j, tr, t + nt)) nt++;
+                    while (nt < max_tok && t + nt < s1 && uses_batch(j, tr, t + nt)) nt++;
                     tr->vec_dot_pack_batch(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, g, xq, j->xq_row[i], nt);
                     t += nt;
                 } else {

@@ -5,7 +5,7 @@ Checks, at the issue's odd sizes SIZES (values of F32/F16/BF16 rows, activations
 for block types, at most K_MAX_BLOCKS of the 256-value types; output rows and batch tokens):
 - dequantization and activation quantization: bit for bit;
 - vec_dot (pi2_matvec) and the batch/tile products (pi2_matmul over a thread pool): for the types numpy
-  computes in ggml's x86 float order (quants.QuantLinear.exact: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) every
+  computes in ggml's x86 float order (quants.QuantLinear.exact: Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) every
   fast table equals numpy bit for bit, one token and batches; the others within NMSE_NUMPY of numpy's
   float32 BLAS product, and every fast table within NMSE_FAST[type] of the reference table;
 - RMSNorm, both RoPEs, SiLU/GELU/ReLU and attention (with its softmax): bit for bit with reference/forward.py;

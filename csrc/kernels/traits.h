@@ -88,7 +88,8 @@ typedef struct {
     pi2_vec_dot4_fn vec_dot4;      /* vec_dot on 4 tokens at once (NULL: none) */
     pi2_axpy_group_fn axpy_group;  /* NULL for activation-only types */
     pi2_vec_dot_pack_fn vec_dot_pack; /* rows in the x8 layout of pack.h (NULL: this table reads plain rows only) */
-    pi2_vec_dot_pack4_fn vec_dot_pack_batch; /* packed rows, four tokens in the batch order (NULL: batches unpack) */
+    pi2_vec_dot_pack4_fn vec_dot_pack_batch; /* packed rows, up to pack_batch_tok tokens in the batch order (NULL: batches unpack) */
+    int32_t pack_batch_tok;        /* most tokens per vec_dot_pack_batch call (0: four) */
 } pi2_type_traits;
 
 /* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in

@@ -26,6 +26,7 @@ static int32_t pk_prefetch;
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
 #include "x86_q5k_body.h"
+#include "x86_q5_1_body.h"
 #undef X86_TARGET
 #undef X86_FN
 #undef X86_VNNI
@@ -40,6 +41,7 @@ static int32_t pk_prefetch;
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
 #include "x86_q5k_body.h"
+#include "x86_q5_1_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
  * pi2_traits fills its tables (once), read after. */
@@ -184,14 +186,17 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         dot4x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x4_vnni;
         dot8x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot8x4_vnni;
         prep8x4[allow_ext != 0][PI2_T_Q5_0] = q8_0_wide_vnni;
-        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, NULL, "avx512vnni");
+        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_vnni, q5_1_vec_dot4_vnni, "avx512vnni");
+        dot4x4[allow_ext != 0][PI2_T_Q5_1] = q5_1_vec_dot4x4_vnni;
+        dot8x4[allow_ext != 0][PI2_T_Q5_1] = q5_1_vec_dot8x4_vnni;
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_vnni, q8_0_vec_dot4_vnni, "avx512vnni");
     } else {
         set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_avx2, NULL, "avx2");
         set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_avx2, q4_1_vec_dot4_avx2, "avx2");
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, q5_0_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_avx2;
-        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, NULL, "avx2");
+        set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, q5_1_vec_dot4_avx2, "avx2");
+        dot4x2[allow_ext != 0][PI2_T_Q5_1] = q5_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");
     }
     /* The x8 repacked layout (pack.h): eight rows per call, scales converted eight at a time. */
@@ -199,6 +204,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     if (allow_ext) pk_prefetch = pi2_kernels_variant()->prefetch;
     t[PI2_T_Q4_1].vec_dot_pack = zmm ? q4_1_dot_pack_z_vnni : vnni ? q4_1_dot_pack_vnni : q4_1_dot_pack_avx2;
     t[PI2_T_Q5_0].vec_dot_pack = zmm ? q5_0_dot_pack_z_vnni : vnni ? q5_0_dot_pack_vnni : q5_0_dot_pack_avx2;
+    t[PI2_T_Q5_1].vec_dot_pack = vnni ? q5_1_dot_pack_vnni : q5_1_dot_pack_avx2;   /* x86_q5_1_body.h */
     t[PI2_T_Q8_0].vec_dot_pack = zmm ? q8_0_dot_pack_z_vnni : vnni ? q8_0_dot_pack_vnni : q8_0_dot_pack_avx2;
     /* K-quants in their x8 layout (pack_k.c): lanes are rows, batches computed on the packed groups. */
     t[PI2_T_Q4_K].vec_dot_pack = vnni ? q4_K_dot_pack_vnni : q4_K_dot_pack_avx2;
@@ -224,6 +230,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q5_K].vec_dot_batch = vnni ? q5_K_tiled_dot_vnni : q5_K_tiled_dot_avx2;
     t[PI2_T_Q5_K].vec_dot_pack = vnni ? q5_K_dot_pack_vnni : q5_K_dot_pack_avx2;
     t[PI2_T_Q5_K].vec_dot_pack_batch = vnni ? q5_K_tiled_pack_vnni : q5_K_tiled_pack_avx2;
+    t[PI2_T_Q5_K].pack_batch_tok = 8;   /* eight per pass with VNNI (x86_q5k_body.h), two passes of four on AVX2 */
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);

@@ -6,7 +6,7 @@
  *   q5_K_vec_dot / q5_K_tiled_dot     one plain row (twins q5_K_vec_dot, q5_K_tiled_dot in ref.c);
  *   q5_K_dot_pack                     one token, 8 packed rows, vec_dot's order (lanes are rows, the 8 value
  *                                     lanes kept as 8 vectors of 8 rows, the same hsum tree lane-wise);
- *   q5_K_tiled_pack                   up to four tokens, 8 packed rows, the tiled order.
+ *   q5_K_tiled_pack                   up to eight tokens (four per pass on AVX2), 8 packed rows, the tiled order.
  * Codes are u5 (the 5th bit from qh moved to bit 4); maddubs pairs them with the s8 activations (|pair| ≤
  * 2·31·128, exact in int16) and an int16 pair madd (vpdpwssd with VNNI) multiplies by the sub-block's scale.
  * Included by x86.c in the AVX2 pass and the AVX-512 VNNI pass (ymm). Needs: X86_TARGET, X86_FN, X86_VNNI, and
@@ -189,20 +189,92 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5_K_tiled_r
 }
 #endif
 
-/* twin: q5_K_tiled_dot (ref.c), 8 rows x up to 4 tokens: s[t·s_stride + r] */
+#if X86_VNNI
+/* The tiled order on 8 tokens with vpdpbusd, one sub-block j at a time: Σ code·q8 of sub-block j over the 8
+ * units of each row (one int32 chain per token), times its scale (vpmulld), into the block's exact s1; s2
+ * after the codes. Each code vector is decoded once for 8 tokens, and the live registers (8 chains, 8 block
+ * sums, 8 float accumulators) fit AVX-512VL's 32. The same exact s1 and s2, the same float steps. */
+static X86_TARGET void X86_FN(q5_K_tiled_rows8)(int64_t n, float *s, size_t s_stride, const uint8_t *g, const void *xq,
+                                                size_t xq_stride) {
+    enum { NT = 8 };
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i pick[4], pair[2];
+    for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, 0);   /* scale byte j -> an int32 */
+    for (int k = 0; k < 2; k++) {
+        uint8_t c[32];
+        for (int l = 0; l < 8; l++) {
+            c[4 * l] = (uint8_t)(4 * (l % 4) + 2 * k); c[4 * l + 1] = 0x80;
+            c[4 * l + 2] = (uint8_t)(4 * (l % 4) + 2 * k + 1); c[4 * l + 3] = 0x80;
+        }
+        pair[k] = _mm256_loadu_si256((const __m256i *)c);
+    }
+    __m256 acc[NT];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *b = g + (size_t)i * PKK_Q5K_COL;
+        const blk_q8_K *y[NT];
+        __m256i isum[NT], sm[4];
+        X86_FN(pkk_scales_mins)(b, sm);
+        for (int t = 0; t < NT; t++) {
+            y[t] = (const blk_q8_K *)((const uint8_t *)xq + (size_t)t * xq_stride) + i;
+            isum[t] = _mm256_setzero_si256();
+        }
+        Q5K_UNROLL
+        for (int j = 0; j < 8; j++) {
+            __m256i lo[NT];
+            for (int t = 0; t < NT; t++) lo[t] = _mm256_setzero_si256();
+            Q5K_UNROLL
+            for (int c = 0; c < 8; c++) {
+                const uint8_t *u = b + 128 + 160 * c;
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)u);
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(u + 32 + 32 * (j / 2)));
+                const __m256i nib = j % 2 ? _mm256_srli_epi16(w, 4) : w;
+                const __m256i q = _mm256_or_si256(_mm256_and_si256(nib, m4), X86_FN(q5k_hbit)(qh, j));
+                for (int t = 0; t < NT; t++)
+                    lo[t] = _mm256_dpbusd_epi32(lo[t], q, _mm256_set1_epi32(pkk_ld32(y[t]->qs + 32 * j + 4 * c)));
+            }
+            const __m256i sc = _mm256_shuffle_epi8(j < 4 ? sm[0] : sm[1], pick[j % 4]);
+            for (int t = 0; t < NT; t++) isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(lo[t], sc));
+        }
+        const __m256i mp[4] = {_mm256_shuffle_epi8(sm[2], pair[0]), _mm256_shuffle_epi8(sm[2], pair[1]),
+                               _mm256_shuffle_epi8(sm[3], pair[0]), _mm256_shuffle_epi8(sm[3], pair[1])};
+        const __m256 xd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+        const __m256 nxm = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16))));
+        for (int t = 0; t < NT; t++) {
+            __m256i hs = _mm256_setzero_si256();
+            for (int k = 0; k < 4; k++) {
+                const int16_t *bs = y[t]->bsums + 4 * k;
+                const uint32_t bp = (uint16_t)(int16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(int16_t)(bs[2] + bs[3]) << 16;
+                hs = _mm256_dpwssd_epi32(hs, mp[k], _mm256_set1_epi32((int32_t)bp));
+            }
+            const __m256 f1d = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[t]), xd);
+            acc[t] = _mm256_fmadd_ps(_mm256_fmadd_ps(nxm, _mm256_cvtepi32_ps(hs), f1d), _mm256_set1_ps(y[t]->d), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) _mm256_storeu_ps(s + (size_t)t * s_stride, acc[t]);
+}
+#endif
+
+/* twin: q5_K_tiled_dot (ref.c), 8 rows x up to Q5K_PACK_TOK tokens: s[t·s_stride + r] */
 static X86_TARGET void X86_FN(q5_K_tiled_pack)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                size_t xq_stride, int32_t n_tok) {
+    const uint8_t *x = xq;
+    int32_t t = 0;
 #if X86_VNNI
-    if (n_tok == 4) X86_FN(q5_K_tiled_rows)(n, s, s_stride, grp, xq, xq_stride, 4);
-    else
-        for (int32_t t = 0; t < n_tok; t++)
-            X86_FN(q5_K_tiled_rows)(n, s + (size_t)t * s_stride, 0, grp, (const uint8_t *)xq + (size_t)t * xq_stride, 0, 1);
+    if (n_tok == 8) {
+        X86_FN(q5_K_tiled_rows8)(n, s, s_stride, grp, xq, xq_stride);
+        return;
+    }
+    for (; t + 4 <= n_tok; t += 4)
+        X86_FN(q5_K_tiled_rows)(n, s + (size_t)t * s_stride, s_stride, grp, x + (size_t)t * xq_stride, xq_stride, 4);
+    for (; t < n_tok; t++)
+        X86_FN(q5_K_tiled_rows)(n, s + (size_t)t * s_stride, 0, grp, x + (size_t)t * xq_stride, 0, 1);
     return;
 #endif
-    if (n_tok == 4) X86_FN(q5_K_pack_rows)(n, s, s_stride, grp, xq, xq_stride, 4, 1);
-    else
-        for (int32_t t = 0; t < n_tok; t++)
-            X86_FN(q5_K_pack_rows)(n, s + (size_t)t * s_stride, 0, grp, (const uint8_t *)xq + (size_t)t * xq_stride, 0, 1, 1);
+    for (; t + 4 <= n_tok; t += 4)   /* 16 ymm registers: four tokens per pass */
+        X86_FN(q5_K_pack_rows)(n, s + (size_t)t * s_stride, s_stride, grp, x + (size_t)t * xq_stride, xq_stride, 4, 1);
+    for (; t < n_tok; t++)
+        X86_FN(q5_K_pack_rows)(n, s + (size_t)t * s_stride, 0, grp, x + (size_t)t * xq_stride, 0, 1, 1);
 }
 
 /* ---- plain rows ---- */

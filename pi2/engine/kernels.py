@@ -15,7 +15,7 @@ from pi2.engine.lib import check, enum, ffi, lib
 IMPLS = enum("PI2_IMPL_", ("auto", "ref", "base"))   # best for this CPU / scalar reference / SIMD w/o extensions
 _ISA_NAMES = enum("PI2_ISA_", ("avx2", "avx512vnni", "neon", "dotprod"))
 _WEIGHT_TYPES = (0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14)   # ggml ids of the weight types kernel_info reports
-_PACKED_TYPES = (3, 6, 8, 12, 13, 14)   # Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K: the packed kernels kernel_info lists
+_PACKED_TYPES = (3, 6, 7, 8, 12, 13, 14)   # Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the packed kernels kernel_info lists
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,10 @@ def fma_chain(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def dot_q4_1_q8_1(w: Weights, act: tuple) -> np.ndarray:
-    """ggml_vec_dot_q4_1_q8_1 (AVX2 with VNNI dpbusd): 8 lanes of 4 byte products per block, fmadd with
-    d_x·d_y, hsum_float_8, plus summs = fma chain of m_x·s_y. act = quantize_act(x, Q8_1), rows (T, n)."""
+    """ggml_vec_dot_q4_1_q8_1 and _q5_1_q8_1 (AVX2 with VNNI dpbusd; llama.cpp has no batch kernel for either on
+    x86, so every token): 8 lanes of 4 byte products per block (unsigned 4- or 5-bit codes in value order),
+    fmadd with d_x·d_y, hsum_float_8, plus summs = fma chain of m_x·s_y (the fp16 products are exact, so fused or
+    not alike). act = quantize_act(x, Q8_1), rows (T, n)."""
     d, s, q = act
     dy, sy, qy = d.astype(F32), s.astype(F32), q.astype(F32)
     n_tok, n_out = qy.shape[0], w.q.shape[2]

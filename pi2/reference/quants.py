@@ -2,7 +2,7 @@
 # Does: dequantize ggml blocks (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) bit-exactly;
 #       quantize activations exactly as llama.cpp's x86 AVX2/AVX-512 CPU build does (Q8_0, Q8_1, Q8_K,
 #       F16, BF16); QuantLinear, what ggml's CPU mul_mat computes: bit for bit in the x86 kernels' float order
-#       for Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K (qdot.py), up to float32 summation order for the other types;
+#       for Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (qdot.py), up to float32 summation order for the other types;
 #       quantize_weight for building fixtures (wraps gguf.quants).
 # Does not: read files (model/gguf_file.py) or run the model (reference.py). K-quant blocks live in quants_k.py.
 from __future__ import annotations
@@ -257,7 +257,7 @@ def _kernel_blocks(raw: np.ndarray, qtype: int, n_out: int) -> qdot.Weights:
                         m=None if m is None else col(m))
 
 
-_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes, Q6_K: qdot.dot_q6_k_q8_k,
+_EXACT = {Q4_1: qdot.dot_q4_1_q8_1, Q5_1: qdot.dot_q4_1_q8_1, Q5_0: qdot.dot_q8_lanes, Q8_0: qdot.dot_q8_lanes, Q6_K: qdot.dot_q6_k_q8_k,
           Q4_K: qdot.dot_q4_k_repack, Q5_K: qdot.dot_q5_k_q8_k}
 
 

@@ -14,7 +14,7 @@ SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "kv_quant
            "kernels/lowbit.c", "kernels/api.c", "kernels/pack.c", "model_pack.c", "kernels/ggml_order.c", "kernels/ggml_x8.c",
            "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c",
            "ffn/moe_mm.c", "ffn/moe_stream.c", "ffn/moe_pack.c", "ffn/moe_relu.c",
-           "kernels/pack_k.c",
+           "kernels/pack_k.c", "sample.c",
            "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c", "pipeline/experts.c",
            "cache/cache.c", "cache/read.c", "cache/slots.c", "cache/experts.c", "cache/experts_learn.c",
            "nnapi/nnapi.c", "nnapi/graph.c", "nnapi/bench.c", "nnapi/batches.c", "nnapi/hot_ffn.c",

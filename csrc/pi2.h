@@ -305,6 +305,12 @@ PI2_API pi2_status pi2_decode_multi(pi2_ctx *const *ctxs, const int32_t *tokens,
  * starts). Safe from any thread or a signal handler. */
 PI2_API void pi2_abort(pi2_ctx *ctx);
 
+/* ---- sampling ----
+ * The top-k cut of a row of n logits (csrc/sample.c): the ids and logits of its k largest, largest first; equal
+ * logits in id order, ties at the cut going to the lowest ids. NaN logits are never taken. Returns how many it
+ * wrote (min(k, the logits that are numbers)); PI2_ERR_INVALID: NULL pointers, n < 0 or k < 1. ids and vals hold k. */
+PI2_API int32_t pi2_top_k(const float *logits, int32_t n, int32_t k, int32_t *ids, float *vals);
+
 /* ---- the sparse FFN ----
  * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED_GATE and
  * PI2_FFN_PWRI_PREDICTOR: see there); up rows only for the active ones; h_i = act(gate_i)·up_i (PI2_ACT_DRELU:

@@ -15,6 +15,7 @@ from collections import deque
 
 import numpy as np
 
+from pi2.engine.sample import top_k as _c_top_k
 from pi2.errors import UsageError
 from pi2.runtime.config import SamplerParams
 from pi2.runtime.rng import Mt19937
@@ -24,6 +25,7 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # a seed of -1 wraps to this; both mean "pick a
 _TOP_P_GUESS, _TOP_P_GUESS_MIN_SIZE = 256, 1024   # top-p on unsorted candidates: the 256 most likely first
 _F = np.float32
 _TOP_K_GROUPS = 64      # top-k of a large vocabulary: the maxima of columns of this many rows bound the cut first
+_C_TOP_K_MAX = 128      # k up to this: the C cut (csrc/sample.c, insertion into k sorted: cheap for a small k only)
 
 
 def resolve_seed(seed: int) -> int:
@@ -55,7 +57,16 @@ def _descending(logits: np.ndarray) -> np.ndarray:
 
 def _top_k_order(logits: np.ndarray, k: int) -> np.ndarray:
     """Indices of exactly k largest logits, sorted descending; ties at the cut go to the lowest index (llama.cpp's
-    std::partial_sort leaves that choice unspecified)."""
+    std::partial_sort leaves that choice unspecified). A small k takes the C cut, which equals top_k_order_np."""
+    if k <= _C_TOP_K_MAX and k < logits.shape[0]:
+        got = _c_top_k(logits, k)
+        if got is not None:
+            return got[0]
+    return top_k_order_np(logits, k)
+
+
+def top_k_order_np(logits: np.ndarray, k: int) -> np.ndarray:
+    """_top_k_order in numpy: the specification of the C cut (pi2.engine.sample.top_k)."""
     n = logits.shape[0]
     if k >= n:
         return _descending(logits)
@@ -68,7 +79,7 @@ def _top_k_order(logits: np.ndarray, k: int) -> np.ndarray:
         floor = np.partition(cols, w - k)[w - k]
         cand = np.flatnonzero(logits >= floor)
         if cand.shape[0] <= n // 2:      # (a vocabulary of mostly equal logits takes the direct way)
-            return cand[_top_k_order(logits[cand], k)]
+            return cand[top_k_order_np(logits[cand], k)]
     part = np.argpartition(logits, n - k)[n - k:]
     thr = logits[part].min()
     if int(np.count_nonzero(logits[part] == thr)) != int(np.count_nonzero(logits == thr)):
@@ -410,8 +421,12 @@ class Sampler:
             x = np.asarray(logits, dtype=np.float32)
             if x.shape != (self.n_vocab,):
                 raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
-            order = _top_k_order(x, min(self.params.top_k, self.n_vocab))
-            c = _Candidates(order, x[order], True)
+            k = min(self.params.top_k, self.n_vocab)
+            got = _c_top_k(x, k) if k <= _C_TOP_K_MAX and k < self.n_vocab else None
+            if got is None:
+                order = _top_k_order(x, k)
+                got = order, x[order]
+            c = _Candidates(got[0], got[1], True)
             chain = chain[1:]
         else:
             x = np.array(logits, dtype=np.float32, copy=True)

@@ -1,7 +1,9 @@
-/* sample.c — the sampler chain's hot spot over a whole vocabulary: the top-k cut (pi2/runtime/sampling.py's
- * _top_k_order, the numpy specification) in one pass over the logits, so a token's sampling costs microseconds
- * rather than a dozen passes over n_vocab floats. Owns pi2_top_k. Does not: any later stage of the chain (they run
- * on the k survivors in Python). */
+/* sample.c — the sampler chain's hot spots, so that a token's sampling costs microseconds rather than dozens of
+ * numpy calls: the top-k cut over a whole vocabulary in one pass (pi2/runtime/sampling.py's top_k_order_np is its
+ * specification), and on candidates sorted largest first (what top-k leaves) top-p, min-p and the final draw with
+ * llama.cpp's float arithmetic (expf, logf, float and double running sums: src/llama-sampler.cpp). Owns pi2_top_k,
+ * pi2_top_p_sorted, pi2_min_p_sorted, pi2_dist. Does not: order the chain or draw random numbers (Python does). */
+#include <math.h>
 #include <string.h>
 
 #include "pi2.h"
@@ -63,4 +65,53 @@ int32_t pi2_top_k(const float *logits, int32_t n, int32_t k, int32_t *ids, float
         }
     }
     return k;
+}
+
+int32_t pi2_top_p_sorted(const float *vals, int32_t n, float p, int32_t min_keep)
+{
+    if (!vals || n < 1)
+        return n < 0 || !vals ? PI2_ERR_INVALID : 0;
+    float sum = 0.0f;           /* llama_sampler_softmax_impl: expf(l - max), a float running sum, divide */
+    for (int32_t i = 0; i < n; i++)
+        sum += expf(vals[i] - vals[0]);
+    float cum = 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        cum += expf(vals[i] - vals[0]) / sum;
+        if (cum >= p && i + 1 >= min_keep)
+            return i + 1;
+    }
+    return n;
+}
+
+int32_t pi2_min_p_sorted(const float *vals, int32_t n, float p, int32_t min_keep)
+{
+    if (!vals || n < 1)
+        return n < 0 || !vals ? PI2_ERR_INVALID : 0;
+    const float min_logit = vals[0] + logf(p);
+    int32_t i = 1;              /* the first token always stays */
+    for (; i < n; i++)
+        if (vals[i] < min_logit && i >= min_keep)
+            break;
+    return i;
+}
+
+int32_t pi2_dist(const float *vals, int32_t n, int32_t sorted, double u)
+{
+    if (!vals || n < 1)
+        return PI2_ERR_INVALID;
+    float max_l = vals[0];
+    if (!sorted)
+        for (int32_t i = 1; i < n; i++)
+            max_l = max_l < vals[i] ? vals[i] : max_l;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        sum += expf(vals[i] - max_l);
+    const double target = sum * u;
+    double run = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        run += expf(vals[i] - max_l);
+        if (run >= target)
+            return i;
+    }
+    return n - 1;
 }

@@ -47,3 +47,33 @@ def test_c_top_k_rejects_bad_arguments():
     assert lib.pi2_top_k(x, -1, 2, out_i, out_v) == lib.PI2_ERR_INVALID
     assert lib.pi2_top_k(ffi.NULL, 4, 2, out_i, out_v) == lib.PI2_ERR_INVALID
     assert lib.pi2_top_k(x, 0, 2, out_i, out_v) == 0
+
+
+def chains(rng):
+    """Random logits rows for the default chain's shape: top-k 40 of a row, then what follows."""
+    for i in range(300):
+        n = int(rng.integers(50, 5000))
+        x = (rng.standard_normal(n) * rng.uniform(0.5, 6)).astype(np.float32)
+        if i % 3 == 0:
+            x[rng.integers(0, n)] += np.float32(rng.uniform(2, 15))      # a confident token
+        if i % 7 == 0:
+            x[rng.random(n) < 0.5] = -np.inf
+        yield x
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(top_p=0.5, min_p=0.2, temp=1.3), dict(top_k=100, top_p=0.99, min_p=0.0),
+                                dict(top_k=7, min_keep=3, top_p=0.3, min_p=0.5), dict(samplers="top_k;min_p;top_p")])
+def test_native_chain_draws_what_numpy_draws(monkeypatch, kw):
+    """The chain with its C stages (top-k, top-p, min-p, dist) picks the token the numpy stages pick, step by step."""
+    import pi2.runtime.sampling as sampling
+    from pi2.runtime.config import SamplerParams
+    rng = np.random.default_rng(7)
+    for x in chains(rng):
+        got = []
+        for native in (True, False):
+            monkeypatch.setattr(sampling, "NATIVE", native)
+            s = sampling.Sampler(SamplerParams(seed=int(x.shape[0]), **kw), x.shape[0], 4096)
+            got.append([s.sample(x) for _ in range(3)])
+            ids, vals = s.candidates(x)
+            got.append((ids.tolist(), vals.tolist()))
+        assert got[0] == got[2] and got[1] == got[3]

@@ -15,7 +15,7 @@ SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "kv_quant
            "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c",
            "ffn/moe_mm.c", "ffn/moe_stream.c", "ffn/moe_pack.c", "ffn/moe_relu.c", "ffn/down_pack.c", "ffn/moe_neurons.c",
            "ffn/moe_down_rows.c",
-           "kernels/pack_k.c",
+           "kernels/pack_k.c", "sample.c",
            "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c", "pipeline/experts.c",
            "cache/cache.c", "cache/read.c", "cache/slots.c", "cache/experts.c", "cache/experts_learn.c",
            "nnapi/nnapi.c", "nnapi/graph.c", "nnapi/bench.c", "nnapi/batches.c", "nnapi/hot_ffn.c",

@@ -310,6 +310,21 @@ PI2_API pi2_status pi2_decode_multi(pi2_ctx *const *ctxs, const int32_t *tokens,
  * starts). Safe from any thread or a signal handler. */
 PI2_API void pi2_abort(pi2_ctx *ctx);
 
+/* ---- sampling ----
+ * The top-k cut of a row of n logits (csrc/sample.c): the ids and logits of its k largest, largest first; equal
+ * logits in id order, ties at the cut going to the lowest ids. NaN logits are never taken. Returns how many it
+ * wrote (min(k, the logits that are numbers)); PI2_ERR_INVALID: NULL pointers, n < 0 or k < 1. ids and vals hold k. */
+PI2_API int32_t pi2_top_k(const float *logits, int32_t n, int32_t k, int32_t *ids, float *vals);
+/* On n candidates' logits sorted largest first, as llama.cpp's samplers compute them: how many top-p keeps (the
+ * shortest head whose softmax mass reaches p, at least min_keep) and how many min-p keeps (the first token and those
+ * at least p times as likely as it, at least min_keep); 0 for n = 0. PI2_ERR_INVALID: NULL vals or n < 0. */
+PI2_API int32_t pi2_top_p_sorted(const float *vals, int32_t n, float p, int32_t min_keep);
+PI2_API int32_t pi2_min_p_sorted(const float *vals, int32_t n, float p, int32_t min_keep);
+/* The final draw (llama_sampler_dist_apply) given its uniform double u in [0, 1): the index of the first candidate
+ * whose running double sum of expf(logit - max) reaches u times the total. sorted: vals[0] is the largest.
+ * PI2_ERR_INVALID: NULL vals or n < 1. */
+PI2_API int32_t pi2_dist(const float *vals, int32_t n, int32_t sorted, double u);
+
 /* ---- the sparse FFN ----
  * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED_GATE and
  * PI2_FFN_PWRI_PREDICTOR: see there); up rows only for the active ones; h_i = act(gate_i)·up_i (PI2_ACT_DRELU:

@@ -149,6 +149,14 @@ CASES = [
      "n_vocab": 800, "steps": 30},
     {"name": "mirostat_v2", "chain": [["temp", {"temp": 0.8}], ["mirostat_v2", {"tau": 4.0, "eta": 0.2}]],
      "n_vocab": 800, "steps": 30},
+    # the usual chain on a real vocabulary's size: top-k comes first and cuts the whole row (csrc/sample.c)
+    {"name": "default_chain_large", "chain": [["top_k", {"k": 40}], ["top_p", {"p": 0.95}], ["min_p", {"p": 0.05}],
+                                              ["temperature", {"temp": 0.8}], ["dist", {}]],
+     "n_vocab": 49152, "steps": 24},
+    {"name": "top_k_large", "chain": [["top_k", {"k": 100}], ["temperature", {"temp": 1.3}], ["dist", {}]],
+     "n_vocab": 151936, "steps": 12},
+    {"name": "top_k_above_c", "chain": [["top_k", {"k": 300}], ["min_p", {"p": 0.02}], ["dist", {}]],
+     "n_vocab": 20000, "steps": 12},
 ]
 
 

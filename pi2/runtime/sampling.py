@@ -15,6 +15,7 @@ from collections import deque
 
 import numpy as np
 
+from pi2.engine import sample as _c
 from pi2.errors import UsageError
 from pi2.runtime.config import SamplerParams
 from pi2.runtime.rng import Mt19937
@@ -24,6 +25,8 @@ LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # a seed of -1 wraps to this; both mean "pick a
 _TOP_P_GUESS, _TOP_P_GUESS_MIN_SIZE = 256, 1024   # top-p on unsorted candidates: the 256 most likely first
 _F = np.float32
 _TOP_K_GROUPS = 64      # top-k of a large vocabulary: the maxima of columns of this many rows bound the cut first
+NATIVE = True           # False: every stage in numpy (the specification the C stages are tested against)
+_C_TOP_K_MAX = 128      # k up to this: the C cut (csrc/sample.c, insertion into k sorted: cheap for a small k only)
 
 
 def resolve_seed(seed: int) -> int:
@@ -43,6 +46,10 @@ class _Candidates:
     def __init__(self, ids: np.ndarray, logits: np.ndarray, is_sorted: bool):
         self.ids, self.logits, self.p, self.sorted = ids, logits, None, is_sorted
 
+    def head(self, m: int) -> None:
+        """Keep the first m (sorted stays sorted); probabilities are dropped (every reader recomputes them)."""
+        self.ids, self.logits, self.p = self.ids[:m], self.logits[:m], None
+
     def take(self, order, is_sorted: bool) -> None:
         self.ids, self.logits, self.sorted = self.ids[order], self.logits[order], is_sorted
         self.p = None if self.p is None else self.p[order]
@@ -55,7 +62,16 @@ def _descending(logits: np.ndarray) -> np.ndarray:
 
 def _top_k_order(logits: np.ndarray, k: int) -> np.ndarray:
     """Indices of exactly k largest logits, sorted descending; ties at the cut go to the lowest index (llama.cpp's
-    std::partial_sort leaves that choice unspecified)."""
+    std::partial_sort leaves that choice unspecified). A small k takes the C cut, which equals top_k_order_np."""
+    if NATIVE and k <= _C_TOP_K_MAX and k < logits.shape[0]:
+        got = _c.top_k(logits, k)
+        if got is not None:
+            return got[0]
+    return top_k_order_np(logits, k)
+
+
+def top_k_order_np(logits: np.ndarray, k: int) -> np.ndarray:
+    """_top_k_order in numpy: the specification of the C cut (pi2.engine.sample.top_k)."""
     n = logits.shape[0]
     if k >= n:
         return _descending(logits)
@@ -68,7 +84,7 @@ def _top_k_order(logits: np.ndarray, k: int) -> np.ndarray:
         floor = np.partition(cols, w - k)[w - k]
         cand = np.flatnonzero(logits >= floor)
         if cand.shape[0] <= n // 2:      # (a vocabulary of mostly equal logits takes the direct way)
-            return cand[_top_k_order(logits[cand], k)]
+            return cand[top_k_order_np(logits[cand], k)]
     part = np.argpartition(logits, n - k)[n - k:]
     thr = logits[part].min()
     if int(np.count_nonzero(logits[part] == thr)) != int(np.count_nonzero(logits == thr)):
@@ -267,6 +283,9 @@ class Sampler:
         p = _F(self.params.top_p)
         if self.params.top_p >= 1.0 or c.logits.shape[0] == 0:
             return
+        if c.sorted and NATIVE:
+            c.head(_c.top_p_sorted(c.logits, p, self.params.min_keep))
+            return
         _softmax(c, do_sort=False)
         n = c.logits.shape[0]
         if c.sorted:
@@ -293,6 +312,9 @@ class Sampler:
                 c.take(keep, False)
                 return
             c.take(_descending(c.logits), True)
+        if NATIVE:
+            c.head(_c.min_p_sorted(c.logits, _F(self.params.min_p), self.params.min_keep))
+            return
         below = 1 + np.flatnonzero(c.logits[1:] < c.logits[0] + log_p)  # the first token always stays
         below = below[below >= self.params.min_keep]
         c.take(np.arange(int(below[0]) if below.shape[0] else c.logits.shape[0]), True)
@@ -365,6 +387,8 @@ class Sampler:
         u = self._rng_dist.uniform_double()
         if c.ids.shape[0] == 1:
             return int(c.ids[0])
+        if NATIVE:
+            return int(c.ids[_c.dist(c.logits, c.sorted, u)])
         e = np.exp(c.logits - (c.logits[0] if c.sorted else c.logits.max()), dtype=np.float32)
         cum = np.cumsum(e, dtype=np.float64)
         i = min(int(np.searchsorted(cum, cum[-1] * u, side="left")), c.ids.shape[0] - 1)
@@ -410,8 +434,12 @@ class Sampler:
             x = np.asarray(logits, dtype=np.float32)
             if x.shape != (self.n_vocab,):
                 raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
-            order = _top_k_order(x, min(self.params.top_k, self.n_vocab))
-            c = _Candidates(order, x[order], True)
+            k = min(self.params.top_k, self.n_vocab)
+            got = _c.top_k(x, k) if NATIVE and k <= _C_TOP_K_MAX and k < self.n_vocab else None
+            if got is None:
+                order = _top_k_order(x, k)
+                got = order, x[order]
+            c = _Candidates(got[0], got[1], True)
             chain = chain[1:]
         else:
             x = np.array(logits, dtype=np.float32, copy=True)

@@ -14,7 +14,7 @@ Layout of a layer with experts (pi2.experts.layout = bundle-ud), every expert's 
   blk.L.ffn_routed_exps         F32 {n_expert}: calibration rows routed to each expert (the routing profile).
 Down is summed as the dense pi2 file's down rows are (groups of 64 neurons in order): the file's logits are the
 reference's for it, not the source file's (down is re-quantized along the neuron axis and summed in another order).
-Does not: compute anything (reference/moe.py, csrc/ffn/moe_down_rows.c) or write the file (pi2/convert/moe.py).
+Does not: compute anything (reference/moe.py and moe_down_rows.py, csrc/ffn/moe_down_rows.c) or write the file (pi2/convert/moe.py).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def has_bundles(model, il: int) -> bool:
     return f"blk.{il}.ffn_bundle_exps.weight" in model.file.tensors
 
 
-def _scales(model, il: int) -> list:
+def scales(model, il: int) -> list:
     """[(name, tensor)] of layer il's I8 scales, checked against its down type."""
     cfg, b, lay = model.config, f"blk.{il}.", layout(model, il)
     out = []
@@ -88,40 +88,9 @@ def descs(model, il: int, roles: dict) -> list:
                                            (n - 1) * w + row_bytes(lay["up_type"], e), w)),
            (roles["ffn_down_rows_exps"], il, View(lay["down_type"], (e, f, x), t.offset + lay["down_offset"],
                                                   (n - 1) * w + row_bytes(lay["down_type"], e), w))]
-    for name, s in _scales(model, il):
+    for name, s in scales(model, il):
         out.append((roles[name], il, View(F32, (s.ne[0], 1, x), s.offset, s.nbytes, 0)))
     return out
-
-
-class DownRows:
-    """Layer il's down rows per expert as the reference sums them: `__call__(e, h)` for h (m, n_ff_exp) rows of
-    activations routed to expert e -> (m, n_embd), by pi2/reference/sparse_ffn.py's grouped row sums."""
-
-    def __init__(self, model, il: int):
-        from pi2.reference.down_i8 import I8Rows
-        from pi2.reference.quants import QuantLinear
-        cfg, lay = model.config, layout(model, il)
-        self.f, self.e = cfg.n_ff_exp, cfg.n_embd
-        rec = model.raw(f"blk.{il}.ffn_bundle_exps.weight").view(np.uint8).reshape(cfg.n_expert, self.f, -1)
-        nd = row_bytes(lay["down_type"], self.e)
-        rows = rec[:, :, lay["down_offset"]:lay["down_offset"] + nd]
-        sc = {n: model.raw(t.name).view(np.float32).reshape(cfg.n_expert, -1) for n, t in _scales(model, il)}
-        if lay["down_type"] == I8:
-            self._make = lambda x: I8Rows(np.ascontiguousarray(rows[x]), sc["ffn_down_scale_exps"][x],  # noqa: E731
-                                          sc["ffn_down_colscale_exps"][x])
-        else:
-            self._make = lambda x: QuantLinear.from_raw(np.ascontiguousarray(rows[x]), lay["down_type"],  # noqa: E731
-                                                        self.e)
-        self._experts: dict = {}
-
-    def __call__(self, x: int, h: np.ndarray) -> np.ndarray:
-        from pi2.reference.down_i8 import I8Rows, axpy_rows_i8
-        from pi2.reference.sparse_ffn import GROUP, axpy_rows
-        if x not in self._experts:
-            self._experts[x] = self._make(x)
-        rows = self._experts[x]
-        h = np.asarray(h, np.float32).reshape(-1, self.f)
-        return axpy_rows_i8(h, rows, GROUP) if isinstance(rows, I8Rows) else axpy_rows(h, rows)
 
 
 def up_rows(model, il: int) -> tuple:

@@ -22,6 +22,7 @@ from pi2.errors import UsageError
 from pi2.model import expert_bundles
 from pi2.model.info_moe import active_params, ffn_bytes_per_token
 from pi2.model.loader import Model
+from pi2.reference.moe_down_rows import DownRows
 from pi2.reference.moe_matmul import ExpertLinear, Linear, group_by_expert
 from pi2.reference.moe_routing import expf, route
 from pi2.reference.forward import attention, rms_norm, rope, rope_cache
@@ -86,7 +87,7 @@ class MoEWeights:
                 if cfg.expert_bundles:   # a converted file: up rows and down rows from the bundles
                     raw, qtype = expert_bundles.up_rows(model, il)
                     L["up_exps"] = ExpertLinear(raw, qtype, cfg.n_embd, cfg.n_ff_exp, cfg.n_expert)
-                    L["down_exps"] = expert_bundles.DownRows(model, il)
+                    L["down_exps"] = DownRows(model, il)
                 if cfg.n_ff_shexp:
                     L.update({f"{n}_shexp": lin(b + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")})
                     if cfg.shexp_gate:

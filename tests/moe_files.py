@@ -57,6 +57,20 @@ def tensor_order(names) -> list:
     return sorted(names, key=key)
 
 
+def _norm(x: np.ndarray) -> np.float32:
+    """|x| of a float32 vector in one fixed order (8 lanes of fused multiply-adds, then halves added pairwise), the
+    value the oracle's files were written with. Not np.linalg.norm: BLAS's float32 dot rounds by CPU (one ulp apart
+    on Zen 4 and Zen 5), and the files' bytes must not depend on the machine."""
+    acc = np.zeros(8, np.float64)
+    for i in range(0, len(x), 8):
+        v = x[i:i + 8].astype(np.float64)
+        acc[:len(v)] = (acc[:len(v)] + v * v).astype(np.float32)
+    acc = acc.astype(np.float32)
+    while len(acc) > 1:
+        acc = acc[:len(acc) // 2] + acc[len(acc) // 2:]
+    return np.sqrt(acc[0])
+
+
 def base_tensors(arch: str, seed: int = 0, n_embd: int = N_EMBD, bias_sigma: float = 1.5, **spec) -> dict:
     """name -> float32 array (numpy shape, rows first) of a synthetic model."""
     s = {**SPECS[arch], **spec}
@@ -64,7 +78,7 @@ def base_tensors(arch: str, seed: int = 0, n_embd: int = N_EMBD, bias_sigma: flo
     E, n_layer, hkv = s["n_expert"], s["n_layer"], s["n_head_kv"]
     q_out, kv_out = N_HEAD * HEAD_DIM, hkv * HEAD_DIM
     u = _rng(seed, "router-direction").standard_normal(n_embd).astype(np.float32)
-    u /= np.linalg.norm(u)
+    u /= _norm(u)
     t = {}
 
     def mat(name, n_out, n_in, sigma=None, lead=()):

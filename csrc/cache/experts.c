@@ -13,10 +13,26 @@ static const pi2_weight *slice_weight(const pi2_layer *L, int32_t w) {
     return w == PI2_EXPERT_GATE ? &L->gate_exps : w == PI2_EXPERT_UP ? &L->up_exps : &L->down_exps;
 }
 
-/* Layer il's expert slices (bytes 0 when the layer has none), or UNSUPPORTED when only some of them exist. */
+/* Layer il's expert slices (bytes 0 when the layer has none), or UNSUPPORTED when only some of them exist. A converted
+ * file's layer: the gate rows, and the bundle records (up_exps is a strided view of them: row_bytes = the record's
+ * width, so expert e's records are n_out·row_bytes bytes from data + e·n_out·row_bytes; the down rows inside). */
 static pi2_status region_of(const pi2_model *m, int32_t il, pi2_expert_region *r) {
     const pi2_layer *L = &m->layers[il];
     memset(r, 0, sizeof *r);
+    if (L->down_rows_exps.data) {
+        const pi2_weight *up = &L->up_exps, *down = &L->down_rows_exps;
+        if (!L->gate_exps.data || !up->data || down->data < up->data || down->row_bytes != up->row_bytes ||
+            down->n_out != up->n_out || (size_t)(down->data - up->data) >= up->row_bytes)
+            return pi2_set_error(PI2_ERR_UNSUPPORTED, "layer %d's expert bundles are not one record per neuron",
+                                 (int)il);
+        for (int32_t w = 0; w < PI2_EXPERT_DOWN; w++) {
+            const pi2_weight *t = slice_weight(L, w);
+            r->off[w] = t->data - m->map;
+            r->bytes[w] = t->n_out * (int64_t)t->row_bytes;
+        }
+        r->down_at = down->data - up->data;
+        return PI2_OK;
+    }
     int present = 0;
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) present += slice_weight(L, w)->data != NULL;
     if (!present) return PI2_OK;
@@ -60,6 +76,7 @@ void pi2_expert_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t 
 
 const uint8_t *pi2_expert_rows_in(const pi2_expert_cache *ec, const uint8_t *rec, int32_t il, int32_t e, int32_t w) {
     const pi2_expert_region *r = &ec->layers[il];
+    if (!r->bytes[w] && r->down_at) return pi2_expert_rows_in(ec, rec, il, e, PI2_EXPERT_UP) + r->down_at;
     const int64_t off = r->off[w] + (int64_t)e * r->bytes[w];
     return rec + ec->span_at[w] + (off - pi2_align_down(off));
 }

@@ -3,6 +3,8 @@
  * tensor is n_out rows from data + e·n_out·row_bytes), resident hot experts, and an LRU of cold expert slots
  * (slots.c, one "cluster" per expert). A slot holds the three slices of one expert, each read as the 4 KiB-aligned
  * span enclosing it at a fixed place in the slot; the slice's rows start at slot + span_at[w] + (off - aligned off).
+ * A converted file's layer (pi2/model/expert_bundles.py) has two slices: the gate rows and the expert's up/down
+ * bundle records (its up rows and, down_at bytes into each record, its down rows), so a slot is two spans.
  * Hot experts are learned while running too (experts_learn.c): the cold slots of the most routed experts are pinned.
  * Does not: decide what to read when (csrc/pipeline/experts.c), compute (csrc/ffn/moe_stream.c) or choose sizes
  * (the planner, pi2/plan/experts.py). */
@@ -17,7 +19,9 @@ enum { PI2_EXPERT_GATE = 0, PI2_EXPERT_UP = 1, PI2_EXPERT_DOWN = 2, PI2_EXPERT_S
 
 typedef struct {
     int64_t off[PI2_EXPERT_SLICES];     /* file offset of expert 0's slice of gate, up, down (0: no experts) */
-    int64_t bytes[PI2_EXPERT_SLICES];   /* bytes of one expert's slice */
+    int64_t bytes[PI2_EXPERT_SLICES];   /* bytes of one expert's slice (down 0 in a converted file's layer) */
+    int64_t down_at;                    /* a converted file (up/down bundles): the up slice is the expert's bundle
+                                         * records and its down rows start down_at bytes after its up rows; else 0 */
 } pi2_expert_region;
 
 typedef struct pi2_expert_cache {
@@ -43,10 +47,19 @@ typedef struct pi2_expert_cache {
 /* 1 when layer il has streamed experts. */
 static inline int pi2_expert_layer(const pi2_expert_cache *ec, int32_t il) { return ec->layers[il].bytes[0] > 0; }
 
+/* Slices of layer il that are read (3, or 2 in a converted file's layer: no down slice of its own). */
+static inline int32_t pi2_expert_n_slices(const pi2_expert_cache *ec, int32_t il) {
+    return ec->layers[il].bytes[PI2_EXPERT_DOWN] ? PI2_EXPERT_SLICES : PI2_EXPERT_SLICES - 1;
+}
+static inline int pi2_expert_has_slice(const pi2_expert_cache *ec, int32_t il, int32_t w) {
+    return ec->layers[il].bytes[w] > 0;
+}
+
 /* File span [*start, *end) of slice w of expert e of layer il, 4 KiB-aligned; *need: where its bytes end. */
 void pi2_expert_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t w, int64_t *start, int64_t *end,
                      int64_t *need);
-/* The rows of slice w of expert e of layer il in a record (a slot or a hot record) at `rec`. */
+/* The rows of slice w of expert e of layer il in a record (a slot or a hot record) at `rec`; in a converted file's
+ * layer, w = DOWN gives the down rows inside the bundle records (the up rows + down_at). */
 const uint8_t *pi2_expert_rows_in(const pi2_expert_cache *ec, const uint8_t *rec, int32_t il, int32_t e, int32_t w);
 static inline uint8_t *pi2_expert_slot(const pi2_expert_cache *ec, int32_t slot) {
     return ec->arena + (size_t)slot * ec->slot_bytes;

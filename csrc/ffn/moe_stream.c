@@ -1,7 +1,7 @@
 /* moe_stream.c — a MoE layer's expert products when its experts stream (moe.h, pipeline/experts.c): the layer's
  *       active experts in chunks of at most the expert slots; per chunk the pipeline's need (hot and cached experts
  *       at once, misses read), gate and up of each expert as soon as its three reads have landed, the activation
- *       of its rows, then down. Every product is the mapped run's kernel on the same bytes (moe_mm.c finds them
+ *       of its rows, then down (a converted file's: its down rows, moe_down_rows.c). Every product is the mapped run's kernel on the same bytes (moe_mm.c finds them
  *       through pi2_moe_expert_rows), each expert's rows together, so the results are the same bits.
  * Does not: route (moe.c), read (csrc/pipeline/, csrc/cache/) or choose the kernels (moe_mm.c). */
 #include "ffn/moe.h"
@@ -14,6 +14,8 @@ struct pi2_moe_stream {
     int32_t *all, *sub;   /* [X] the layer's active experts; the ones a pool run computes */
     uint8_t *ready;       /* [X] need's answer */
     int32_t *active;      /* moe->active while the chunks run */
+    int32_t *ids;         /* [n_ids] a chunk's row ids (a converted file's down rows) */
+    size_t n_ids;
 };
 
 void pi2_moe_stream_free(struct pi2_moe_stream *st) {
@@ -21,6 +23,7 @@ void pi2_moe_stream_free(struct pi2_moe_stream *st) {
     free(st->all);
     free(st->sub);
     free(st->ready);
+    free(st->ids);
     free(st);
 }
 
@@ -85,11 +88,19 @@ pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, in
     const int64_t E = hp->n_embd, F = hp->n_ff_exp;
     const int32_t n_active = moe->n_active;
     const int same = L->gate_exps.type == L->up_exps.type;
+    const int bundled = L->down_rows_exps.data != NULL;   /* a converted file: down rows inside the bundles */
+    if (bundled && st->n_ids < (size_t)n * (size_t)moe->k) {
+        free(st->ids);
+        st->n_ids = 0;
+        if (!(st->ids = malloc((size_t)n * (size_t)moe->k * sizeof *st->ids)))
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the streamed experts");
+        st->n_ids = (size_t)n * (size_t)moe->k;
+    }
     memcpy(st->all, moe->active, (size_t)n_active * sizeof *st->all);
     st->active = moe->active;
     moe->stream_w[0] = &L->gate_exps;
     moe->stream_w[1] = &L->up_exps;
-    moe->stream_w[2] = &L->down_exps;
+    moe->stream_w[2] = bundled ? &L->down_rows_exps : &L->down_exps;
     for (int32_t w = 0; w < 3; w++) moe->stream_rows[w] = pi2_pipeline_expert_rows(pl, w);
     pi2_pipeline_expert_step(pl, il, n, st->all, moe->count, n_active);
     for (int32_t i0 = 0; i0 < n_active && !s;) {
@@ -105,13 +116,18 @@ pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, in
         while (!(s = pi2_pipeline_next_ready(pl, PI2_PART_EXPERTS, st->sub, &ns)) && ns)
             gate_up(c, L, n, st->sub, ns, same);   /* each expert as soon as its slices are in */
         if (s) break;
+        moe->active = (int32_t *)chunk;
+        moe->n_active = nc;
+        if (moe->neuron_counts || moe->cluster_counts) pi2_moe_count_neurons(c, il);   /* before the activation */
         act_job aj = {moe, chunk, F, hp->expert_act};
         if (nc == 1) act_task(&aj, 0, 0);
         else pi2_pool_run(c->pool, act_task, &aj, nc);
-        pi2_moe_prep(c, L->down_exps.type, moe->gate, n * moe->k, F);
-        moe->active = (int32_t *)chunk;
-        moe->n_active = nc;
-        pi2_moe_experts(c, (const pi2_weight *[]){&L->down_exps}, (float *[]){moe->down}, 1, 0);
+        if (bundled) {
+            pi2_moe_down_rows_of(c, L, chunk, nc, st->ids);
+        } else {
+            pi2_moe_prep(c, L->down_exps.type, moe->gate, n * moe->k, F);
+            pi2_moe_experts(c, (const pi2_weight *[]){&L->down_exps}, (float *[]){moe->down}, 1, 0);
+        }
         i0 += nc;
     }
     moe->active = st->active;

@@ -80,19 +80,21 @@ static pi2_status submit(pi2_pipeline *pl) {
     return s;
 }
 
-/* List the three reads of expert e of layer il into the least recently used slot; the slot. */
+/* List the reads of expert e of layer il (three slices, or a converted file's gate rows and bundles) into the least
+ * recently used slot; the slot. */
 static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e) {
     pi2_expert_cache *ec = pl->cache->experts;
     expert_reads *ex = pl->experts;
     const int32_t slot = pi2_slots_take(&ec->slots, il, e);
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) {
+        if (!pi2_expert_has_slice(ec, il, w)) continue;
         int64_t start, end;
         pi2_expert_span(ec, il, e, w, &start, &end, NULL);
         ex->reqs[ex->n_req++] = (pi2_io_request){.offset = (uint64_t)start, .length = (uint64_t)(end - start),
                                                  .dest = pi2_expert_slot(ec, slot) + ec->span_at[w],
                                                  .user = (uint64_t)e * PI2_EXPERT_SLICES + (uint64_t)w};
     }
-    ex->pending[e] = PI2_EXPERT_SLICES;
+    ex->pending[e] = pi2_expert_n_slices(ec, il);
     return slot;
 }
 
@@ -141,7 +143,7 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
      * takes one of them out of it, unpinning puts a slot at its tail), so the tail is neither while n plus the
      * guesses fit the list; else the guesses land first. */
     const int32_t room = ec->slots.n_list;
-    if (ahead && n + ex->n_req / PI2_EXPERT_SLICES > room) {
+    if (ahead && n + ex->n_req / pi2_expert_n_slices(ec, il) > room) {
         const pi2_status s = finish(pl);
         if (s) return s;
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +23,14 @@ import numpy as np
 from pi2.convert.profile import calib_tokens
 from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
-from pi2.model.info_moe import EXPERT
+from pi2.engine.expert_clusters import CLUSTER
+from pi2.model import expert_bundles
 from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, runtime_bounds
 from pi2.plan.profile import cached_throughput, default_cache_dir
 
 ALIGN = 4096
 SLICES = ("gate", "up", "down")
+STREAMED = re.compile(r"\.ffn_(gate|up|down|bundle)_exps\.")   # read into slots; a converted file's scales stay mapped
 MIN_COLD_PER_K = 2      # cold slots kept at least 2·k when hot experts are chosen: a token's misses and the next's
 MIN_RUN_TOKENS = 64     # a run adds its routing to the profile from this many tokens on (fewer say little)
 
@@ -41,11 +44,10 @@ def expert_gap(model) -> str:
     c = model.config
     if not c.moe_family or not c.n_expert:
         return f"{os.path.basename(model.path)} has no experts to stream"
-    if c.expert_bundles:
-        return (f"the bundled experts of {os.path.basename(model.path)} (a converted MoE file) are not streamed yet; "
-                "run it in memory or stream its source file")
     names = model.file.tensors
     for il in range(c.n_layer):
+        if c.expert_bundles and expert_bundles.has_bundles(model, il):
+            continue
         have = [f"blk.{il}.ffn_{s}_exps.weight" in names for s in SLICES]
         if any(have) and not all(have):
             return f"layer {il} has only some of ffn_{{gate,up,down}}_exps"
@@ -53,24 +55,57 @@ def expert_gap(model) -> str:
 
 
 def expert_layers(model) -> list:
-    """Per layer: (bytes of one expert's gate, up, down slice) or None when the layer has no experts."""
+    """Per layer: (bytes of one expert's gate, up, down slice) or None when the layer has no experts; a converted
+    file's layer (up/down bundles): (gate, bundle records, 0), its down rows being inside the records."""
     c, names = model.config, model.file.tensors
     out = []
     for il in range(c.n_layer):
+        if c.expert_bundles and expert_bundles.has_bundles(model, il):
+            ts = [names[f"blk.{il}.ffn_{s}_exps.weight"] for s in ("gate", "bundle")]
+            out.append(tuple(t.nbytes // c.n_expert for t in ts) + (0,))
+            continue
         ts = [names.get(f"blk.{il}.ffn_{s}_exps.weight") for s in SLICES]
         out.append(None if ts[0] is None else tuple(t.nbytes // c.n_expert for t in ts))
     return out
 
 
+def _span(n: int) -> int:
+    """Room of a slice of n bytes in a slot (its enclosing 4 KiB span at most), 0 for no slice."""
+    return _align_up(n) + ALIGN if n else 0
+
+
 def slot_bytes(model) -> int:
     """One expert slot as csrc/cache/experts.c lays it out: per slice, the largest slice rounded up + 4 KiB."""
     layers = [b for b in expert_layers(model) if b]
-    return sum(max(_align_up(b[w]) + ALIGN for b in layers) for w in range(3))
+    return sum(max(_span(b[w]) for b in layers) for w in range(3))
 
 
 def read_bytes(model) -> list:
-    """Per expert layer: bytes one miss reads (the three enclosing 4 KiB spans, at most)."""
-    return [sum(_align_up(b[w]) + ALIGN for w in range(3)) for b in expert_layers(model) if b]
+    """Per expert layer: bytes one miss reads (the enclosing 4 KiB spans of its slices, at most)."""
+    return [sum(_span(b[w]) for w in range(3)) for b in expert_layers(model) if b]
+
+
+def open_read_bytes(model) -> list | None:
+    """A converted file, per expert layer: the expected bytes of a miss that reads the gate rows and then only the
+    clusters of CLUSTER neurons with an open one (neurons independent, each open with its ffn_freq_exps frequency,
+    experts weighted by their routed calibration rows); None for a plain MoE file."""
+    c = model.config
+    if not c.expert_bundles:
+        return None
+    out = []
+    for il, b in enumerate(expert_layers(model)):
+        if not b:
+            continue
+        freq = model.raw(f"blk.{il}.ffn_freq_exps.weight").view(np.float32).reshape(c.n_expert, c.n_ff_exp)
+        routed = model.raw(f"blk.{il}.ffn_routed_exps.weight").view(np.float32).astype(np.float64)
+        n_cl = -(-c.n_ff_exp // CLUSTER)
+        pad = np.zeros((c.n_expert, n_cl * CLUSTER), np.float64)
+        pad[:, :c.n_ff_exp] = freq
+        p_open = 1.0 - np.prod(1.0 - pad.reshape(c.n_expert, n_cl, CLUSTER), axis=2)    # [X][clusters]
+        w = routed / routed.sum() if routed.sum() > 0 else np.full(c.n_expert, 1.0 / c.n_expert)
+        width = b[1] // c.n_ff_exp
+        out.append(_span(b[0]) + float((w * p_open.sum(axis=1)).sum()) * CLUSTER * width)
+    return out
 
 
 def fixed_region(model, n_ctx: int) -> int:
@@ -79,7 +114,7 @@ def fixed_region(model, n_ctx: int) -> int:
     out = model.file.tensors.get("output.weight")
     total = 0
     for name, t in model.file.tensors.items():
-        if EXPERT.search(name):
+        if STREAMED.search(name):
             continue
         n = t.nbytes
         if name == "token_embd.weight" and out is not None:

@@ -129,12 +129,7 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     moe = _streams_experts(model)
     if budget is not None and moe and engine == "reference":
         raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
-    if budget is not None and model.config.expert_bundles:          # a converted MoE file: in memory only, for now
-        if cfg.memory_budget is not None:
-            raise UsageError(expert_gap(model), hint="drop --memory-budget")
-        notes.append(("", expert_gap(model)))
-        budget = None
-    elif budget is not None and not model.config.pi2 and not moe:
+    if budget is not None and not model.config.pi2 and not moe:
         stream_gap = streamable(model)
         notes.append(("", "a plain GGUF runs from its mapping and --memory-budget is not enforced; `pi2 convert` "
                           "makes a pi2 file whose FFN streams within the budget"))

@@ -31,6 +31,7 @@ static pi2_status region_of(const pi2_model *m, int32_t il, pi2_expert_region *r
             r->bytes[w] = t->n_out * (int64_t)t->row_bytes;
         }
         r->down_at = down->data - up->data;
+        r->cl_bytes = (int64_t)PI2_EXPERT_CLUSTER * (int64_t)up->row_bytes;
         return PI2_OK;
     }
     int present = 0;
@@ -81,8 +82,22 @@ const uint8_t *pi2_expert_rows_in(const pi2_expert_cache *ec, const uint8_t *rec
     return rec + ec->span_at[w] + (off - pi2_align_down(off));
 }
 
+void pi2_expert_cluster_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t c0, int32_t c1, int64_t *start,
+                             int64_t *end, int64_t *need, int32_t *full0, int32_t *full1) {
+    const pi2_expert_region *r = &ec->layers[il];
+    const int64_t base = r->off[PI2_EXPERT_UP] + (int64_t)e * r->bytes[PI2_EXPERT_UP], top = base + r->bytes[PI2_EXPERT_UP];
+    const int64_t cb = r->cl_bytes, a = base + (int64_t)c0 * cb, b = base + (int64_t)c1 * cb < top ? base + (int64_t)c1 * cb : top;
+    *start = pi2_align_down(a);
+    *end = pi2_align_up(b);
+    *need = b;
+    /* the clusters wholly inside [start, end) (the last one of an expert may be short: it ends at top) */
+    *full0 = (int32_t)(*start > base ? (*start - base + cb - 1) / cb : 0);
+    *full1 = *end >= top ? ec->n_cl : (int32_t)((*end - base) / cb);
+}
+
 void pi2_expert_cache_free(pi2_expert_cache *ec) {
     pi2_slots_free(&ec->slots);
+    free(ec->present);
     free(ec->layers);
     free(ec->hot_of);
     free(ec->hot_arena);
@@ -127,6 +142,10 @@ pi2_status pi2_expert_cache_init(pi2_expert_cache *ec, const pi2_model *m, int32
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %d expert slots of %zu bytes", (int)n_slots,
                              ec->slot_bytes);
     }
+    for (int32_t il = 0; il < L; il++)   /* a converted file: which clusters of each slot are present */
+        if (ec->layers[il].down_at) ec->n_cl = (int32_t)((m->hp.n_ff_exp + PI2_EXPERT_CLUSTER - 1) / PI2_EXPERT_CLUSTER);
+    if (ec->n_cl && !(ec->present = calloc((size_t)n_slots * (size_t)ec->n_cl, 1)))
+        return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert slots' clusters");
     if (ec->n_hot && posix_memalign((void **)&ec->hot_arena, PI2_IO_ALIGN, (size_t)ec->n_hot * ec->slot_bytes)) {
         ec->hot_arena = NULL;
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %d hot experts of %zu bytes", (int)ec->n_hot,

@@ -16,12 +16,14 @@
 #include "model.h"
 
 enum { PI2_EXPERT_GATE = 0, PI2_EXPERT_UP = 1, PI2_EXPERT_DOWN = 2, PI2_EXPERT_SLICES = 3 };
+enum { PI2_EXPERT_CLUSTER = 8 };   /* neurons of a converted file's bundle cluster (a slot's unit of presence) */
 
 typedef struct {
     int64_t off[PI2_EXPERT_SLICES];     /* file offset of expert 0's slice of gate, up, down (0: no experts) */
     int64_t bytes[PI2_EXPERT_SLICES];   /* bytes of one expert's slice (down 0 in a converted file's layer) */
     int64_t down_at;                    /* a converted file (up/down bundles): the up slice is the expert's bundle
                                          * records and its down rows start down_at bytes after its up rows; else 0 */
+    int64_t cl_bytes;                   /* ... and a cluster of PI2_EXPERT_CLUSTER records is cl_bytes long */
 } pi2_expert_region;
 
 typedef struct pi2_expert_cache {
@@ -34,6 +36,9 @@ typedef struct pi2_expert_cache {
     int32_t n_hot;
     uint8_t *hot_arena;                 /* [n_hot] records of slot_bytes, 4 KiB-aligned */
     uint8_t *arena;                     /* [slots.n_slots] slots of slot_bytes, 4 KiB-aligned */
+    int32_t n_cl;                       /* bundle clusters per expert of a converted file's layer (0: none) */
+    uint8_t *present;                   /* [slots.n_slots][n_cl] 1: the cluster's records are read or being read
+                                         * into the slot (its gate rows always are while it holds an expert) */
     int64_t hot, hits, misses, bytes_read, early, early_unused;   /* statistics (per layer and token step) */
     /* learned hot experts (experts_learn.c) */
     int32_t n_learn;                    /* cold slots that may be pinned (0: not learning) */
@@ -64,6 +69,13 @@ const uint8_t *pi2_expert_rows_in(const pi2_expert_cache *ec, const uint8_t *rec
 static inline uint8_t *pi2_expert_slot(const pi2_expert_cache *ec, int32_t slot) {
     return ec->arena + (size_t)slot * ec->slot_bytes;
 }
+static inline uint8_t *pi2_expert_present(const pi2_expert_cache *ec, int32_t slot) {
+    return ec->present + (size_t)slot * (size_t)ec->n_cl;
+}
+/* File span [*start, *end) (4 KiB-aligned, inside the bundle slice's span) of clusters [c0, c1) of expert e's bundle
+ * records in layer il; *need: where the bytes it must hold end; [*full0, *full1): the clusters it holds whole. */
+void pi2_expert_cluster_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t c0, int32_t c1, int64_t *start,
+                             int64_t *end, int64_t *need, int32_t *full0, int32_t *full1);
 static inline uint8_t *pi2_expert_hot_rec(const pi2_expert_cache *ec, int32_t h) {
     return ec->hot_arena + (size_t)h * ec->slot_bytes;
 }

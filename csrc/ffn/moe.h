@@ -100,6 +100,9 @@ pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
  * dense kernels pass over an expert's rows once for four tokens). */
 int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L, int32_t n);
 void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+/* The up rows alone, for the active experts whose gate rows moe->gate already holds (a streamed converted file's two
+ * phases: gate, then the clusters its open neurons are in, then these); counts ffn_active, not ffn_tokens. */
+void pi2_moe_relu_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 
 /* moe_down_rows.c: moe->down[i] = expert sel[i]'s down rows summed over h = moe->gate[i] (after the activation), for
  * the n·k rows of a converted file's layer (down_rows_exps). */

@@ -130,7 +130,8 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
     plan = cli("plan", m.path, "-c", "128", "--memory-budget", "1G", "--json")
     assert plan.code == 0, plan.err
     p = json.loads(plan.out)
-    assert p["slot_bytes"] == plan_experts.slot_bytes(m)
+    assert p["slot_bytes"] == plan_experts.slot_bytes(m) and p["two_phase"]   # relu, the default rule
+    assert p["whole_miss_bytes"] == plan_experts.read_bytes(m)[0] > p["miss_bytes"] > 0
     budget = f"{(p['floor'] >> 20) + 1}M"    # just above the floor: a few slots, many misses
     streamed = cli("run", *args, "--memory-budget", budget, "--verbose")
     assert streamed.code == 0, streamed.err
@@ -138,6 +139,7 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
     assert "pi2: experts:" in streamed.err and "hit rate" in streamed.err
     text = cli("plan", m.path, "-c", "128", "--memory-budget", budget)
     assert text.code == 0 and "expert cache" in text.out and "flash per token" in text.out, text.err
+    assert "gate rows, then the clusters with an open neuron" in text.out
     bench = cli("bench", m.path, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "-o", "json", "--memory-budget", budget)
     assert bench.code == 0, bench.err
     b = json.loads(bench.out)[0]

@@ -25,6 +25,7 @@ from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
 from pi2.engine.expert_clusters import CLUSTER
 from pi2.model import expert_bundles
+from pi2.model.gguf_file import GGML_TYPES
 from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, runtime_bounds
 from pi2.plan.profile import cached_throughput, default_cache_dir
 
@@ -83,6 +84,15 @@ def slot_bytes(model) -> int:
 def read_bytes(model) -> list:
     """Per expert layer: bytes one miss reads (the enclosing 4 KiB spans of its slices, at most)."""
     return [sum(_span(b[w]) for w in range(3)) for b in expert_layers(model) if b]
+
+
+def two_phase_ok(model) -> bool:
+    """A converted file whose single tokens read their experts in two phases under the relu rule: up rows that
+    csrc/ffn/moe_relu.c computes one neuron at a time (Q4_0, F32, F16)."""
+    c = model.config
+    return bool(c.expert_bundles and c.expert_act == "relu" and all(
+        GGML_TYPES[expert_bundles.layout(model, il)["up_type"]][0] in ("Q4_0", "F32", "F16")
+        for il in range(c.n_layer) if expert_bundles.has_bundles(model, il)))
 
 
 def open_read_bytes(model) -> list | None:
@@ -211,7 +221,9 @@ class ExpertPlan:
     n_slots: int                # cold slots
     hot: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))   # [n_layer][n_expert] resident
     expert_bytes: int = 0       # every expert's slices in the file
-    miss_bytes: float = 0.0     # mean bytes one miss reads
+    miss_bytes: float = 0.0     # mean bytes one miss reads (expected, in two phases)
+    whole_bytes: float = 0.0    # mean bytes of one miss's whole slices
+    two_phase: bool = False     # a converted file under the relu rule: gate rows, then open clusters (decode)
     hit_rate: float = 0.0       # expected share of needed experts found hot or cached (decode)
     flash_bytes: int = 0        # expected bytes read per decoded token
     profiled: bool = False      # hot experts and the hit rate from a routing profile (else uniform routing)
@@ -223,6 +235,8 @@ class ExpertPlan:
     learn: bool = True          # hot experts learned while running (cache/experts_learn.c) in the cold slots
     repacked: int = 0
     kind: str = "experts"
+    read_bytes_each: float = 0.0   # the read size the device profile's throughput is looked up at
+    n_slices: int = 3              # spans of a slot (a converted file: gate rows and bundles)
     up: int = 0                 # the runtime's RSS rounded up less rounded down (runtime_bounds): printed, not checked
 
     @property
@@ -261,6 +275,12 @@ class ExpertPlan:
                 "expert_ahead": self.ahead, "expert_learn": self.learn}
 
     @property
+    def read_size(self) -> int:
+        """Bytes of a typical read as printed: a slice's room in a slot, or in two phases a miss's bytes over its
+        expected reads."""
+        return int(self.read_bytes_each) if self.two_phase else self.slot_bytes // self.n_slices
+
+    @property
     def io_bound_tps(self) -> float | None:
         if not self.read_mbps:
             return None
@@ -272,7 +292,9 @@ class ExpertPlan:
         pred = (f"predicted          no device profile ({self.profile_note or 'run pi2 profile-io MODEL'})"
                 if tps is None else
                 f"predicted          at most {tps:.2f} tokens/s from reads alone ({self.read_mbps:.0f} MB/s at "
-                f"{self.slot_bytes // 3 // 1024} KiB reads: {self.profile_note})")
+                f"{self.read_size // 1024} KiB reads: {self.profile_note})")
+        miss = (f"{fmt(int(self.miss_bytes))}: gate rows, then the clusters with an open neuron, against "
+                f"{fmt(int(self.whole_bytes))} whole" if self.two_phase else fmt(int(self.miss_bytes)))
         return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.minimum)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, routers, shared experts, "
@@ -294,16 +316,16 @@ class ExpertPlan:
                 f"hit rate           {self.hit_rate:.1%} expected ("
                 + ("routing profile" if self.profiled else "uniform routing: a worst case") + ")",
                 f"flash per token    {fmt(self.flash_bytes)} expected ({self.k} experts x {self.n_layers} layers x "
-                f"{1 - self.hit_rate:.1%} misses x {fmt(int(self.miss_bytes))})",
+                f"{1 - self.hit_rate:.1%} misses x {miss})",
                 pred]
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("kind", "budget", "runtime", "fixed", "kv", "scratch", "margin",
                                            "slot_bytes", "min_slots", "n_slots", "n_hot", "hot_bytes", "io",
                                            "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
-                                           "io_bound_tps", "profiled", "ahead", "learn", "n_learn")}
+                                           "io_bound_tps", "profiled", "ahead", "learn", "n_learn", "two_phase")}
         d.update(floor=self.minimum, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
-                 n_layers=self.n_layers)
+                 n_layers=self.n_layers, miss_bytes=int(self.miss_bytes), whole_miss_bytes=int(self.whole_bytes))
         return d
 
 
@@ -319,9 +341,11 @@ def _hit_rate(freq: np.ndarray, hot: np.ndarray, n_slots: int, k: int) -> float:
 
 
 def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto",
-                     n_batch: int = 512, ahead: bool = True, type_k: int = 1, type_v: int = 1) -> ExpertPlan:
+                     n_batch: int = 512, ahead: bool = True, type_k: int = 1, type_v: int = 1,
+                     two_phase: bool = False) -> ExpertPlan:
     """The budget's split (UsageError when it is below the floor: the fixed region, KV, buffers and k slots);
-    type_k: the K cache's ggml type (-ctk)."""
+    type_k: the K cache's ggml type (-ctk); two_phase: a converted file run under the relu rule (a decoded token's
+    misses read the gate rows, then only the bundle clusters with an open neuron)."""
     c = model.config
     kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)
     layers = expert_layers(model)
@@ -333,6 +357,12 @@ def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io:
                    k=c.n_expert_used, n_layers=n_layers, n_slots=0, io=io, ahead=ahead,
                    expert_bytes=sum(sum(b) * c.n_expert for b in layers if b),
                    miss_bytes=float(np.mean(reads)) if reads else 0.0)
+    p.whole_bytes, p.read_bytes_each = p.miss_bytes, max(reads) if reads else 0
+    p.n_slices = 2 if c.expert_bundles else 3
+    opened = open_read_bytes(model) if two_phase else None
+    if opened:
+        p.two_phase, p.miss_bytes = True, float(np.mean(opened))
+        p.read_bytes_each = p.miss_bytes / 2     # the gate rows' read and about one merged run of clusters
     if budget < p.floor:
         raise UsageError(f"--memory-budget {budget >> 20}M is below what this model needs with experts streamed "
                          f"({fmt(p.minimum)}: fixed region {fmt(p.fixed)}, KV cache {fmt(kv)}, buffers, and {p.k} "
@@ -354,6 +384,6 @@ def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io:
     p.hot, p.n_slots = hot, int(max(n_cold, p.min_slots))
     p.hit_rate = _hit_rate(freq, hot, p.n_slots, p.k)
     p.flash_bytes = int(round(n_layers * p.k * (1 - p.hit_rate) * p.miss_bytes))
-    p.read_mbps, p.profile_note = cached_throughput(model.path, _align_up(max(reads)) if reads else ALIGN,
+    p.read_mbps, p.profile_note = cached_throughput(model.path, _align_up(int(p.read_bytes_each)) if reads else ALIGN,
                                                     p.queue_depth)
     return p

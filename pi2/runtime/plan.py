@@ -20,7 +20,7 @@ from pi2.model.gguf_split import file_parts
 from pi2.model.loader import Model
 from pi2.plan import devices
 from pi2.plan.budget import MARGIN, Plan, context_bytes, fmt, make_plan, runtime_rss, streamable
-from pi2.plan.experts import ExpertPlan, expert_gap, make_expert_plan
+from pi2.plan.experts import ExpertPlan, expert_gap, make_expert_plan, two_phase_ok
 from pi2.runtime import npu
 from pi2.runtime.config import DEFAULT_CTX, RunConfig
 from pi2.runtime.ffn_rule import FFNRule, choose_rule
@@ -176,7 +176,8 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     cfg = p.cfg
     if p.budget is not None and _streams_experts(model):   # a MoE file: the expert cache (pi2/plan/experts.py)
         p.cache = p.cache_cpu = make_expert_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io,
-                                                 n_batch=cfg.n_batch, type_k=cfg.type_k, type_v=cfg.type_v)
+                                                 n_batch=cfg.n_batch, type_k=cfg.type_k, type_v=cfg.type_v,
+                                                 two_phase=p.rule.rule == "relu" and two_phase_ok(model))
         p.cache.learn = cfg.expert_profile        # --no-expert-profile: a plain LRU
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return

@@ -52,10 +52,7 @@ typedef struct pi2_expert_cache {
 /* 1 when layer il has streamed experts. */
 static inline int pi2_expert_layer(const pi2_expert_cache *ec, int32_t il) { return ec->layers[il].bytes[0] > 0; }
 
-/* Slices of layer il that are read (3, or 2 in a converted file's layer: no down slice of its own). */
-static inline int32_t pi2_expert_n_slices(const pi2_expert_cache *ec, int32_t il) {
-    return ec->layers[il].bytes[PI2_EXPERT_DOWN] ? PI2_EXPERT_SLICES : PI2_EXPERT_SLICES - 1;
-}
+/* 1 when layer il reads slice w (a converted file's layer has no down slice of its own). */
 static inline int pi2_expert_has_slice(const pi2_expert_cache *ec, int32_t il, int32_t w) {
     return ec->layers[il].bytes[w] > 0;
 }

@@ -24,11 +24,12 @@
  * the mapping as base and no deltas, so one compute task serves both.
  *
  * Experts (MoE, the next kind of unit): a part whose units are a layer's experts, each unit the spans of one
- * expert's slices of ffn_{gate,up,down}_exps (contiguous in a plain GGUF: one span per slice) or a cluster of an
- * expert's neurons in a pi2 file; the router's top-k (or routing ahead's guess, submitted in begin_layer like early
+ * expert's slices of ffn_{gate,up,down}_exps (contiguous in a plain GGUF: one span per slice), or a converted file's
+ * expert: its gate rows' span, then its up/down bundle records whole or only the clusters of 8 records whose neurons
+ * a single token's gate opened (pi2_pipeline_expert_clusters, two phases); the router's top-k (or routing ahead's guess, submitted in begin_layer like early
  * reads) is the `need` list, a group is an expert, and next_ready hands each expert to compute as its slices land.
  * Hot experts are the part's resident prefix, the expert cache its slots: the same pipeline, not a second engine.
- * (Built for plain GGUF experts: PI2_PART_EXPERTS below; ffn/moe_stream.c computes them as they land.)
+ * (PI2_PART_EXPERTS below; ffn/moe_stream.c computes them as they land.)
  *
  * Does not: compute (csrc/ffn/), hold the slots or issue the reads (csrc/cache/), choose sizes (the planner). */
 #ifndef PI2_PIPELINE_H

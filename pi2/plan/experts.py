@@ -1,7 +1,9 @@
-"""experts.py — the expert cache's split of a memory budget for a plain MoE GGUF (csrc/cache/experts.h): what stays
-mapped (the fixed region: attention, norms, routers, shared experts, embeddings rows, output), the KV cache and
-buffers, and the rest as expert slots (each one expert's gate, up and down slices, 4 KiB-aligned), of which the
-experts a routing profile names most often are resident (hot) and the others an LRU shared by all layers.
+"""experts.py — the expert cache's split of a memory budget for a MoE GGUF (csrc/cache/experts.h): what stays
+mapped (the fixed region: attention, norms, routers, shared experts, embeddings rows, output, a converted file's I8
+scales), the KV cache and buffers, and the rest as expert slots (each one expert's gate, up and down slices, or a
+converted file's gate rows and up/down bundles, 4 KiB-aligned), of which the experts a routing profile names most
+often are resident (hot) and the others an LRU shared by all layers. A converted file under the relu rule reads a
+decoded token's misses in two phases (gate rows, then the bundle clusters with an open neuron): `open_read_bytes`.
 
 Owns: `expert_gap` (why a file cannot stream its experts), `make_expert_plan`, ExpertPlan (its lines for `pi2 plan`,
 its stream_args for CContext.set_stream), the expected hit rate and flash bytes per token, and the routing profile

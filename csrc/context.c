@@ -269,9 +269,6 @@ pi2_status pi2_ctx_set_stream(pi2_ctx *c, const pi2_stream_params *params) {
     if (!params) return PI2_OK;
     if (!c->ffn_part && c->m->hp.arch != PI2_ARCH_MOE)   /* MoE: the experts stream (cache/experts.h) */
         return pi2_set_error(PI2_ERR_UNSUPPORTED, "only files with FFN down rows or experts can be streamed");
-    for (int32_t il = 0; il < c->m->hp.n_layer; il++)
-        if (c->m->layers[il].down_rows_exps.data)   /* the expert cache reads gate, up and down slices */
-            return pi2_set_error(PI2_ERR_UNSUPPORTED, "the bundled experts of a converted MoE file are not streamed yet");
     return pi2_pipeline_create(c->m, params, &c->pipeline);
 }
 

@@ -141,8 +141,6 @@ def test_cli_convert_and_run(tmp_path_factory, tmp_path):
     assert 0 < b["pi2_expert_bytes_per_token_open_clusters"] < b["pi2_expert_bytes_per_token_whole"]
     again = cli("convert", str(tmp_path / "c.gguf"), "-o", str(tmp_path / "d.gguf"))
     assert again.code == 2 and "already converted" in again.err
-    budget = cli("run", str(tmp_path / "c.gguf"), *args, "--memory-budget", "64M")
-    assert budget.code != 0 and "not streamed yet" in budget.err and "Traceback" not in budget.err
 
 
 def test_cli_convert_refuses_swiglu_experts(tmp_path):

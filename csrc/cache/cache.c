@@ -236,6 +236,7 @@ static pi2_status experts_create(pi2_cache *cache, const pi2_stream_params *p) {
         if (ec->hot_of[i] < 0) continue;
         const int32_t il = i / ec->n_expert, e = i % ec->n_expert;
         for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) {
+            if (!pi2_expert_has_slice(ec, il, w)) continue;   /* a converted file: down is in the bundles */
             int64_t start, end, need;
             pi2_expert_span(ec, il, e, w, &start, &end, &need);
             if ((s = pi2_cache_read_range(cache, acct, start, end, need,

@@ -3,6 +3,8 @@
  * tensor is n_out rows from data + e·n_out·row_bytes), resident hot experts, and an LRU of cold expert slots
  * (slots.c, one "cluster" per expert). A slot holds the three slices of one expert, each read as the 4 KiB-aligned
  * span enclosing it at a fixed place in the slot; the slice's rows start at slot + span_at[w] + (off - aligned off).
+ * A converted file's layer (pi2/model/expert_bundles.py) has two slices: the gate rows and the expert's up/down
+ * bundle records (its up rows and, down_at bytes into each record, its down rows), so a slot is two spans.
  * Hot experts are learned while running too (experts_learn.c): the cold slots of the most routed experts are pinned.
  * Does not: decide what to read when (csrc/pipeline/experts.c), compute (csrc/ffn/moe_stream.c) or choose sizes
  * (the planner, pi2/plan/experts.py). */
@@ -14,10 +16,14 @@
 #include "model.h"
 
 enum { PI2_EXPERT_GATE = 0, PI2_EXPERT_UP = 1, PI2_EXPERT_DOWN = 2, PI2_EXPERT_SLICES = 3 };
+enum { PI2_EXPERT_CLUSTER = 8 };   /* neurons of a converted file's bundle cluster (a slot's unit of presence) */
 
 typedef struct {
     int64_t off[PI2_EXPERT_SLICES];     /* file offset of expert 0's slice of gate, up, down (0: no experts) */
-    int64_t bytes[PI2_EXPERT_SLICES];   /* bytes of one expert's slice */
+    int64_t bytes[PI2_EXPERT_SLICES];   /* bytes of one expert's slice (down 0 in a converted file's layer) */
+    int64_t down_at;                    /* a converted file (up/down bundles): the up slice is the expert's bundle
+                                         * records and its down rows start down_at bytes after its up rows; else 0 */
+    int64_t cl_bytes;                   /* ... and a cluster of PI2_EXPERT_CLUSTER records is cl_bytes long */
 } pi2_expert_region;
 
 typedef struct pi2_expert_cache {
@@ -30,6 +36,9 @@ typedef struct pi2_expert_cache {
     int32_t n_hot;
     uint8_t *hot_arena;                 /* [n_hot] records of slot_bytes, 4 KiB-aligned */
     uint8_t *arena;                     /* [slots.n_slots] slots of slot_bytes, 4 KiB-aligned */
+    int32_t n_cl;                       /* bundle clusters per expert of a converted file's layer (0: none) */
+    uint8_t *present;                   /* [slots.n_slots][n_cl] 1: the cluster's records are read or being read
+                                         * into the slot (its gate rows always are while it holds an expert) */
     int64_t hot, hits, misses, bytes_read, early, early_unused;   /* statistics (per layer and token step) */
     /* learned hot experts (experts_learn.c) */
     int32_t n_learn;                    /* cold slots that may be pinned (0: not learning) */
@@ -43,14 +52,27 @@ typedef struct pi2_expert_cache {
 /* 1 when layer il has streamed experts. */
 static inline int pi2_expert_layer(const pi2_expert_cache *ec, int32_t il) { return ec->layers[il].bytes[0] > 0; }
 
+/* 1 when layer il reads slice w (a converted file's layer has no down slice of its own). */
+static inline int pi2_expert_has_slice(const pi2_expert_cache *ec, int32_t il, int32_t w) {
+    return ec->layers[il].bytes[w] > 0;
+}
+
 /* File span [*start, *end) of slice w of expert e of layer il, 4 KiB-aligned; *need: where its bytes end. */
 void pi2_expert_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t w, int64_t *start, int64_t *end,
                      int64_t *need);
-/* The rows of slice w of expert e of layer il in a record (a slot or a hot record) at `rec`. */
+/* The rows of slice w of expert e of layer il in a record (a slot or a hot record) at `rec`; in a converted file's
+ * layer, w = DOWN gives the down rows inside the bundle records (the up rows + down_at). */
 const uint8_t *pi2_expert_rows_in(const pi2_expert_cache *ec, const uint8_t *rec, int32_t il, int32_t e, int32_t w);
 static inline uint8_t *pi2_expert_slot(const pi2_expert_cache *ec, int32_t slot) {
     return ec->arena + (size_t)slot * ec->slot_bytes;
 }
+static inline uint8_t *pi2_expert_present(const pi2_expert_cache *ec, int32_t slot) {
+    return ec->present + (size_t)slot * (size_t)ec->n_cl;
+}
+/* File span [*start, *end) (4 KiB-aligned, inside the bundle slice's span) of clusters [c0, c1) of expert e's bundle
+ * records in layer il; *need: where the bytes it must hold end; [*full0, *full1): the clusters it holds whole. */
+void pi2_expert_cluster_span(const pi2_expert_cache *ec, int32_t il, int32_t e, int32_t c0, int32_t c1, int64_t *start,
+                             int64_t *end, int64_t *need, int32_t *full0, int32_t *full1);
 static inline uint8_t *pi2_expert_hot_rec(const pi2_expert_cache *ec, int32_t h) {
     return ec->hot_arena + (size_t)h * ec->slot_bytes;
 }

@@ -100,10 +100,15 @@ pi2_status pi2_moe_repack(pi2_model *m, int32_t impl);
  * dense kernels pass over an expert's rows once for four tokens). */
 int pi2_moe_relu_ok(const pi2_ctx *c, const pi2_layer *L, int32_t n);
 void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
+/* The up rows alone, for the active experts whose gate rows moe->gate already holds (a streamed converted file's two
+ * phases: gate, then the clusters its open neurons are in, then these); counts ffn_active, not ffn_tokens. */
+void pi2_moe_relu_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 
 /* moe_down_rows.c: moe->down[i] = expert sel[i]'s down rows summed over h = moe->gate[i] (after the activation), for
  * the n·k rows of a converted file's layer (down_rows_exps). */
 void pi2_moe_down_rows(pi2_ctx *c, const pi2_layer *L, int32_t n);
+/* The same for the rows routed to experts[0..n_experts) only (a streamed layer's chunk); ids: scratch of n·k. */
+void pi2_moe_down_rows_of(pi2_ctx *c, const pi2_layer *L, const int32_t *experts, int32_t n_experts, int32_t *ids);
 
 /* moe_neurons.c: neuron_counts[il][e][r] += the rows routed to e whose gate row r is > 0 (moe->gate as computed). */
 void pi2_moe_count_neurons(pi2_ctx *c, int32_t il);

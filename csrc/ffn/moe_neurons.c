@@ -4,7 +4,7 @@
  * routed row opens: on a converted file, what reading only open clusters would cost.
  * Does: pi2_ctx_count_expert_neurons (the API) and pi2_moe_count_neurons (moe.c calls it once a layer's gate rows of
  *       mapped experts are computed, before the activation overwrites them).
- * Does not: order neurons or write anything (pi2/convert/moe.py); streamed experts are not counted. */
+ * Does not: order neurons or write anything (pi2/convert/moe.py). moe_stream.c counts a streamed layer chunk by chunk. */
 #include "ffn/moe.h"
 #include "internal.h"
 

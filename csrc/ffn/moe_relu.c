@@ -259,3 +259,13 @@ void pi2_moe_relu_gate_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
     c->ffn_active[il] += atomic_load(&j.active);
     if (il == 0) c->ffn_tokens += n;
 }
+
+void pi2_moe_relu_up(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
+    struct pi2_moe *moe = c->moe;
+    pi2_moe_prep(c, L->up_exps.type, c->xn, n, c->m->hp.n_embd);
+    up_job j = {c, &L->up_exps, NULL, up_kind(&L->up_exps),
+                (int32_t)((L->up_exps.n_out + ROWS_PER_TASK - 1) / ROWS_PER_TASK), pick_gather8(c->p.impl),
+                pi2_go_q4_0_x8(), pi2_go_q4_0_rows8(), 0};
+    pi2_pool_run(c->pool, up_task, &j, moe->n_active * j.tasks_per_expert);
+    c->ffn_active[il] += atomic_load(&j.active);
+}

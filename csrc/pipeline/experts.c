@@ -17,10 +17,13 @@ pi2_status pi2_experts_init(pi2_pipeline *pl) {
     expert_reads *ex = pl->experts = calloc(1, sizeof *ex);
     if (!ex) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
     ex->layer = ex->ahead_layer = -1;
-    ex->reqs = malloc(X * PI2_EXPERT_SLICES * sizeof *ex->reqs);
+    ex->cap = (int32_t)(X * (size_t)(PI2_EXPERT_SLICES + ec->n_cl));
+    ex->reqs = malloc((size_t)ex->cap * sizeof *ex->reqs);
+    ex->req_e = malloc((size_t)ex->cap * sizeof *ex->req_e);
+    ex->req_need = malloc((size_t)ex->cap * sizeof *ex->req_need);
     ex->pending = calloc(X, sizeof *ex->pending);
     ex->ahead = calloc(X, 1);
-    int ok = ex->reqs && ex->pending && ex->ahead;
+    int ok = ex->reqs && ex->req_e && ex->req_need && ex->pending && ex->ahead;
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) ok = ok && (ex->rows[w] = calloc(X, sizeof *ex->rows[w]));
     return ok ? PI2_OK : pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
 }
@@ -30,6 +33,8 @@ void pi2_experts_free(pi2_pipeline *pl) {
     if (!ex) return;
     if (ex->n_wait < ex->n_sub) pi2_cache_reap_all(pl->cache);
     free(ex->reqs);
+    free(ex->req_e);
+    free(ex->req_need);
     free(ex->pending);
     free(ex->ahead);
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) free(ex->rows[w]);
@@ -64,10 +69,10 @@ static void drain(pi2_pipeline *pl) {
     pi2_slots *slots = &pl->cache->experts->slots;
     pi2_cache_reap_all(pl->cache);
     for (int32_t i = 0; i < ex->n_req; i++) {
-        const int32_t slot = pi2_slots_holding(slots, ex->layer, (int32_t)(ex->reqs[i].user / PI2_EXPERT_SLICES));
+        const int32_t slot = pi2_slots_holding(slots, ex->layer, ex->req_e[i]);
         if (slot >= 0) pi2_slots_forget(slots, slot);
     }
-    ex->n_req = ex->n_sub = ex->n_wait = 0;
+    ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
     ex->ahead_layer = -1;
 }
 
@@ -80,19 +85,70 @@ static pi2_status submit(pi2_pipeline *pl) {
     return s;
 }
 
-/* List the three reads of expert e of layer il into the least recently used slot; the slot. */
+static void add_req(expert_reads *ex, int32_t e, int64_t start, int64_t end, int64_t need, uint8_t *dest) {
+    const int32_t i = ex->n_req++;
+    ex->reqs[i] = (pi2_io_request){.offset = (uint64_t)start, .length = (uint64_t)(end - start), .dest = dest,
+                                   .user = (uint64_t)i};
+    ex->req_e[i] = e;
+    ex->req_need[i] = need;
+}
+
+/* A converted file's expert e of layer il in `slot`: list reads of its clusters with want[c] (NULL: all) that are not
+ * present, adjacent ones merged into one 4 KiB-aligned read, and mark what they hold present; the reads listed. */
+static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t slot, const uint8_t *want) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    expert_reads *ex = pl->experts;
+    uint8_t *present = pi2_expert_present(ec, slot);
+    int64_t s0, s1;
+    pi2_expert_span(ec, il, e, PI2_EXPERT_UP, &s0, &s1, NULL);
+    uint8_t *dest = pi2_expert_slot(ec, slot) + ec->span_at[PI2_EXPERT_UP] - s0;
+    int32_t n = 0;
+    for (int32_t c = 0; c < ec->n_cl;) {
+        if (present[c] || (want && !want[c])) {
+            c++;
+            continue;
+        }
+        int32_t c1 = c + 1;   /* the run, and the runs whose aligned reads touch it */
+        int64_t start, end, need;
+        int32_t f0, f1;
+        for (;;) {
+            while (c1 < ec->n_cl && !present[c1] && (!want || want[c1])) c1++;
+            pi2_expert_cluster_span(ec, il, e, c, c1, &start, &end, &need, &f0, &f1);
+            int32_t next = c1;
+            while (next < ec->n_cl && (present[next] || (want && !want[next]))) next++;
+            if (next >= ec->n_cl) break;
+            int64_t ns, ne, nn;
+            int32_t g0, g1;
+            pi2_expert_cluster_span(ec, il, e, next, next + 1, &ns, &ne, &nn, &g0, &g1);
+            if (ns > end) break;
+            c1 = next + 1;
+        }
+        add_req(ex, e, start, end, need, dest + start);
+        for (int32_t q = f0 < c ? f0 : c; q < (f1 > c1 ? f1 : c1); q++) present[q] = 1;
+        n++;
+        c = c1;
+    }
+    return n;
+}
+
+/* List the reads of expert e of layer il into the least recently used slot (three slices, or a converted file's gate
+ * rows and bundles; under `partial` only the gate rows of a converted file's expert); the slot. */
 static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e) {
     pi2_expert_cache *ec = pl->cache->experts;
     expert_reads *ex = pl->experts;
     const int32_t slot = pi2_slots_take(&ec->slots, il, e);
+    const int bundled = ec->layers[il].down_at != 0;
+    int32_t n = 0;
+    if (bundled) memset(pi2_expert_present(ec, slot), 0, (size_t)ec->n_cl);
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) {
-        int64_t start, end;
-        pi2_expert_span(ec, il, e, w, &start, &end, NULL);
-        ex->reqs[ex->n_req++] = (pi2_io_request){.offset = (uint64_t)start, .length = (uint64_t)(end - start),
-                                                 .dest = pi2_expert_slot(ec, slot) + ec->span_at[w],
-                                                 .user = (uint64_t)e * PI2_EXPERT_SLICES + (uint64_t)w};
+        if (!pi2_expert_has_slice(ec, il, w) || (bundled && w == PI2_EXPERT_UP)) continue;
+        int64_t start, end, need;
+        pi2_expert_span(ec, il, e, w, &start, &end, &need);
+        add_req(ex, e, start, end, need, pi2_expert_slot(ec, slot) + ec->span_at[w]);
+        n++;
     }
-    ex->pending[e] = PI2_EXPERT_SLICES;
+    if (bundled && !ex->partial) n += list_clusters(pl, il, e, slot, NULL);
+    ex->pending[e] = n;
     return slot;
 }
 
@@ -113,13 +169,14 @@ pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_
     const int32_t X = ec->n_expert;
     if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il) || ex->n_wait < ex->n_req) return PI2_OK;
     if (2 * n > ec->slots.n_list) return PI2_OK;   /* the guesses and the token's other misses must both fit */
-    ex->n_req = ex->n_sub = ex->n_wait = 0;
+    ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
     ex->layer = il;
     memset(ex->ahead, 0, (size_t)X);
     for (int32_t i = 0; i < n; i++) {
         const int32_t e = experts[i];
         if (ec->hot_of[(size_t)il * X + e] >= 0 || pi2_slots_holding(&ec->slots, il, e) >= 0) continue;
         list_reads(pl, il, e);
+        ex->n_ahead++;
         ex->ahead[e] = 1;
         pl->cache->st.expert_ahead++;
     }
@@ -141,16 +198,17 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
      * takes one of them out of it, unpinning puts a slot at its tail), so the tail is neither while n plus the
      * guesses fit the list; else the guesses land first. */
     const int32_t room = ec->slots.n_list;
-    if (ahead && n + ex->n_req / PI2_EXPERT_SLICES > room) {
+    if (ahead && n + ex->n_ahead > room) {
         const pi2_status s = finish(pl);
         if (s) return s;
     }
     ex->ahead_layer = -1;
     if (ex->layer != il) memset(ex->ahead, 0, (size_t)X);   /* guesses of another layer */
     if (!ahead || ex->n_wait == ex->n_req) {   /* nothing in flight: the list starts anew */
-        ex->n_req = ex->n_sub = ex->n_wait = 0;
+        ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
         ahead = 0;
     }
+    const int whole = ec->layers[il].down_at && !ex->partial;   /* a converted file's experts, all clusters needed */
     ex->layer = il;
     memset(ready, 1, (size_t)X);
     int32_t cold = 0;
@@ -174,10 +232,13 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
             ex->ahead[e] = 2;
             ec->misses++;
             pl->cache->st.expert_ahead_used++;
+            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL);   /* guessed under partial */
             ready[e] = ex->pending[e] == 0;
         } else if (slot >= 0) {
             ec->hits++;
             ec->pinned_hits += pinned;
+            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL) : 0;   /* clusters a partial read left */
+            ready[e] = ex->pending[e] == 0;
         } else {
             slot = list_reads(pl, il, e);
             ec->misses++;
@@ -197,11 +258,10 @@ static pi2_status check_done(pi2_pipeline *pl, const pi2_io_completion *c) {
     pi2_cache *cache = pl->cache;
     pi2_expert_cache *ec = cache->experts;
     expert_reads *ex = pl->experts;
-    const int32_t e = (int32_t)(c->user / PI2_EXPERT_SLICES), w = (int32_t)(c->user % PI2_EXPERT_SLICES);
-    int64_t start, end, need;
-    pi2_expert_span(ec, ex->layer, e, w, &start, &end, &need);
+    const int32_t i = (int32_t)c->user, e = ex->req_e[i];
+    const int64_t start = (int64_t)ex->reqs[i].offset, need = ex->req_need[i];
     cache->st.reads++;
-    ec->bytes_read += end - start;
+    ec->bytes_read += (int64_t)ex->reqs[i].length;
     if ((c->error && c->error != ENODATA) || c->nbytes < need - start) {
         const int32_t slot = pi2_slots_holding(&ec->slots, ex->layer, e);
         if (slot >= 0) pi2_slots_forget(&ec->slots, slot);
@@ -230,11 +290,31 @@ pi2_status pi2_experts_next_ready(pi2_pipeline *pl, int32_t *groups, int32_t *n_
                 drain(pl);
                 return s;
             }
-            const int32_t e = (int32_t)(done[i].user / PI2_EXPERT_SLICES);
+            const int32_t e = ex->req_e[done[i].user];
             if (--ex->pending[e] == 0 && ex->ahead[e] != 1) groups[(*n_groups)++] = e;
         }
         ex->n_wait += got;
         if (ex->n_wait == ex->n_req) pl->cache->st.read_s += pi2_now() - ex->t_submit;
     }
     return PI2_OK;
+}
+
+void pi2_pipeline_experts_partial(pi2_pipeline *pl, int on) {
+    if (pl->experts) pl->experts->partial = on && pl->cache->experts->n_cl > 0;
+}
+
+int pi2_pipeline_experts_partial_on(const pi2_pipeline *pl) { return pl->experts && pl->experts->partial; }
+
+pi2_status pi2_pipeline_expert_clusters(pi2_pipeline *pl, int32_t il, int32_t e, const uint8_t *want, int *ready) {
+    pi2_expert_cache *ec = pl->cache->experts;
+    expert_reads *ex = pl->experts;
+    *ready = 1;
+    const int32_t slot = ec->hot_of[(size_t)il * ec->n_expert + e] >= 0 ? -1 : pi2_slots_holding(&ec->slots, il, e);
+    if (slot < 0 || !ec->layers[il].down_at || ex->layer != il) return PI2_OK;   /* resident: every cluster is */
+    if (ex->n_wait == ex->n_req) ex->t_submit = pi2_now();
+    const int32_t n = list_clusters(pl, il, e, slot, want);
+    if (!n) return PI2_OK;
+    ex->pending[e] += n;
+    *ready = 0;
+    return submit(pl);
 }

@@ -24,11 +24,12 @@
  * the mapping as base and no deltas, so one compute task serves both.
  *
  * Experts (MoE, the next kind of unit): a part whose units are a layer's experts, each unit the spans of one
- * expert's slices of ffn_{gate,up,down}_exps (contiguous in a plain GGUF: one span per slice) or a cluster of an
- * expert's neurons in a pi2 file; the router's top-k (or routing ahead's guess, submitted in begin_layer like early
+ * expert's slices of ffn_{gate,up,down}_exps (contiguous in a plain GGUF: one span per slice), or a converted file's
+ * expert: its gate rows' span, then its up/down bundle records whole or only the clusters of 8 records whose neurons
+ * a single token's gate opened (pi2_pipeline_expert_clusters, two phases); the router's top-k (or routing ahead's guess, submitted in begin_layer like early
  * reads) is the `need` list, a group is an expert, and next_ready hands each expert to compute as its slices land.
  * Hot experts are the part's resident prefix, the expert cache its slots: the same pipeline, not a second engine.
- * (Built for plain GGUF experts: PI2_PART_EXPERTS below; ffn/moe_stream.c computes them as they land.)
+ * (PI2_PART_EXPERTS below; ffn/moe_stream.c computes them as they land.)
  *
  * Does not: compute (csrc/ffn/), hold the slots or issue the reads (csrc/cache/), choose sizes (the planner). */
 #ifndef PI2_PIPELINE_H
@@ -103,6 +104,15 @@ const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w
 pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n);
 /* 1 when the pipeline streams experts and was asked to route ahead. */
 int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl);
+/* A converted file's experts (up/down bundles): on = read a miss's gate rows first and its bundle clusters only when
+ * asked (pi2_pipeline_expert_clusters: a single token under the relu rule); off = gate rows and every cluster.
+ * Applies to the needs and guesses that follow. */
+void pi2_pipeline_experts_partial(pi2_pipeline *pl, int on);
+int pi2_pipeline_experts_partial_on(const pi2_pipeline *pl);
+/* Partial reads, once expert e of layer il (named by the layer's need, its gate rows landed) has computed its gate:
+ * read the clusters with want[c] != 0 that its slot lacks (adjacent ones in one 4 KiB-aligned read); *ready = 1
+ * when it lacks none (else next_ready lists e when they land). PI2_ERR_IO when a submission fails. */
+pi2_status pi2_pipeline_expert_clusters(pi2_pipeline *pl, int32_t il, int32_t e, const uint8_t *want, int *ready);
 /* A streamed MoE layer's step of n_tok tokens routed rows[e] (token, slot) rows to each expert e of experts[0..n): counted
  * (statistics) and learned (the expert cache's learned hot experts, cache/experts_learn.c). Before its need. */
 void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, const int32_t *experts,

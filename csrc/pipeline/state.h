@@ -31,8 +31,13 @@ typedef struct {               /* whole-region reads submitted ahead of their FF
 
 typedef struct {               /* a MoE layer's expert reads (experts.c) */
     int32_t layer;             /* the layer of the reads in reqs, or -1 */
-    pi2_io_request *reqs;      /* [3 · n_expert]: user = expert · 3 + slice */
+    pi2_io_request *reqs;      /* [cap]: user = the request's index */
+    int32_t *req_e;            /* [cap] the expert each request reads for */
+    int64_t *req_need;         /* [cap] where the bytes it must hold end (a short read at the file's end is fine) */
+    int32_t cap;               /* n_expert · (3 + clusters per expert) */
     int32_t n_req, n_sub, n_wait;   /* reads listed, of which submitted, of which reaped */
+    int32_t n_ahead;           /* experts guessed in reqs */
+    int32_t partial;           /* a converted file's misses read the gate rows first, then the open clusters */
     int32_t *pending;          /* [n_expert] slices each listed expert of the layer still waits for */
     const uint8_t **rows[PI2_EXPERT_SLICES];   /* [n_expert] where each needed expert's slices are */
     uint8_t *ahead;            /* [n_expert] 1: read ahead (a guess) and not needed yet, 2: ... and needed */

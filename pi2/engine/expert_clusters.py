@@ -2,7 +2,8 @@
 engine counts, per routed row, the clusters of CLUSTER neurons (in the file's hot-first order) with an open gate
 (csrc/ffn/moe_neurons.c); this turns the counts into bytes per token against reading whole experts, for `--verbose`
 and `pi2 bench -o json` (pi2_expert_open_clusters, pi2_expert_bytes_per_token_{whole,open_clusters}).
-Does not: read anything (a converted file's experts are computed in memory; streaming them is still to come).
+Under --memory-budget a decoded token does read this (csrc/pipeline/experts.c, two phases); the measured bytes are the
+cache's (pi2_flash_bytes_per_token). Does not: read anything.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""experts.py — the expert cache's split of a memory budget for a plain MoE GGUF (csrc/cache/experts.h): what stays
-mapped (the fixed region: attention, norms, routers, shared experts, embeddings rows, output), the KV cache and
-buffers, and the rest as expert slots (each one expert's gate, up and down slices, 4 KiB-aligned), of which the
-experts a routing profile names most often are resident (hot) and the others an LRU shared by all layers.
+"""experts.py — the expert cache's split of a memory budget for a MoE GGUF (csrc/cache/experts.h): what stays
+mapped (the fixed region: attention, norms, routers, shared experts, embeddings rows, output, a converted file's I8
+scales), the KV cache and buffers, and the rest as expert slots (each one expert's gate, up and down slices, or a
+converted file's gate rows and up/down bundles, 4 KiB-aligned), of which the experts a routing profile names most
+often are resident (hot) and the others an LRU shared by all layers. A converted file under the relu rule reads a
+decoded token's misses in two phases (gate rows, then the bundle clusters with an open neuron): `open_read_bytes`.
 
 Owns: `expert_gap` (why a file cannot stream its experts), `make_expert_plan`, ExpertPlan (its lines for `pi2 plan`,
 its stream_args for CContext.set_stream), the expected hit rate and flash bytes per token, and the routing profile
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +25,15 @@ import numpy as np
 from pi2.convert.profile import calib_tokens
 from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
-from pi2.model.info_moe import EXPERT
+from pi2.engine.expert_clusters import CLUSTER
+from pi2.model import expert_bundles
+from pi2.model.gguf_file import GGML_TYPES
 from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, runtime_bounds
 from pi2.plan.profile import cached_throughput, default_cache_dir
 
 ALIGN = 4096
 SLICES = ("gate", "up", "down")
+STREAMED = re.compile(r"\.ffn_(gate|up|down|bundle)_exps\.")   # read into slots; a converted file's scales stay mapped
 MIN_COLD_PER_K = 2      # cold slots kept at least 2·k when hot experts are chosen: a token's misses and the next's
 MIN_RUN_TOKENS = 64     # a run adds its routing to the profile from this many tokens on (fewer say little)
 
@@ -41,11 +47,10 @@ def expert_gap(model) -> str:
     c = model.config
     if not c.moe_family or not c.n_expert:
         return f"{os.path.basename(model.path)} has no experts to stream"
-    if c.expert_bundles:
-        return (f"the bundled experts of {os.path.basename(model.path)} (a converted MoE file) are not streamed yet; "
-                "run it in memory or stream its source file")
     names = model.file.tensors
     for il in range(c.n_layer):
+        if c.expert_bundles and expert_bundles.has_bundles(model, il):
+            continue
         have = [f"blk.{il}.ffn_{s}_exps.weight" in names for s in SLICES]
         if any(have) and not all(have):
             return f"layer {il} has only some of ffn_{{gate,up,down}}_exps"
@@ -53,24 +58,66 @@ def expert_gap(model) -> str:
 
 
 def expert_layers(model) -> list:
-    """Per layer: (bytes of one expert's gate, up, down slice) or None when the layer has no experts."""
+    """Per layer: (bytes of one expert's gate, up, down slice) or None when the layer has no experts; a converted
+    file's layer (up/down bundles): (gate, bundle records, 0), its down rows being inside the records."""
     c, names = model.config, model.file.tensors
     out = []
     for il in range(c.n_layer):
+        if c.expert_bundles and expert_bundles.has_bundles(model, il):
+            ts = [names[f"blk.{il}.ffn_{s}_exps.weight"] for s in ("gate", "bundle")]
+            out.append(tuple(t.nbytes // c.n_expert for t in ts) + (0,))
+            continue
         ts = [names.get(f"blk.{il}.ffn_{s}_exps.weight") for s in SLICES]
         out.append(None if ts[0] is None else tuple(t.nbytes // c.n_expert for t in ts))
     return out
 
 
+def _span(n: int) -> int:
+    """Room of a slice of n bytes in a slot (its enclosing 4 KiB span at most), 0 for no slice."""
+    return _align_up(n) + ALIGN if n else 0
+
+
 def slot_bytes(model) -> int:
     """One expert slot as csrc/cache/experts.c lays it out: per slice, the largest slice rounded up + 4 KiB."""
     layers = [b for b in expert_layers(model) if b]
-    return sum(max(_align_up(b[w]) + ALIGN for b in layers) for w in range(3))
+    return sum(max(_span(b[w]) for b in layers) for w in range(3))
 
 
 def read_bytes(model) -> list:
-    """Per expert layer: bytes one miss reads (the three enclosing 4 KiB spans, at most)."""
-    return [sum(_align_up(b[w]) + ALIGN for w in range(3)) for b in expert_layers(model) if b]
+    """Per expert layer: bytes one miss reads (the enclosing 4 KiB spans of its slices, at most)."""
+    return [sum(_span(b[w]) for w in range(3)) for b in expert_layers(model) if b]
+
+
+def two_phase_ok(model) -> bool:
+    """A converted file whose single tokens read their experts in two phases under the relu rule: up rows that
+    csrc/ffn/moe_relu.c computes one neuron at a time (Q4_0, F32, F16)."""
+    c = model.config
+    return bool(c.expert_bundles and c.expert_act == "relu" and all(
+        GGML_TYPES[expert_bundles.layout(model, il)["up_type"]][0] in ("Q4_0", "F32", "F16")
+        for il in range(c.n_layer) if expert_bundles.has_bundles(model, il)))
+
+
+def open_read_bytes(model) -> list | None:
+    """A converted file, per expert layer: the expected bytes of a miss that reads the gate rows and then only the
+    clusters of CLUSTER neurons with an open one (neurons independent, each open with its ffn_freq_exps frequency,
+    experts weighted by their routed calibration rows); None for a plain MoE file."""
+    c = model.config
+    if not c.expert_bundles:
+        return None
+    out = []
+    for il, b in enumerate(expert_layers(model)):
+        if not b:
+            continue
+        freq = model.raw(f"blk.{il}.ffn_freq_exps.weight").view(np.float32).reshape(c.n_expert, c.n_ff_exp)
+        routed = model.raw(f"blk.{il}.ffn_routed_exps.weight").view(np.float32).astype(np.float64)
+        n_cl = -(-c.n_ff_exp // CLUSTER)
+        pad = np.zeros((c.n_expert, n_cl * CLUSTER), np.float64)
+        pad[:, :c.n_ff_exp] = freq
+        p_open = 1.0 - np.prod(1.0 - pad.reshape(c.n_expert, n_cl, CLUSTER), axis=2)    # [X][clusters]
+        w = routed / routed.sum() if routed.sum() > 0 else np.full(c.n_expert, 1.0 / c.n_expert)
+        width = b[1] // c.n_ff_exp
+        out.append(_span(b[0]) + float((w * p_open.sum(axis=1)).sum()) * CLUSTER * width)
+    return out
 
 
 def fixed_region(model, n_ctx: int) -> int:
@@ -79,7 +126,7 @@ def fixed_region(model, n_ctx: int) -> int:
     out = model.file.tensors.get("output.weight")
     total = 0
     for name, t in model.file.tensors.items():
-        if EXPERT.search(name):
+        if STREAMED.search(name):
             continue
         n = t.nbytes
         if name == "token_embd.weight" and out is not None:
@@ -176,7 +223,9 @@ class ExpertPlan:
     n_slots: int                # cold slots
     hot: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), bool))   # [n_layer][n_expert] resident
     expert_bytes: int = 0       # every expert's slices in the file
-    miss_bytes: float = 0.0     # mean bytes one miss reads
+    miss_bytes: float = 0.0     # mean bytes one miss reads (expected, in two phases)
+    whole_bytes: float = 0.0    # mean bytes of one miss's whole slices
+    two_phase: bool = False     # a converted file under the relu rule: gate rows, then open clusters (decode)
     hit_rate: float = 0.0       # expected share of needed experts found hot or cached (decode)
     flash_bytes: int = 0        # expected bytes read per decoded token
     profiled: bool = False      # hot experts and the hit rate from a routing profile (else uniform routing)
@@ -188,6 +237,8 @@ class ExpertPlan:
     learn: bool = True          # hot experts learned while running (cache/experts_learn.c) in the cold slots
     repacked: int = 0
     kind: str = "experts"
+    read_bytes_each: float = 0.0   # the read size the device profile's throughput is looked up at
+    n_slices: int = 3              # spans of a slot (a converted file: gate rows and bundles)
     up: int = 0                 # the runtime's RSS rounded up less rounded down (runtime_bounds): printed, not checked
 
     @property
@@ -226,6 +277,12 @@ class ExpertPlan:
                 "expert_ahead": self.ahead, "expert_learn": self.learn}
 
     @property
+    def read_size(self) -> int:
+        """Bytes of a typical read as printed: a slice's room in a slot, or in two phases a miss's bytes over its
+        expected reads."""
+        return int(self.read_bytes_each) if self.two_phase else self.slot_bytes // self.n_slices
+
+    @property
     def io_bound_tps(self) -> float | None:
         if not self.read_mbps:
             return None
@@ -237,7 +294,9 @@ class ExpertPlan:
         pred = (f"predicted          no device profile ({self.profile_note or 'run pi2 profile-io MODEL'})"
                 if tps is None else
                 f"predicted          at most {tps:.2f} tokens/s from reads alone ({self.read_mbps:.0f} MB/s at "
-                f"{self.slot_bytes // 3 // 1024} KiB reads: {self.profile_note})")
+                f"{self.read_size // 1024} KiB reads: {self.profile_note})")
+        miss = (f"{fmt(int(self.miss_bytes))}: gate rows, then the clusters with an open neuron, against "
+                f"{fmt(int(self.whole_bytes))} whole" if self.two_phase else fmt(int(self.miss_bytes)))
         return [f"memory budget      {fmt(self.budget)} (minimum for this model and context: {fmt(self.minimum)})",
                 f"runtime            {fmt(self.runtime)} (RSS + page cache of the runtime and the file's metadata)",
                 f"fixed region       {fmt(self.fixed)} (mapped: attention, norms, routers, shared experts, "
@@ -259,16 +318,16 @@ class ExpertPlan:
                 f"hit rate           {self.hit_rate:.1%} expected ("
                 + ("routing profile" if self.profiled else "uniform routing: a worst case") + ")",
                 f"flash per token    {fmt(self.flash_bytes)} expected ({self.k} experts x {self.n_layers} layers x "
-                f"{1 - self.hit_rate:.1%} misses x {fmt(int(self.miss_bytes))})",
+                f"{1 - self.hit_rate:.1%} misses x {miss})",
                 pred]
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("kind", "budget", "runtime", "fixed", "kv", "scratch", "margin",
                                            "slot_bytes", "min_slots", "n_slots", "n_hot", "hot_bytes", "io",
                                            "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
-                                           "io_bound_tps", "profiled", "ahead", "learn", "n_learn")}
+                                           "io_bound_tps", "profiled", "ahead", "learn", "n_learn", "two_phase")}
         d.update(floor=self.minimum, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
-                 n_layers=self.n_layers)
+                 n_layers=self.n_layers, miss_bytes=int(self.miss_bytes), whole_miss_bytes=int(self.whole_bytes))
         return d
 
 
@@ -284,9 +343,11 @@ def _hit_rate(freq: np.ndarray, hot: np.ndarray, n_slots: int, k: int) -> float:
 
 
 def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto",
-                     n_batch: int = 512, ahead: bool = True, type_k: int = 1, type_v: int = 1) -> ExpertPlan:
+                     n_batch: int = 512, ahead: bool = True, type_k: int = 1, type_v: int = 1,
+                     two_phase: bool = False) -> ExpertPlan:
     """The budget's split (UsageError when it is below the floor: the fixed region, KV, buffers and k slots);
-    type_k: the K cache's ggml type (-ctk)."""
+    type_k: the K cache's ggml type (-ctk); two_phase: a converted file run under the relu rule (a decoded token's
+    misses read the gate rows, then only the bundle clusters with an open neuron)."""
     c = model.config
     kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)
     layers = expert_layers(model)
@@ -298,6 +359,12 @@ def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io:
                    k=c.n_expert_used, n_layers=n_layers, n_slots=0, io=io, ahead=ahead,
                    expert_bytes=sum(sum(b) * c.n_expert for b in layers if b),
                    miss_bytes=float(np.mean(reads)) if reads else 0.0)
+    p.whole_bytes, p.read_bytes_each = p.miss_bytes, max(reads) if reads else 0
+    p.n_slices = 2 if c.expert_bundles else 3
+    opened = open_read_bytes(model) if two_phase else None
+    if opened:
+        p.two_phase, p.miss_bytes = True, float(np.mean(opened))
+        p.read_bytes_each = p.miss_bytes / 2     # the gate rows' read and about one merged run of clusters
     if budget < p.floor:
         raise UsageError(f"--memory-budget {budget >> 20}M is below what this model needs with experts streamed "
                          f"({fmt(p.minimum)}: fixed region {fmt(p.fixed)}, KV cache {fmt(kv)}, buffers, and {p.k} "
@@ -319,6 +386,6 @@ def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io:
     p.hot, p.n_slots = hot, int(max(n_cold, p.min_slots))
     p.hit_rate = _hit_rate(freq, hot, p.n_slots, p.k)
     p.flash_bytes = int(round(n_layers * p.k * (1 - p.hit_rate) * p.miss_bytes))
-    p.read_mbps, p.profile_note = cached_throughput(model.path, _align_up(max(reads)) if reads else ALIGN,
+    p.read_mbps, p.profile_note = cached_throughput(model.path, _align_up(int(p.read_bytes_each)) if reads else ALIGN,
                                                     p.queue_depth)
     return p

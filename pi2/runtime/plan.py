@@ -20,7 +20,7 @@ from pi2.model.gguf_split import file_parts
 from pi2.model.loader import Model
 from pi2.plan import devices
 from pi2.plan.budget import MARGIN, Plan, context_bytes, fmt, make_plan, runtime_rss, streamable
-from pi2.plan.experts import ExpertPlan, expert_gap, make_expert_plan
+from pi2.plan.experts import ExpertPlan, expert_gap, make_expert_plan, two_phase_ok
 from pi2.runtime import npu
 from pi2.runtime.config import DEFAULT_CTX, RunConfig
 from pi2.runtime.ffn_rule import FFNRule, choose_rule
@@ -129,12 +129,7 @@ def plan_run(model: Model, cfg: RunConfig) -> RunPlan:
     moe = _streams_experts(model)
     if budget is not None and moe and engine == "reference":
         raise UsageError("--memory-budget needs the C engine" + (f" ({gap})" if gap else ""))
-    if budget is not None and model.config.expert_bundles:          # a converted MoE file: in memory only, for now
-        if cfg.memory_budget is not None:
-            raise UsageError(expert_gap(model), hint="drop --memory-budget")
-        notes.append(("", expert_gap(model)))
-        budget = None
-    elif budget is not None and not model.config.pi2 and not moe:
+    if budget is not None and not model.config.pi2 and not moe:
         stream_gap = streamable(model)
         notes.append(("", "a plain GGUF runs from its mapping and --memory-budget is not enforced; `pi2 convert` "
                           "makes a pi2 file whose FFN streams within the budget"))
@@ -181,7 +176,8 @@ def _plan_cache(model: Model, p: RunPlan) -> None:
     cfg = p.cfg
     if p.budget is not None and _streams_experts(model):   # a MoE file: the expert cache (pi2/plan/experts.py)
         p.cache = p.cache_cpu = make_expert_plan(model, p.cmodel, p.budget, p.n_ctx, p.n_threads, io=p.io,
-                                                 n_batch=cfg.n_batch, type_k=cfg.type_k, type_v=cfg.type_v)
+                                                 n_batch=cfg.n_batch, type_k=cfg.type_k, type_v=cfg.type_v,
+                                                 two_phase=p.rule.rule == "relu" and two_phase_ok(model))
         p.cache.learn = cfg.expert_profile        # --no-expert-profile: a plain LRU
         p.npu = npu.plan_batches(model, cfg.npu, cfg.nnapi_lib)
         return

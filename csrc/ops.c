@@ -280,6 +280,25 @@ static T512 void weigh_values_512(const pi2_attn *a, const float *p, const float
 #define ATTN512 0
 #endif
 
+void pi2_attn_softmax_row(float *s, int32_t j0, int32_t pos) {
+    float max = -INFINITY;
+    for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
+    exp_shifted(s + j0, pos + 1 - j0, max);
+    double sum = 0.0;
+    for (int32_t b = j0 & ~15; b <= pos; b += 16) {
+        float lane[16] = {0};
+        for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j];
+        sum += (double)reduce16(lane);
+    }
+    scale_to_f16(s + j0, pos + 1 - j0, (float)(1.0 / sum));
+}
+
+WIDE_CLONES static void round_f16(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = f16_round(x[i]);
+}
+
+void pi2_f16_round_row(float *y, const float *x, int64_t n) { round_f16(y, x, n); }
+
 /* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
  * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V.
  * Keys and values come from the cache. */
@@ -304,16 +323,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
 #endif
         score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
     }
-    float max = -INFINITY;
-    for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
-    exp_shifted(s + j0, pos + 1 - j0, max);
-    double sum = 0.0;
-    for (int32_t b = j0 & ~15; b <= pos; b += 16) {
-        float lane[16] = {0};
-        for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j];
-        sum += (double)reduce16(lane);
-    }
-    scale_to_f16(s + j0, pos + 1 - j0, (float)(1.0 / sum));
+    pi2_attn_softmax_row(s, j0, pos);
 #if ATTN512
     if (wide) weigh_values_512(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1);
     else
@@ -323,7 +333,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
     if (a->flash) pi2_flash_attention(pool, a);
-    else pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
+    else if (!pi2_attn_batch(pool, a)) pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
 }
 
 void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,

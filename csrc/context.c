@@ -52,15 +52,15 @@ static void ctx_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p,
     const pi2_model_params *hp = &m->hp;
     const size_t B = (size_t)p->n_batch, T = (size_t)p->n_threads, C = (size_t)p->n_ctx;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
-    const size_t f = sizeof(float);
+    const size_t f = sizeof(float), R = (size_t)pi2_attn_rows(p->n_batch);
     const ctx_buffer list[N_CTX_BUFFERS] = {
         {(void **)&c->k_cache, pi2_kv_k_bytes(hp, p->type_k, p->n_ctx)}, {(void **)&c->v_cache, pi2_kv_v_bytes(hp, p->type_v, p->n_ctx)},
         {(void **)&c->x, B * hp->n_embd * f}, {(void **)&c->xn, B * hp->n_embd * f},
         {(void **)&c->q, B * hp->n_head * hp->head_dim * f}, {(void **)&c->k, B * kd * f}, {(void **)&c->v, B * vd * f},
         {(void **)&c->att, B * hp->n_head * hp->head_dim_v * f}, {(void **)&c->o, B * hp->n_embd * f},
         {(void **)&c->gate, B * hp->n_ff * f}, {(void **)&c->up, B * hp->n_ff * f},
-        {(void **)&c->rope, 2 * B * hp->n_rot * f}, {(void **)&c->scores, T * C * f},
-        {(void **)&c->qf, T * hp->head_dim * f},
+        {(void **)&c->rope, 2 * B * hp->n_rot * f}, {(void **)&c->scores, T * R * C * f},
+        {(void **)&c->qf, T * R * hp->head_dim * f},
         {(void **)&c->acc, T * (size_t)pi2_attn_acc_floats(hp->head_dim, hp->head_dim_v) * f},
         {(void **)&c->mm.xq, matmul_scratch(m, (int32_t)B, p->impl)}};
     memcpy(out, list, sizeof list);

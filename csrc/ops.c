@@ -280,6 +280,70 @@ static T512 void weigh_values_512(const pi2_attn *a, const float *p, const float
 #define ATTN512 0
 #endif
 
+#if ATTN512
+/* The largest of s[j0..pos] as the loop below finds it: lanes keep x when x > their max (NaN never), then the
+ * lanes the same way; only the sign of a zero maximum can differ, which s - max and v_expf do not see. */
+static T512 float row_max_512(const float *s, int32_t j0, int32_t pos) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mx = ninf;
+    for (int32_t j = j0; j <= pos; j += 16) {
+        const __mmask16 m = (__mmask16)(pos + 1 - j >= 16 ? 0xFFFF : (1u << (pos + 1 - j)) - 1);
+        const __m512 x = _mm512_mask_loadu_ps(ninf, m, s + j);
+        mx = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(x, mx, _CMP_GT_OQ), x);
+    }
+    float l[16], max = -INFINITY;
+    _mm512_storeu_ps(l, mx);
+    for (int i = 0; i < 16; i++) max = l[i] > max ? l[i] : max;
+    return max;
+}
+
+/* The sum below: each aligned block of 16 positions (zero outside j0..pos) reduced as reduce16, in double. */
+static T512 double row_sum_512(const float *s, int32_t j0, int32_t pos) {
+    double sum = 0.0;
+    for (int32_t b = j0 & ~15; b <= pos; b += 16) {
+        const uint32_t lo = b < j0 ? 0xFFFFu << (j0 - b) : 0xFFFFu, hi = pos + 1 - b >= 16 ? 0xFFFFu : (1u << (pos + 1 - b)) - 1;
+        const __m512 x = _mm512_maskz_loadu_ps((__mmask16)(lo & hi), s + b);
+        const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+        const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
+        const __m128 t = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));    /* r4[0] + r4[2], r4[1] + r4[3] */
+        sum += (double)_mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+    }
+    return sum;
+}
+#endif
+
+void pi2_attn_softmax_row(float *s, int32_t j0, int32_t pos) {
+#if ATTN512
+    const int wide = __builtin_cpu_supports("avx512f");
+#else
+    const int wide = 0;
+#endif
+    float max = -INFINITY;
+    if (!wide)
+        for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
+#if ATTN512
+    else max = row_max_512(s, j0, pos);
+#endif
+    exp_shifted(s + j0, pos + 1 - j0, max);
+    double sum = 0.0;
+    if (!wide)
+        for (int32_t b = j0 & ~15; b <= pos; b += 16) {
+            float lane[16] = {0};
+            for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j];
+            sum += (double)reduce16(lane);
+        }
+#if ATTN512
+    else sum = row_sum_512(s, j0, pos);
+#endif
+    scale_to_f16(s + j0, pos + 1 - j0, (float)(1.0 / sum));
+}
+
+WIDE_CLONES static void round_f16(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = f16_round(x[i]);
+}
+
+void pi2_f16_round_row(float *y, const float *x, int64_t n) { round_f16(y, x, n); }
+
 /* One (token, head): softmax(scale · q.k) over the visible keys (ggml_order.softmax: v_expf, sums of
  * 16 aligned positions reduced in float and added into a double), weights rounded to F16, times V.
  * Keys and values come from the cache. */
@@ -304,16 +368,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
 #endif
         score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
     }
-    float max = -INFINITY;
-    for (int32_t j = j0; j <= pos; j++) max = s[j] > max ? s[j] : max;
-    exp_shifted(s + j0, pos + 1 - j0, max);
-    double sum = 0.0;
-    for (int32_t b = j0 & ~15; b <= pos; b += 16) {
-        float lane[16] = {0};
-        for (int32_t j = b > j0 ? b : j0; j < b + 16 && j <= pos; j++) lane[j & 15] = s[j];
-        sum += (double)reduce16(lane);
-    }
-    scale_to_f16(s + j0, pos + 1 - j0, (float)(1.0 / sum));
+    pi2_attn_softmax_row(s, j0, pos);
 #if ATTN512
     if (wide) weigh_values_512(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1);
     else
@@ -323,7 +378,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
     if (a->flash) pi2_flash_attention(pool, a);
-    else pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
+    else if (!pi2_attn_batch(pool, a)) pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
 }
 
 void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,

@@ -64,7 +64,15 @@ typedef struct {
     const uint8_t *vq;         /* NULL, or (flash only) quantized values [n_ctx][v_cell_bytes] instead of v */
     size_t v_cell_bytes;
     const pi2_type_traits *vt; /* their traits */
+    int32_t rows;              /* score rows of n_ctx floats (and qf rows of head_dim) scores holds per thread:
+                                * PI2_ATTN_ROWS lets a prompt batch take attn_batch.c's path, 0 or 1 does not */
 } pi2_attn;
+
+/* Score rows per thread a context allocates: attn_batch.c scores up to this many (token, head) queries of one
+ * KV head together. */
+#define PI2_ATTN_ROWS 14
+/* The rows a context of batches of n_batch tokens gives pi2_attn (one-token contexts need one). */
+static inline int32_t pi2_attn_rows(int32_t n_batch) { return n_batch > 1 ? PI2_ATTN_ROWS : 1; }
 
 /* Attention as above, or with flash attention on when a->flash (pi2_flash_attention). */
 void pi2_attention(pi2_pool *pool, pi2_attn *a);
@@ -76,6 +84,14 @@ int pi2_flash_tiled(const pi2_attn *a);
  * transposed keys; acc: scratch of pi2_attn_acc_floats. */
 void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,
                          float *acc);
+/* One query's softmax over its visible keys j0..pos of s (scaled scores in, F16-rounded weights out): v_expf of
+ * s - max, sums of 16 aligned positions reduced in float and added into a double, weights times 1/sum rounded. */
+void pi2_attn_softmax_row(float *s, int32_t j0, int32_t pos);
+/* y[i] = the F16 rounding of x[i] (as a float). */
+void pi2_f16_round_row(float *y, const float *x, int64_t n);
+/* A prompt batch's attention with F16 keys and values (attn_batch.c) if this CPU and a's shapes allow it and
+ * a->rows does: 1 when done, 0 when the caller computes it. */
+int pi2_attn_batch(pi2_pool *pool, const pi2_attn *a);
 /* Floats of accumulator scratch one attention thread needs. */
 int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
 

@@ -17,14 +17,14 @@ pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, co
                               int32_t n_tok, int32_t pos0, int32_t n_ctx, int32_t n_head, int32_t n_head_kv,
                               int32_t head_dim, int32_t head_dim_v, int32_t window, float scale) {
     const size_t threads = (size_t)pi2_pool_n_threads(pool);
-    float *scores = malloc(threads * (size_t)n_ctx * sizeof(float));
-    float *qf = malloc(threads * (size_t)head_dim * sizeof(float));
+    float *scores = malloc(threads * PI2_ATTN_ROWS * (size_t)n_ctx * sizeof(float));
+    float *qf = malloc(threads * PI2_ATTN_ROWS * (size_t)head_dim * sizeof(float));
     float *acc = malloc(threads * (size_t)pi2_attn_acc_floats(head_dim, head_dim_v) * sizeof(float));
     pi2_status s = PI2_OK;
     if (scores && qf && acc) {
         pi2_attn a = {.q = q, .k = k, .v = v, .out = out, .scores = scores, .qf = qf, .acc = acc, .n_tok = n_tok,
                       .pos0 = pos0, .n_ctx = n_ctx, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = head_dim,
-                      .head_dim_v = head_dim_v, .window = window, .scale = scale};
+                      .head_dim_v = head_dim_v, .window = window, .scale = scale, .rows = PI2_ATTN_ROWS};
         pi2_attention(pool, &a);
     } else {
         s = pi2_set_error(PI2_ERR_NOMEM, "out of memory for attention scratch");

@@ -187,11 +187,12 @@ def test_abort_stops_at_a_layer_and_keeps_the_cache(tmp_path_factory):
 
 def test_ctrl_c_interrupts_a_long_decode(tmp_path, monkeypatch):
     """SIGINT during a decode run from the main thread stops it early and raises KeyboardInterrupt."""
-    path = write_model(tmp_path / "long.gguf", n_embd=256, n_ff=512, n_layer=4, n_head=4, n_head_kv=4, n_ctx=2048)
+    # long enough (~0.7 s here) that the signal at 0.2 s lands inside the decode
+    path = write_model(tmp_path / "long.gguf", n_embd=256, n_ff=512, n_layer=8, n_head=4, n_head_kv=4, n_ctx=2048)
     cm = CModel.from_model(load_model(path))
     monkeypatch.setattr(engine.context, "_LONG_DECODE_BYTES", 0)
     c = CContext(cm, 2048, n_threads=1)
-    tokens = list(np.arange(1200) % 500)
+    tokens = list(np.arange(2000) % 500)
     # under nohup or in a background job SIGINT is ignored and Python installs no handler: install Python's own
     # for the test, so the signal becomes a KeyboardInterrupt as at a terminal
     saved = signal.signal(signal.SIGINT, signal.default_int_handler)

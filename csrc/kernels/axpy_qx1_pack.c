@@ -51,6 +51,7 @@ void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n
 #include <immintrin.h>
 
 #define VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define QX1P_AHEAD 8192   /* bytes of a group prefetched ahead of its sums */
 
 /* one active quad of block `c` into the sums (lo: columns 0..15, hi: 16..31) */
 #define QX1P_QUAD(T, LO, HI)                                                                                   \
@@ -80,6 +81,11 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
     float a[PI2_QX1P_ROWS][16], S[16], M[16];
     int32_t zq[PI2_QX1P_ROWS / 4][16];
     const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(0x10);
+    /* the group is one forward stream, but its active rows' scale lines and active quads are not read in a
+     * run the hardware prefetcher follows (and each load's miss stalls the next step): ask QX1P_AHEAD bytes
+     * ahead, a block's quads at a time (past the group's end: the next group, usually the next one summed) */
+    const size_t bq = PI2_QX1P_ROWS / 4 * u;
+    for (size_t o = 0; o < QX1P_AHEAD; o += 64) __builtin_prefetch(grp + o);
     for (int64_t c0 = 0; c0 < nb; c0 += 16) {
         const int32_t nc = nb - c0 < 16 ? (int32_t)(nb - c0) : 16;
         const __mmask16 lanes = (__mmask16)((1u << nc) - 1u);
@@ -110,7 +116,8 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
             _mm512_storeu_si512(zt, _mm512_or_si512(_mm512_loadu_si512(zt), zb));
         }
         for (int32_t c = 0; c < nc; c++) {   /* every active quad of each block; two chains per half */
-            const uint8_t *q = vals + (size_t)c * (PI2_QX1P_ROWS / 4) * u;
+            const uint8_t *q = vals + (size_t)c * bq;
+            for (size_t o = 0; o < bq; o += 64) __builtin_prefetch(q + QX1P_AHEAD + o);
             __m512i lo0 = _mm512_setzero_si512(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
             int32_t t = 0;
             for (; t + 2 <= nq; t += 2) {

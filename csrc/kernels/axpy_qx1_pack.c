@@ -32,7 +32,9 @@ void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n
             const int64_t c0 = b / 16 * 16, nc = nb - c0 < 16 ? nb - c0 : 16;
             uint8_t *dm = dst + chunk_at(u, c0), *vals = dm + PI2_QX1P_ROWS * 4 * (size_t)nc;
             const uint8_t *blk = rows + (size_t)r * rb + (size_t)b * bs, *qs = blk + (five ? 8 : 4);
-            memcpy(dm + ((size_t)r * (size_t)nc + (size_t)(b - c0)) * 4, blk, 4);
+            uint8_t *ds = dm + (size_t)r * (size_t)nc * 4 + (size_t)(b - c0) * 2;
+            memcpy(ds, blk, 2);                    /* d */
+            memcpy(ds + (size_t)nc * 2, blk + 2, 2);   /* m */
             uint8_t *v = vals + ((size_t)(b - c0) * (PI2_QX1P_ROWS / 4) + (size_t)(r / 4)) * u;
             for (int j = 0; j < 16; j++) v[4 * j + r % 4] = qs[j];
             if (!five) continue;
@@ -93,9 +95,11 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
         __m512 Mv = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
         __mmask16 nan = 0;
         for (int32_t i = 0; i < k; i++) {   /* a, M and mx of 16 blocks, row by row in the active order */
-            const __m512i w = _mm512_maskz_loadu_epi32(lanes, dm + (size_t)loc[i] * (size_t)nc * 4);
-            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
-            const __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+            const uint8_t *ds = dm + (size_t)loc[i] * (size_t)nc * 4;
+            const __m512 d = _mm512_cvtph_ps(nc == 16 ? _mm256_loadu_si256((const void *)ds)
+                                                      : _mm256_maskz_loadu_epi16(lanes, ds));
+            const __m512 m = _mm512_cvtph_ps(nc == 16 ? _mm256_loadu_si256((const void *)(ds + 32))
+                                                      : _mm256_maskz_loadu_epi16(lanes, ds + (size_t)nc * 2));
             const __m512 pv = _mm512_set1_ps(p[i]), av = _mm512_mul_ps(pv, d);
             _mm512_storeu_ps(a[i], av);
             Mv = _mm512_add_ps(Mv, _mm512_mul_ps(pv, m));

@@ -64,8 +64,8 @@ void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n
         if (five) {                                                                                            \
             uint64_t k_[2];                                                                                    \
             memcpy(k_, v_ + 64, 16);                                                                           \
-            l_ = _mm512_or_si512(l_, _mm512_maskz_mov_epi8((__mmask64)k_[0], c16));                              \
-            h_ = _mm512_or_si512(h_, _mm512_maskz_mov_epi8((__mmask64)k_[1], c16));                              \
+            l_ = _mm512_mask_add_epi8(l_, (__mmask64)k_[0], l_, c16);   /* bit 4 is clear: + is | */           \
+            h_ = _mm512_mask_add_epi8(h_, (__mmask64)k_[1], h_, c16);                                          \
         }                                                                                                      \
         const __m512i z_ = _mm512_set1_epi32(zq[T][c]);                                                        \
         LO = _mm512_dpbusd_epi32(LO, l_, z_);                                                                  \
@@ -114,10 +114,10 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
         for (int32_t t = 0; t < nq; t++) _mm512_storeu_si512(zq[quads[t]], _mm512_setzero_si512());
         for (int32_t i = 0; i < k; i++) {   /* z of each row into its byte of its quad's weight words */
             const __m512i z = _mm512_maskz_cvtps_epi32(ok, _mm512_mul_ps(_mm512_loadu_ps(a[i]), iS));
-            const __m512i zb = _mm512_sll_epi32(_mm512_and_si512(z, _mm512_set1_epi32(0xFF)),
-                                                _mm_cvtsi32_si128(8 * (loc[i] % 4)));
-            int32_t *zt = zq[loc[i] / 4];
-            _mm512_storeu_si512(zt, _mm512_or_si512(_mm512_loadu_si512(zt), zb));
+            const __m128i sh = _mm_cvtsi32_si128(8 * (loc[i] % 4));
+            int32_t *zt = zq[loc[i] / 4];   /* zt | (z << sh & 0xFF << sh) */
+            _mm512_storeu_si512(zt, _mm512_ternarylogic_epi32(_mm512_loadu_si512(zt), _mm512_sll_epi32(z, sh),
+                                                              _mm512_sll_epi32(_mm512_set1_epi32(0xFF), sh), 0xF8));
         }
         for (int32_t c = 0; c < nc; c++) {   /* every active quad of each block; two chains per half */
             const uint8_t *q = vals + (size_t)c * bq;

@@ -19,6 +19,9 @@ typedef struct {
     pi2_weight down_rows;                     /* [n_ff] rows of n_embd (ffn_down transposed) or data NULL */
     const uint8_t *down_qx1p;                 /* Q4_1/Q5_1 down_rows per 64-neuron group (ffn/down_pack.c), or NULL */
     const uint8_t *up_tight;                  /* with down_qx1p: the bundles' up rows copied back to back, or NULL */
+    pi2_weight up_x8;                         /* with up_tight: its rows [0, n_out) in the x8 layout (the dense prefix
+                                                 one token computes whole with the gate rows), or n_out 0 */
+    int32_t up_dense;                         /* the prefix asked for (pi2_model_ffn_prefix), before the copies */
     const float *down_scale;                  /* [n_ff] row scales of I8 down_rows, else NULL */
     const float *down_colscale;               /* [n_embd] their column scales, else NULL */
     const float *post_ffw_norm;               /* [n_embd] or NULL */

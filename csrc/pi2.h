@@ -246,6 +246,12 @@ PI2_API void pi2_model_free(pi2_model *model);
  * stay bit-identical. Call before any decode; again with ffn = 1 to add the FFN. *bytes (may be NULL) = the
  * bytes the copies hold. PI2_ERR_NOMEM; PI2_ERR_INVALID: NULL model, bad impl. */
 PI2_API pi2_status pi2_model_repack(pi2_model *model, int32_t impl, int32_t ffn, int64_t *bytes);
+/* The dense prefix of a pi2 file's sparse FFN in memory (csrc/ffn/down_pack.c): n_dense[il] (rounded down to a
+ * multiple of 8) of layer il's first, hottest up rows are copied in the x8 layout by the next
+ * pi2_model_repack(ffn = 1) and one token computes them all with the gate rows (the active ones' values are the
+ * same bits; the rest go unused). Call before that repack. PI2_ERR_INVALID: NULL, n_layer not the model's, or
+ * the copies already made. */
+PI2_API pi2_status pi2_model_ffn_prefix(pi2_model *model, const int32_t *n_dense, int32_t n_layer);
 
 /* ---- contexts and the forward pass ---- */
 typedef struct {

@@ -25,10 +25,11 @@ from pi2.runtime import ffn_rule
 
 
 
-def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto")), repack=False):
+def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto")), repack=False, prefix=None):
     """Reference logits and stats, and the C engine's for each (thread count, kernel table), on a model whose
-    matrices are repacked as `pi2 run` in memory does when repack. (The other tables reproduce the auto kernels'
-    sums only for axpy_group, which tests/c/kernel_selftest.c checks.)"""
+    matrices are repacked as `pi2 run` in memory does when repack (with prefix: each layer's dense prefix of up
+    rows, pi2_model_ffn_prefix, first). (The other tables reproduce the auto kernels' sums only for axpy_group,
+    which tests/c/kernel_selftest.c checks.)"""
     m = load_model(path)
     ref = ReferenceContext(m, 32, ffn_rule.choose_rule(m, keep, dense))
     want = run(ref)
@@ -36,6 +37,8 @@ def both(path, keep=None, dense=False, threads=((1, "auto"), (3, "auto")), repac
     got = []
     for nt, impl in threads:
         cm = CModel.from_model(m)
+        if prefix is not None:
+            cm.ffn_prefix(prefix)
         if repack:
             cm.repack(ffn=True, impl=impl)
         c = CContext(cm, 32, nt, impl=impl)
@@ -92,6 +95,34 @@ def test_packed_down_rows_equal_reference(files, name, keep):
     packed = CModel.from_model(m).repack(ffn=True)
     if "avx512vnni" in kernel_info()["isa"]:   # the down rows' copy (the gate's too), else the gate's alone
         assert packed > plain + m.config.n_layer * m.config.n_ff * m.config.n_embd // 2
+
+
+@pytest.mark.parametrize("name,keep", [("ud4", None), ("wide4", None), ("wide5", 0.25)])
+def test_dense_prefix_of_up_rows_equals_reference(files, name, keep):
+    """With a dense prefix (ffn/down_pack.c: a layer's first up rows in the x8 layout, computed whole with the gate
+    rows) the logits stay the reference's: prefixes of no row, one 8-row group, part of a 64-neuron group, 70 rows
+    (rounded down to 64) and every row, -t 1/2/3; the file's own prefix (ffn_rule.dense_prefix) too."""
+    m = load_model(files[name])
+    n_ff = m.config.n_ff
+    picks = [[(0, 8, 72, 70, n_ff + 5)[(il + s) % 5] for il in range(m.config.n_layer)] for s in range(2)]
+    own = ffn_rule.dense_prefix(m, ffn_rule.choose_rule(m, keep))
+    assert len(own) == m.config.n_layer and all(0 <= n <= n_ff for n in own)
+    for prefix in picks + [own]:
+        want, ref_stats, got, _ = both(files[name], keep, threads=((1, "auto"), (2, "auto"), (3, "auto")), repack=True,
+                                       prefix=prefix)
+        for logits, stats in got:
+            assert np.array_equal(logits, want)
+            assert stats == ref_stats
+
+
+def test_dense_prefix_bad_calls(files):
+    cm = CModel.from_model(load_model(files["ud4"]))
+    with pytest.raises(Exception):
+        cm.ffn_prefix([8])   # not one count per layer
+    cm.repack(ffn=True)
+    if "avx512vnni" in kernel_info()["isa"]:   # the copies are made (no kernel elsewhere: no copies)
+        with pytest.raises(Exception):
+            cm.ffn_prefix([8] * cm.model.config.n_layer)   # after them
 
 
 def test_dense_rule_on_bundles_and_plain(files):

@@ -53,6 +53,7 @@ typedef struct {
     pi2_axpy_qx1p_fn down_qx1p;  /* mapped rows with a packed copy (L->down_qx1p): its kernel, else NULL */
     size_t qx1p_bytes;           /* bytes of one packed group */
     int64_t up_stride;           /* bytes from one up row to the next (the bundle's, or L->up_tight's) */
+    int32_t prefix;              /* up values of neurons [0, prefix) already in c->up (L->up_x8, with the gate) */
 } ffn_job;
 
 /* ---- the active set (ffn/select.c) ---- */
@@ -161,8 +162,10 @@ static void group_task(void *arg, int32_t task, int32_t thread) {
     const float *s = c->ffn_score;
     const int32_t act = c->m->hp.ffn_act;
     float hg[PI2_FFN_GROUP], *part = c->ffn_part + (size_t)g * j->n_embd;
-    int32_t off[PI2_FFN_GROUP];
-    for (int32_t i = 0, pf = 0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
+    int32_t off[PI2_FFN_GROUP], i0 = 0;
+    for (; i0 < k && idx[i0] < j->prefix; i0++)   /* the dense prefix's up values: computed with the gate rows */
+        hg[i0] = s[idx[i0]] * pi2_ffn_up_factor(c->up[idx[i0]], act);
+    for (int32_t i = i0, pf = i0; i < k;) {   /* up row, then h, as up_rows and combine_task compute them */
         const int four = j->up_rows4 && i + 4 <= k && idx[i + 3] == idx[i] + 3 && idx[i] / cluster == idx[i + 3] / cluster;
         const int any4 = !four && j->up_rows4p && i + 4 <= k, step = four || any4 ? 4 : 1;
         for (const int32_t end = i + step + PREFETCH < k ? i + step + PREFETCH : k; pf < end; pf++) {
@@ -255,8 +258,10 @@ static pi2_status one_token_rows(pi2_ctx *c, ffn_job *j) {
         j->up_stride = (int64_t)j->up_bytes;
         j->up_rows4p = pi2_kernels_dot_rows4p(up->type, c->p.impl);
     }
+    if (!j->down_qx1p || !j->L->up_tight) j->prefix = 0;   /* (only the copies have one) */
     if (c->pipeline && pi2_pipeline_by_units(c->pipeline, PI2_PART_BUNDLES)) {
         j->down_qx1p = NULL;   /* rows in the neuron cache's slots */
+        j->prefix = 0;
         j->up_rows4p = NULL;
         j->up_stride = (int64_t)up->row_bytes;
         /* hits and the hot prefix while the misses are read, then groups as their reads land */
@@ -321,8 +326,13 @@ pi2_status pi2_ffn_sparse(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n)
             return s;
         }
     }
+    /* one token over the in-memory copies: the dense prefix's up rows in the same product as the gate rows */
+    j.prefix = one_rows && !npu && !chosen && !c->pipeline && L->down_qx1p && L->up_tight &&   /* (one act format) */
+               j.up_tr->vec_dot_type == pi2_traits(L->gate.type, c->p.impl)->vec_dot_type ? (int32_t)L->up_x8.n_out : 0;
     if (full_up)
         pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up, c->up}}, 2);
+    else if (j.prefix)
+        pi2_matmul(&c->mm, c->xn, n, (pi2_mm[]){{&L->gate, c->gate}, {&L->up_x8, c->up}}, 2);
     else if (!chosen)
         pi2_matmul(&c->mm, c->xn, n, &(pi2_mm){&L->gate, c->gate}, 1);
     if (c->trace) c->trace("ffn_gate", il, c->gate, (int64_t)n * hp->n_ff, c->trace_user);

@@ -32,7 +32,9 @@ void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n
             const int64_t c0 = b / 16 * 16, nc = nb - c0 < 16 ? nb - c0 : 16;
             uint8_t *dm = dst + chunk_at(u, c0), *vals = dm + PI2_QX1P_ROWS * 4 * (size_t)nc;
             const uint8_t *blk = rows + (size_t)r * rb + (size_t)b * bs, *qs = blk + (five ? 8 : 4);
-            memcpy(dm + ((size_t)r * (size_t)nc + (size_t)(b - c0)) * 4, blk, 4);
+            uint8_t *ds = dm + (size_t)r * (size_t)nc * 4 + (size_t)(b - c0) * 2;
+            memcpy(ds, blk, 2);                    /* d */
+            memcpy(ds + (size_t)nc * 2, blk + 2, 2);   /* m */
             uint8_t *v = vals + ((size_t)(b - c0) * (PI2_QX1P_ROWS / 4) + (size_t)(r / 4)) * u;
             for (int j = 0; j < 16; j++) v[4 * j + r % 4] = qs[j];
             if (!five) continue;
@@ -51,6 +53,7 @@ void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n
 #include <immintrin.h>
 
 #define VNNI __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define QX1P_AHEAD 8192   /* bytes of a group prefetched ahead of its sums */
 
 /* one active quad of block `c` into the sums (lo: columns 0..15, hi: 16..31) */
 #define QX1P_QUAD(T, LO, HI)                                                                                   \
@@ -61,8 +64,8 @@ void pi2_qx1p_pack_group(int32_t type, const uint8_t *rows, size_t rb, int32_t n
         if (five) {                                                                                            \
             uint64_t k_[2];                                                                                    \
             memcpy(k_, v_ + 64, 16);                                                                           \
-            l_ = _mm512_or_si512(l_, _mm512_maskz_mov_epi8((__mmask64)k_[0], c16));                              \
-            h_ = _mm512_or_si512(h_, _mm512_maskz_mov_epi8((__mmask64)k_[1], c16));                              \
+            l_ = _mm512_mask_add_epi8(l_, (__mmask64)k_[0], l_, c16);   /* bit 4 is clear: + is | */           \
+            h_ = _mm512_mask_add_epi8(h_, (__mmask64)k_[1], h_, c16);                                          \
         }                                                                                                      \
         const __m512i z_ = _mm512_set1_epi32(zq[T][c]);                                                        \
         LO = _mm512_dpbusd_epi32(LO, l_, z_);                                                                  \
@@ -80,6 +83,11 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
     float a[PI2_QX1P_ROWS][16], S[16], M[16];
     int32_t zq[PI2_QX1P_ROWS / 4][16];
     const __m512i m4 = _mm512_set1_epi8(0x0F), c16 = _mm512_set1_epi8(0x10);
+    /* the group is one forward stream, but its active rows' scale lines and active quads are not read in a
+     * run the hardware prefetcher follows (and each load's miss stalls the next step): ask QX1P_AHEAD bytes
+     * ahead, a block's quads at a time (past the group's end: the next group, usually the next one summed) */
+    const size_t bq = PI2_QX1P_ROWS / 4 * u;
+    for (size_t o = 0; o < QX1P_AHEAD; o += 64) __builtin_prefetch(grp + o);
     for (int64_t c0 = 0; c0 < nb; c0 += 16) {
         const int32_t nc = nb - c0 < 16 ? (int32_t)(nb - c0) : 16;
         const __mmask16 lanes = (__mmask16)((1u << nc) - 1u);
@@ -87,9 +95,11 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
         __m512 Mv = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
         __mmask16 nan = 0;
         for (int32_t i = 0; i < k; i++) {   /* a, M and mx of 16 blocks, row by row in the active order */
-            const __m512i w = _mm512_maskz_loadu_epi32(lanes, dm + (size_t)loc[i] * (size_t)nc * 4);
-            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w));
-            const __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+            const uint8_t *ds = dm + (size_t)loc[i] * (size_t)nc * 4;
+            const __m512 d = _mm512_cvtph_ps(nc == 16 ? _mm256_loadu_si256((const void *)ds)
+                                                      : _mm256_maskz_loadu_epi16(lanes, ds));
+            const __m512 m = _mm512_cvtph_ps(nc == 16 ? _mm256_loadu_si256((const void *)(ds + 32))
+                                                      : _mm256_maskz_loadu_epi16(lanes, ds + (size_t)nc * 2));
             const __m512 pv = _mm512_set1_ps(p[i]), av = _mm512_mul_ps(pv, d);
             _mm512_storeu_ps(a[i], av);
             Mv = _mm512_add_ps(Mv, _mm512_mul_ps(pv, m));
@@ -104,13 +114,14 @@ VNNI static void qx1p_vnni(int five, int64_t n, float *y, const uint8_t *grp, co
         for (int32_t t = 0; t < nq; t++) _mm512_storeu_si512(zq[quads[t]], _mm512_setzero_si512());
         for (int32_t i = 0; i < k; i++) {   /* z of each row into its byte of its quad's weight words */
             const __m512i z = _mm512_maskz_cvtps_epi32(ok, _mm512_mul_ps(_mm512_loadu_ps(a[i]), iS));
-            const __m512i zb = _mm512_sll_epi32(_mm512_and_si512(z, _mm512_set1_epi32(0xFF)),
-                                                _mm_cvtsi32_si128(8 * (loc[i] % 4)));
-            int32_t *zt = zq[loc[i] / 4];
-            _mm512_storeu_si512(zt, _mm512_or_si512(_mm512_loadu_si512(zt), zb));
+            const __m128i sh = _mm_cvtsi32_si128(8 * (loc[i] % 4));
+            int32_t *zt = zq[loc[i] / 4];   /* zt | (z << sh & 0xFF << sh) */
+            _mm512_storeu_si512(zt, _mm512_ternarylogic_epi32(_mm512_loadu_si512(zt), _mm512_sll_epi32(z, sh),
+                                                              _mm512_sll_epi32(_mm512_set1_epi32(0xFF), sh), 0xF8));
         }
         for (int32_t c = 0; c < nc; c++) {   /* every active quad of each block; two chains per half */
-            const uint8_t *q = vals + (size_t)c * (PI2_QX1P_ROWS / 4) * u;
+            const uint8_t *q = vals + (size_t)c * bq;
+            for (size_t o = 0; o < bq; o += 64) __builtin_prefetch(q + QX1P_AHEAD + o);
             __m512i lo0 = _mm512_setzero_si512(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
             int32_t t = 0;
             for (; t + 2 <= nq; t += 2) {

@@ -2,7 +2,7 @@
  * (pi2/reference/down_qx1.py's numbers; axpy_qx1.c sums the file's rows, this layout's kernel the same bits).
  * Layout of one group of up to 64 rows (PI2_QX1P_ROWS; missing rows are zeros) of nb 32-column blocks, chunk by
  *   chunk of 16 blocks (the last chunk nc = the rest), so that a group is one forward stream:
- *   scales: per row r, per block b of the chunk: d and m (fp16 each, the block's leading 4 bytes), nc·4 bytes a row;
+ *   scales: per row r, nc·4 bytes: the d of each block b of the chunk (fp16), then the m of each (fp16);
  *   values: for block b of the chunk, for quad t (rows 4t..4t+3): 64 bytes, byte 4j+r = row 4t+r's nibble byte j
  *           (its low nibble is column j, its high nibble column j+16); Q5_1 then 16 bytes: two 64-bit masks whose
  *           bit 4j+r is row 4t+r's fifth bit of column j, then of column j+16. So one 64-byte load holds the

@@ -240,6 +240,11 @@ class CModel:
         cm.model = model     # the file's tables: FFN rules and byte counts
         return cm
 
+    def ffn_prefix(self, n_dense) -> None:
+        """pi2_model_ffn_prefix: each layer's first n_dense[il] up rows (a pi2 file's hottest neurons) go into the x8
+        layout with the next repack(ffn=True), and one token computes them with its gate rows. Before that repack."""
+        check(lib.pi2_model_ffn_prefix(self._h, ffi.new("int32_t[]", [int(n) for n in n_dense]), len(n_dense)))
+
     def repack(self, ffn: bool = False, impl: str = "auto") -> int:
         """pi2_model_repack: the dense matrices (attention and output; the FFN too with ffn) copied into the
         packed kernels' layout, where table `impl` has packed kernels; the bytes all copies hold."""

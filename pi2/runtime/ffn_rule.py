@@ -203,3 +203,26 @@ def allocate_keep(err: np.ndarray, grid: np.ndarray, keep: float) -> np.ndarray:
 def layer_thresholds(thresh: np.ndarray, grid: np.ndarray, keeps: np.ndarray) -> np.ndarray:
     """t_L interpolated (linearly) in each layer's threshold table at its allocated keep."""
     return np.array([np.interp(k, grid, thresh[il]) for il, k in enumerate(keeps)], np.float32)
+
+
+# The activation frequency from which a neuron's up row is cheaper computed for every token with the dense kernels
+# (x8 layout, eight rows per call) than only when active from its own row (four scattered rows per call): the dense
+# kernel costs about half as much per row (AMD EPYC Zen 4: csrc/ffn/sparse.c, docs/sparse-kernels.md).
+PREFIX_FREQ = 0.5
+
+
+def dense_prefix(model, rule: FFNRule) -> list:
+    """Per layer, how many of a pi2 file's first (hottest) neurons one token computes the up rows of whole, for the
+    threshold and top-k rules: the longest prefix whose activation frequency (blk.L.ffn_freq, measured at the file's
+    default keep, scaled to the layer's keep) is at least PREFIX_FREQ; 0 for other files and rules."""
+    kv = model.file.kv
+    if not model.config.pi2 or rule.rule not in ("threshold", "topk") or "pi2.ffn.default_keep" not in kv:
+        return []
+    default = float(kv["pi2.ffn.default_keep"])
+    out = []
+    for il in range(model.config.n_layer):
+        freq = np.asarray(model.raw(f"blk.{il}.ffn_freq.weight")).view(np.float32).ravel()
+        keep = float(rule.layer_keep[il]) if rule.layer_keep is not None else float(rule.keep or default)
+        low = np.minimum.accumulate(freq * np.float32(keep / default)) < PREFIX_FREQ
+        out.append(int(np.argmax(low)) if low.any() else int(freq.size))
+    return out

@@ -24,6 +24,7 @@ from pi2.reference.forward import ReferenceContext
 from pi2.reference.moe import MoEContext
 from pi2.runtime import npu
 from pi2.runtime.config import RunConfig
+from pi2.runtime.ffn_rule import dense_prefix
 from pi2.runtime.plan import RunPlan, plan_run, take_notes
 
 
@@ -110,6 +111,8 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
         # every gate row, and a group's rows from its packed copy), unless a predictor picks the gate rows to read
         sparse_pi2 = model.config.pi2 and p.rule.rule in ("threshold", "topk")
         ffn = (p.rule.rule == "dense" or model.config.moe_family or sparse_pi2) and cache is None
+        if ffn and sparse_pi2:   # the hottest neurons' up rows computed whole, with the gate rows
+            p.cmodel.ffn_prefix(dense_prefix(model, p.rule) or [0] * model.config.n_layer)
         repacked = p.cmodel.repack(ffn=ffn)   # the packed kernels' layout; same bits
         if cache is not None:
             cache.repacked = repacked      # the copies replace their mapped pages: the fixed region is unchanged

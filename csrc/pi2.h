@@ -330,6 +330,17 @@ PI2_API int32_t pi2_min_p_sorted(const float *vals, int32_t n, float p, int32_t 
  * whose running double sum of expf(logit - max) reaches u times the total. sorted: vals[0] is the largest.
  * PI2_ERR_INVALID: NULL vals or n < 1. */
 PI2_API int32_t pi2_dist(const float *vals, int32_t n, int32_t sorted, double u);
+/* The usual chain in one call (llama.cpp's default order: top-k, top-p, min-p, temperature, dist): the top-k cut of
+ * a row of n logits (as pi2_top_k), then on its k candidates stages[0..n_stages) in order, each with params[i]
+ * (PI2_SAMPLE_TOP_P: p, PI2_SAMPLE_MIN_P: p, PI2_SAMPLE_TEMP: the temperature, <= 0 keeping the first candidate
+ * only), then the draw with u (as pi2_dist on sorted candidates). Returns the drawn token id; PI2_SAMPLE_FEW when
+ * fewer than k logits are numbers (nothing decided: the caller runs the stages one by one); PI2_ERR_INVALID: NULL
+ * pointers, n < 0, k < 1, an unknown stage. ids and vals hold k: the candidates left before the draw come out in
+ * their first *n_left (n_left may be NULL). */
+enum { PI2_SAMPLE_TOP_P = 1, PI2_SAMPLE_MIN_P = 2, PI2_SAMPLE_TEMP = 3, PI2_SAMPLE_FEW = -100 };
+PI2_API int32_t pi2_sample_top_k_chain(const float *logits, int32_t n, int32_t k, const int32_t *stages,
+                                       const float *params, int32_t n_stages, int32_t min_keep, double u,
+                                       int32_t *ids, float *vals, int32_t *n_left);
 
 /* ---- the sparse FFN ----
  * Which FFN neurons a token computes. Gate rows are computed for every neuron (PI2_FFN_PREDICTED_GATE and

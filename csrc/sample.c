@@ -1,8 +1,10 @@
 /* sample.c — the sampler chain's hot spots, so that a token's sampling costs microseconds rather than dozens of
  * numpy calls: the top-k cut over a whole vocabulary in one pass (pi2/runtime/sampling.py's top_k_order_np is its
  * specification), and on candidates sorted largest first (what top-k leaves) top-p, min-p and the final draw with
- * llama.cpp's float arithmetic (expf, logf, float and double running sums: src/llama-sampler.cpp). Owns pi2_top_k,
- * pi2_top_p_sorted, pi2_min_p_sorted, pi2_dist. Does not: order the chain or draw random numbers (Python does). */
+ * llama.cpp's float arithmetic (expf, logf, float and double running sums: src/llama-sampler.cpp), and the usual
+ * chain (top-k, then top-p / min-p / temperature in the order given, then the draw) in one call. Owns pi2_top_k,
+ * pi2_top_p_sorted, pi2_min_p_sorted, pi2_dist, pi2_sample_top_k_chain. Does not: decide which stages run or
+ * draw random numbers (Python does). */
 #include <math.h>
 #include <string.h>
 
@@ -114,4 +116,35 @@ int32_t pi2_dist(const float *vals, int32_t n, int32_t sorted, double u)
             return i;
     }
     return n - 1;
+}
+
+int32_t pi2_sample_top_k_chain(const float *logits, int32_t n, int32_t k, const int32_t *stages, const float *params,
+                               int32_t n_stages, int32_t min_keep, double u, int32_t *ids, float *vals, int32_t *n_left)
+{
+    if (!logits || !ids || !vals || n < 0 || k < 1 || n_stages < 0 || (n_stages && (!stages || !params)))
+        return PI2_ERR_INVALID;
+    int32_t m = pi2_top_k(logits, n, k, ids, vals);
+    if (m != k)
+        return PI2_SAMPLE_FEW;      /* fewer than k numbers: the step-by-step chain decides */
+    for (int32_t s = 0; s < n_stages; s++) {
+        const float p = params[s];
+        switch (stages[s]) {
+        case PI2_SAMPLE_TOP_P:
+            m = pi2_top_p_sorted(vals, m, p, min_keep);
+            break;
+        case PI2_SAMPLE_MIN_P:
+            m = pi2_min_p_sorted(vals, m, p, min_keep);
+            break;
+        case PI2_SAMPLE_TEMP:       /* llama_sampler_temp_impl: divide; temp <= 0 keeps the first largest only */
+            for (int32_t i = 0; i < m; i++)
+                vals[i] = p <= 0.0f ? (i ? -INFINITY : vals[i]) : vals[i] / p;
+            break;
+        default:
+            return PI2_ERR_INVALID;
+        }
+    }
+    if (n_left)
+        *n_left = m;
+    const int32_t i = pi2_dist(vals, m, 1, u);
+    return i < 0 ? i : ids[i];
 }

@@ -145,7 +145,20 @@ class Sampler:
             self._dry = Dry(params.dry_multiplier, params.dry_base, params.dry_allowed_length, self.dry_last_n, brk)
         # the stages that do anything, in order (temperature always: dividing by 1 changes nothing either way)
         self._chain = [s for s in params.samplers if s == "temperature" or self._active(s)]
+        self._fused = self._fused_chain()
         self.reset(history=False)
+
+    def _fused_chain(self):
+        """The chain as one C call (pi2.engine.sample.TopKChain) when it is top-k then only top-p, min-p and a plain
+        temperature (llama.cpp's default chain is, its no-op stages left out); None otherwise."""
+        p, chain = self.params, self._chain
+        k = min(p.top_k, self.n_vocab)
+        if p.mirostat or not chain or chain[0] != "top_k" or not (k <= _C_TOP_K_MAX and k < self.n_vocab):
+            return None
+        value = {"top_p": p.top_p, "min_p": p.min_p, "temperature": p.temp}
+        if any(s not in value for s in chain[1:]) or ("temperature" in chain and p.dynatemp_range > 0):
+            return None
+        return _c.TopKChain(self.n_vocab, k, [(s, value[s]) for s in chain[1:]], p.min_keep)
 
     # -- which stages do anything (llama.cpp names a no-op stage "?name") --------------------------------
 
@@ -381,10 +394,11 @@ class Sampler:
         e = np.exp(c.logits.astype(np.float64) - np.float64(c.logits[0]))
         c.p = (e / np.cumsum(e)[-1]).astype(np.float32)
 
-    def _dist(self, c: _Candidates) -> int:
+    def _dist(self, c: _Candidates, u=None) -> int:
         """llama_sampler_dist_apply: float32 expf(l - max), double running sum, the first index reaching
-        sum * U[0, 1) (one draw even for a single candidate, as llama.cpp keeps its RNG aligned)."""
-        u = self._rng_dist.uniform_double()
+        sum * U[0, 1) (one draw even for a single candidate, as llama.cpp keeps its RNG aligned); u: the draw
+        already made."""
+        u = self._rng_dist.uniform_double() if u is None else u
         if c.ids.shape[0] == 1:
             return int(c.ids[0])
         if NATIVE:
@@ -453,6 +467,16 @@ class Sampler:
     def sample(self, logits: np.ndarray) -> int:
         """One token from a row of n_vocab logits. Does not accept() it; the caller does, as with
         common_sampler_sample / common_sampler_accept."""
+        if self._fused is not None and NATIVE:     # the usual chain: one C call
+            x = np.ascontiguousarray(logits, dtype=np.float32)
+            if x.shape != (self.n_vocab,):
+                raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
+            u = self._rng_dist.uniform_double()
+            token = self._fused(x, u)
+            if token is not None:
+                return token
+            with np.errstate(all="ignore"):     # a row with NaN logits: the stages one by one, the same draw
+                return self._dist(self._run(x), u)
         with np.errstate(all="ignore"):
             c = self._run(logits)
             return self._mirostat(c) if self.params.mirostat else self._dist(c)

@@ -378,7 +378,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
     if (a->flash) pi2_flash_attention(pool, a);
-    else if (!pi2_attn_batch(pool, a) && !pi2_attn_decode(pool, a)) pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
+    else if (!pi2_attn_batch(pool, a)) pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
 }
 
 void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,

@@ -92,9 +92,6 @@ void pi2_f16_round_row(float *y, const float *x, int64_t n);
 /* A prompt batch's attention with F16 keys and values (attn_batch.c) if this CPU and a's shapes allow it and
  * a->rows does: 1 when done, 0 when the caller computes it. */
 int pi2_attn_batch(pi2_pool *pool, const pi2_attn *a);
-/* One token's attention with F16 keys and values (attn_decode.c), the query heads of a KV head together, if this
- * CPU and a's shapes allow it: 1 when done, 0 when the caller computes it. */
-int pi2_attn_decode(pi2_pool *pool, const pi2_attn *a);
 /* Floats of accumulator scratch one attention thread needs. */
 int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
 

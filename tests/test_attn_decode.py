@@ -1,7 +1,7 @@
-"""One-token attention (csrc/attn_decode.c: the query heads of a KV head scored and weighed together on AVX-512,
-ggml_vec_dot_f16's four accumulators) against pi2/reference/forward.py's attention, bit for bit: head groups of 1 to
-16 query heads per KV head (chunks of up to 4), head sizes 16 to 256 (and 24: ops.c's path), positions past 64, 512
-and 1024, sliding windows (gemma3's 512 among them), one and two threads.
+"""One-token attention (ops.c's one-query path, ggml_vec_dot_f16's four accumulators) against
+pi2/reference/forward.py's attention, bit for bit: head groups of 1 to 16 query heads per KV head, head sizes 16 to
+256 (24 and 80: not a multiple of 16 or 64), positions past 64, 512 and 1024, sliding windows (gemma3's 512 among
+them), one and two threads.
 Does not: cover quantized caches or flash attention (test_kv_*.py, test_flash_attn.py), prompt batches
 (test_attn_batch.py)."""
 import numpy as np
@@ -12,12 +12,12 @@ from pi2.reference import forward as reference
 
 SHAPES = [   # n_head, n_head_kv, hd, hdv, n_ctx
     (9, 3, 64, 64, 1100),      # SmolLM2-135M's group of 3
-    (14, 2, 64, 64, 700),      # Qwen2.5-0.5B's group of 7: chunks of 4 and 3
+    (14, 2, 64, 64, 700),      # Qwen2.5-0.5B's group of 7
     (4, 1, 256, 256, 600),     # Gemma-3-270M: one KV head, head size 256
-    (16, 1, 32, 48, 200),      # one KV head for 16 query heads: four chunks
+    (16, 1, 32, 48, 200),      # one KV head for 16 query heads
     (6, 6, 80, 16, 150),       # no grouping; 80 is not a multiple of 64
     (12, 2, 128, 128, 300),    # Qwen2.5-1.5B's group of 6
-    (4, 2, 24, 40, 90),        # head sizes not a multiple of 16: ops.c
+    (4, 2, 24, 40, 90),        # head sizes not a multiple of 16
 ]
 
 

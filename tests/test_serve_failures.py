@@ -94,7 +94,8 @@ def test_a_prompt_too_long_for_a_shift_is_400_not_a_stream(path):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="pi2", prompt=long, max_tokens=4, stream=True)
         assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
-        status, _, events, done = sse(s.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+        status, _, events, done = sse(s.url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                                               "ignore_eos": True})
         assert status == 200 and done and events[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         code, log = s.stop()

@@ -169,7 +169,7 @@ def test_failed_write_leaves_existing_output(tmp_path, monkeypatch):
 
     def full(self, *a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", full)
     with pytest.raises(ConvertError, match="no space left on device"):
         run(src, out)
     assert out.read_bytes() == b"previous output"

@@ -6,6 +6,7 @@
 # Does not: profile dense FFNs (__init__.py) or compute the converted file (reference/moe.py, csrc/ffn/).
 from __future__ import annotations
 
+import gc
 import resource
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pi2.convert import layout, profile
-from pi2.convert.writer import kv_types, write_gguf
+from pi2.convert.writer import Later, kv_types, write_gguf
 from pi2.engine import CContext, CModel, default_threads, expert_clusters
 from pi2.errors import UnsupportedError, UsageError
 from pi2.model.expert_bundles import LAYOUT
@@ -79,57 +80,86 @@ def _rows3(f, name: str) -> np.ndarray:
     return f.raw(name).reshape(int(t.ne[2]), int(t.ne[1]), t.row_bytes)
 
 
+def layer_specs(f, cfg, il: int, ffn_type: str) -> tuple:
+    """Layer il's new expert tensors as write_gguf announces them [(name, shape, dtype, raw type or None)] before
+    they are made (layer_tensors makes them in this order), and its down row type."""
+    b, E, F, X = f"blk.{il}.", cfg.n_embd, cfg.n_ff_exp, cfg.n_expert
+    gate, up, dn = (f.tensors[b + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+    rtype = layout.down_row_type(dn.type, E, ffn_type, transposed=True)
+    width = up.row_bytes + layout.row_bytes(rtype, E)
+    specs = [(gate.name, (X, F, gate.row_bytes), np.uint8, gate.type),
+             (b + "ffn_bundle_exps.weight", (X, F, -(-width // layout.BUNDLE_ALIGN) * layout.BUNDLE_ALIGN), np.int8,
+              None),
+             (b + "ffn_perm_exps.weight", (X, F), np.int32, None),
+             (b + "ffn_freq_exps.weight", (X, F), np.float32, None),
+             (b + "ffn_routed_exps.weight", (X,), np.float32, None)]
+    if rtype == layout.I8:
+        specs += [(b + "ffn_down_scale_exps.weight", (X, F), np.float32, None),
+                  (b + "ffn_down_colscale_exps.weight", (X, E), np.float32, None)]
+    return specs, rtype
+
+
 def layer_tensors(f, cfg, il: int, perm: np.ndarray, freq: np.ndarray, routed: np.ndarray, ffn_type: str) -> tuple:
-    """Layer il's new expert tensors [(name, array, type or None)], its down row type and largest down error."""
+    """Layer il's new expert tensors' arrays in layer_specs' order, and its largest down error."""
     b, E, F, X = f"blk.{il}.", cfg.n_embd, cfg.n_ff_exp, cfg.n_expert
     gate, up, dn = (f.tensors[b + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
     p3 = perm[:, :, None]
-    gate_rows = np.take_along_axis(_rows3(f, gate.name), p3, axis=1)
-    up_rows = np.take_along_axis(_rows3(f, up.name), p3, axis=1)
     rtype = layout.down_row_type(dn.type, E, ffn_type, transposed=True)
     down_src = _rows3(f, dn.name)
-    bundles, scales, err = [], [], 0.0
+    up_src = _rows3(f, up.name)
+    bundles, scales, err = None, [], 0.0
     for e in range(X):               # one expert at a time: layout.py's re-quantization of its down columns
         drows, sc, derr = layout.down_rows(down_src[e], dn.type, E, F, perm[e], rtype, True)
-        bundles.append(layout.bundle([up_rows[e], drows], F))
+        rec = layout.bundle([up_src[e][perm[e]], drows], F)
+        if bundles is None:
+            bundles = np.empty((X,) + rec.shape, rec.dtype)
+        bundles[e] = rec
         scales.append(sc)
         err = max(err, derr)
-    out = [(gate.name, gate_rows, gate.type),
-           (b + "ffn_bundle_exps.weight", np.stack(bundles), None),
-           (b + "ffn_perm_exps.weight", perm, None),
-           (b + "ffn_freq_exps.weight", freq.astype(np.float32), None),
-           (b + "ffn_routed_exps.weight", routed.astype(np.float32), None)]
+    out = [np.take_along_axis(_rows3(f, gate.name), p3, axis=1), bundles, perm, freq.astype(np.float32),
+           routed.astype(np.float32)]
     if scales[0] is not None:
-        out += [(b + "ffn_down_scale_exps.weight", np.stack([s[0] for s in scales]).astype(np.float32), None),
-                (b + "ffn_down_colscale_exps.weight", np.stack([s[1] for s in scales]).astype(np.float32), None)]
-    return out, rtype, err
+        out += [np.stack([s[0] for s in scales]).astype(np.float32), np.stack([s[1] for s in scales]).astype(np.float32)]
+    return out, err
 
 
 def convert_moe(model, src: Path, out: Path, *, calib, calib_tokens: int, ffn_type: str, n_threads: int,
                 progress: bool, source_sha: str) -> MoEConvertReport:
+    """Profile, then write: each expert layer's new tensors are made when the writer reaches them and dropped
+    after (with the source pages they read), so the peak is the profile's plus about one layer."""
     f, cfg = model.file, model.config
     check(cfg)
     secs, t0 = {}, time.perf_counter()
     routed, counts, n_tok, calib_sha = profile_neurons(model, calib, calib_tokens, n_threads)
+    gc.collect()                     # the profiling context and its mapping of the file
+    f.drop_pages()
     secs["profile"] = time.perf_counter() - t0
     rss = {"profile": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
 
-    t1 = time.perf_counter()
     replaced, up_types, down_types, rep_types, errs, opened, hot = {}, [], [], [], [], [], []
-    for il in tqdm(range(cfg.n_layer), desc="layout", unit="layer", disable=not progress):
+    bar = tqdm(total=cfg.n_layer, desc="layout", unit="layer", disable=not progress)
+
+    def maker(il: int):
+        def make() -> list:
+            perm, freq = permutations(routed[il], counts[il])
+            arrays, err = layer_tensors(f, cfg, il, perm, freq, routed[il], ffn_type)
+            errs.append(err)
+            bar.update(1)
+            return arrays
+        return make
+
+    for il in range(cfg.n_layer):
         b = f"blk.{il}."
         if b + "ffn_gate_exps.weight" not in f.tensors:
             up_types.append(0)
             down_types.append(0)
             continue
-        perm, freq = permutations(routed[il], counts[il])
-        new, rtype, err = layer_tensors(f, cfg, il, perm, freq, routed[il], ffn_type)
-        replaced[b + "ffn_gate_exps.weight"] = new
+        specs, rtype = layer_specs(f, cfg, il, ffn_type)
+        replaced[b + "ffn_gate_exps.weight"] = [Later(specs, maker(il))]
         replaced[b + "ffn_up_exps.weight"] = replaced[b + "ffn_down_exps.weight"] = []
         up_types.append(int(f.tensors[b + "ffn_up_exps.weight"].type))
         down_types.append(int(rtype))
         rep_types.append(GGML_TYPES[rtype][0])
-        errs.append(err)
         rows = max(int(routed[il].sum()), 1)
         opened.append(float(counts[il].sum()) / (rows * cfg.n_ff_exp))
         cs = np.sort(counts[il], axis=1)[:, ::-1]
@@ -152,10 +182,10 @@ def convert_moe(model, src: Path, out: Path, *, calib, calib_tokens: int, ffn_ty
             ("pi2.source.file", src.name, s, None),
             ("pi2.calib.sha256", calib_sha, s, None),
             ("pi2.calib.tokens", n_tok, u32, None)]
-    secs["layout"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io)
-    secs["write"] = time.perf_counter() - t2
+    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io, release=f.drop_pages)
+    bar.close()
+    secs["layout+write"] = time.perf_counter() - t2
     secs["total"] = time.perf_counter() - t0
     rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     return MoEConvertReport(str(out), n_tok, LAYOUT, rep_types, errs, opened, hot, secs, rss)

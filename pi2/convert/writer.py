@@ -1,18 +1,23 @@
 # writer.py — writing the pi2 file: GGUF metadata with the source's value types, tensors, and the safe
 # replace (a temporary file beside the output, renamed only after a complete, flushed write).
-# Owns: the KV type scan of the source header, GGUFWriter setup (alignment 4096), temporary-file naming,
-#       clean-up of a failed write and of stale temporary files left by killed conversions.
+# Owns: the KV type scan of the source header, GGUFWriter setup (alignment 4096), tensors made only when the
+#       write reaches them (Later: one layer in memory at a time), temporary-file naming, clean-up of a failed
+#       write and of stale temporary files left by killed conversions.
 # Does not: decide tensor contents (__init__.py, layout.py).
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import re
 import struct
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from tqdm import tqdm
 
 from pi2.errors import Pi2Error
 
@@ -24,13 +29,25 @@ class ConvertError(Pi2Error):
     """A conversion that could not be completed (nothing is left under the output name)."""
 
 
+@dataclass
+class Later:
+    """Tensors whose data is made when the write reaches them, so a converter holds one group (a layer) at a time:
+    specs [(name, shape, numpy dtype, raw ggml type or None)] as write_gguf's tuples would give them, and make()
+    returning the arrays in that order."""
+    specs: list
+    make: Callable[[], list]
+
+
 def kv_types(path) -> dict:
     """key -> (value type, array element type or None), read from the GGUF header."""
-    with open(path, "rb") as f:
-        head = f.read(24)
-        n_kv = struct.unpack_from("<q", head, 16)[0]
-        buf = f.read()
-    pos, out = 0, {}
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return _kv_types(buf)
+
+
+def _kv_types(buf) -> dict:
+    """kv_types of a mapped file: only the header's pages are read (f.read() would hold the whole file)."""
+    n_kv = struct.unpack_from("<q", buf, 16)[0]
+    pos, out = 24, {}
 
     def u(fmt):
         nonlocal pos
@@ -110,10 +127,42 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = True, check=None) -> None:
+def _info(w: GGUFWriter, name: str, shape, dtype, raw) -> None:
+    w.add_tensor_info(name, tuple(shape), np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,
+                      raw_dtype=None if raw is None else GGMLQuantizationType(raw))
+
+
+def _write_data(w: GGUFWriter, tensors: list, progress: bool, release) -> None:
+    """The tensors' data in order, each Later group made just before it is written and dropped after; release()
+    (when given) after each, e.g. to let go of the source pages a copied tensor was read from."""
+    total = sum(int(np.prod(sh)) * np.dtype(dt).itemsize for t in tensors
+                for _, sh, dt, _ in (t.specs if isinstance(t, Later) else [(t[0], t[1].shape, t[1].dtype, t[2])]))
+    bar = tqdm(desc="Writing", total=total, unit="byte", unit_scale=True, disable=not progress)
+    for t in tensors:
+        if not isinstance(t, Later):
+            w.write_tensor_data(t[1])
+            bar.update(t[1].nbytes)
+            if release is not None:
+                release()
+            continue
+        arrays = t.make()
+        for (name, shape, dtype, _), arr in zip(t.specs, arrays, strict=True):
+            if tuple(arr.shape) != tuple(shape) or arr.dtype != np.dtype(dtype):
+                raise ValueError(f"{name}: made {arr.dtype}{tuple(arr.shape)}, announced {np.dtype(dtype)}"
+                                 f"{tuple(shape)}")
+            w.write_tensor_data(np.ascontiguousarray(arr))
+            bar.update(arr.nbytes)
+        arrays = arr = None         # the group's arrays go before the next group is made
+        if release is not None:
+            release()
+    bar.close()
+
+
+def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = True, check=None,
+               release=None) -> None:
     """kvs: [(key, value, vtype, sub)]; tensors: [(name, array, raw_dtype or None)] with arrays in numpy
-    row order. Writes to a temporary file in out's directory and renames it over `out` at the end, after `check()`
-    (when given) has not raised."""
+    row order, or Later groups; release() after each is written (optional). Writes to a temporary file in out's
+    directory and renames it over `out` at the end, after `check()` (when given) has not raised."""
     out = Path(out)
     remove_stale_temps(out)
     tmp = temp_path(out)
@@ -122,14 +171,14 @@ def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = 
         w.add_custom_alignment(ALIGNMENT)
         for key, value, vt, sub in kvs:
             add_kv(w, key, value, vt, sub)
-        for name, arr, raw in tensors:
-            if raw is None:
-                w.add_tensor(name, arr)
-            else:
-                w.add_tensor(name, arr, raw_dtype=GGMLQuantizationType(raw))
+        for t in tensors:
+            for name, shape, dtype, raw in (t.specs if isinstance(t, Later) else [(t[0], t[1].shape, t[1].dtype,
+                                                                                    t[2])]):
+                _info(w, name, shape, dtype, raw)
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file(progress=progress)
+        w.write_ti_data_to_file()
+        _write_data(w, tensors, progress, release)
         for f in w.fout or []:
             f.flush()
             os.fsync(f.fileno())

@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pi2.convert import layerwise, layout, moe, predictor, profile, writer
-from pi2.convert.writer import ConvertError, kv_types, write_gguf
+from pi2.convert.writer import ConvertError, Later, kv_types, write_gguf
 from pi2.errors import FileError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
@@ -161,32 +161,43 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
 
     t2 = time.perf_counter()
     replaced, down_types, down_err = {}, [], []
-    for il in tqdm(range(cfg.n_layer), desc="layout", unit="layer", disable=not progress):
+    bar = tqdm(total=cfg.n_layer, desc="layout", unit="layer", disable=not progress)
+
+    def maker(il: int, perm: np.ndarray, rtype: int, gud: bool):
+        def make() -> list:       # layer il's new tensors, in the order layer_specs announced them
+            p = f"blk.{il}."
+            gate, up, dn = f.tensors[p + "ffn_gate.weight"], f.tensors[p + "ffn_up.weight"], f.tensors[down_name(il)]
+            drows, dscale, derr = layout.down_rows(f.raw(dn.name), dn.type, n_embd, n_ff, perm, rtype, not down_t)
+            down_err.append(derr)
+            gate_rows = np.ascontiguousarray(f.raw(gate.name)[perm])
+            up_rows = f.raw(up.name)[perm]
+            out = [] if gud else [gate_rows]
+            out += [layout.bundle([gate_rows, up_rows, drows] if gud else [up_rows, drows], n_ff), perm,
+                    prof.freq[il][perm].astype(np.float32), prof.thresh[il].astype(np.float32),
+                    prof.err[il].astype(np.float32)]
+            if dscale is not None:
+                out += [dscale[0], dscale[1]]
+            if pred is not None:
+                out += [a for _, a, _ in _predictor_tensors(p, built[il], perm)]
+            bar.update(1)
+            return out
+        return make
+
+    for il in range(cfg.n_layer):
         p = f"blk.{il}."
         perm = layout.permutation(prof.freq[il])
         gate, up, dn = f.tensors[p + "ffn_gate.weight"], f.tensors[p + "ffn_up.weight"], f.tensors[down_name(il)]
         rtype = layout.down_row_type(dn.type, n_embd, ffn_type, transposed=not down_t)
-        drows, dscale, derr = layout.down_rows(f.raw(dn.name), dn.type, n_embd, n_ff, perm, rtype, not down_t)
         down_types.append(rtype)
-        down_err.append(derr)
-        gate_rows = np.ascontiguousarray(f.raw(gate.name)[perm])
-        up_rows = f.raw(up.name)[perm]
-        parts = [gate_rows, up_rows, drows] if ffn_layout == "bundle-gud" else [up_rows, drows]
-        new = [] if ffn_layout == "bundle-gud" else [(p + "ffn_gate.weight", gate_rows, gate.type)]
-        new += [(p + "ffn_bundle.weight", layout.bundle(parts, n_ff), None),
-                (p + "ffn_perm.weight", perm, None),
-                (p + "ffn_freq.weight", prof.freq[il][perm].astype(np.float32), None),
-                (p + "ffn_thresh.weight", prof.thresh[il].astype(np.float32), None),
-                (p + "ffn_err.weight", prof.err[il].astype(np.float32), None)]
-        if dscale is not None:
-            new += [(p + "ffn_down_scale.weight", dscale[0], None), (p + "ffn_down_colscale.weight", dscale[1], None)]
-        if pred is not None:
-            new += _predictor_tensors(p, built[il], perm)
-        replaced[gate.name] = new
+        gud = ffn_layout == "bundle-gud"
+        specs = _layer_specs(f, p, gate, up, rtype, n_embd, n_ff, gud, None if pred is None else built[il])
+        replaced[gate.name] = [Later(specs, maker(il, perm, rtype, gud))]
         replaced[up.name] = replaced[dn.name] = []
-        if p + "fc2.weight" in f.tensors:
+        if p + "fc2.weight" in f.tensors:      # the predictor's second matrix, rows in the new order, in its place
             fc2 = f.tensors[p + "fc2.weight"]
-            replaced[fc2.name] = [(fc2.name, np.ascontiguousarray(f.raw(fc2.name)[perm]), fc2.type)]
+            replaced[fc2.name] = [Later([(fc2.name, (int(fc2.n_elements // fc2.ne[0]), fc2.row_bytes), np.uint8,
+                                          fc2.type)],
+                                        lambda name=fc2.name, perm=perm: [np.ascontiguousarray(f.raw(name)[perm])])]
 
     tensors = []
     for name in f.tensors:
@@ -211,11 +222,10 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
                 ("pi2.predictor.bits", int(pred.bits if pred.kind == "lowbit" else 0), u32, None),
                 ("pi2.predictor.target_recall", float(pred.target), f32, None),
                 ("pi2.predictor.recall", [float(b.metrics["recall"]) for b in built], arr, f32)]
-    secs["layout"] = time.perf_counter() - t2
-
-    t3 = time.perf_counter()
-    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io)   # no output from a source that failed
-    secs["write"] = time.perf_counter() - t3
+    write_gguf(out, cfg.arch, kvs, tensors, progress, check=f.check_io,   # no output from a source that failed
+               release=f.drop_pages)
+    bar.close()
+    secs["layout+write"] = time.perf_counter() - t2
     secs["total"] = time.perf_counter() - t0
     rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     model.close()
@@ -244,6 +254,25 @@ def _check_spec(spec, cfg, f) -> None:
         raise UsageError(f"--predictor-bits must be 1 or 2 (got {spec.bits})")
     if cfg.n_embd % predictor.BLOCK:
         raise UsageError(f"a pi2 predictor needs n_embd divisible by {predictor.BLOCK} (got {cfg.n_embd})")
+
+
+def _layer_specs(f, p: str, gate, up, rtype: int, n_embd: int, n_ff: int, gud: bool, built) -> list:
+    """A dense layer's new tensors as the writer announces them before they are made: [(name, shape, dtype,
+    raw type or None)] in the order convert()'s make() returns them."""
+    width = (gate.row_bytes if gud else 0) + up.row_bytes + layout.row_bytes(rtype, n_embd)
+    specs = [] if gud else [(gate.name, (n_ff, gate.row_bytes), np.uint8, gate.type)]
+    n_grid = len(profile.KEEP_GRID)
+    specs += [(p + "ffn_bundle.weight", (n_ff, -(-width // layout.BUNDLE_ALIGN) * layout.BUNDLE_ALIGN), np.int8, None),
+              (p + "ffn_perm.weight", (n_ff,), np.int32, None),
+              (p + "ffn_freq.weight", (n_ff,), np.float32, None),
+              (p + "ffn_thresh.weight", (n_grid,), np.float32, None),
+              (p + "ffn_err.weight", (n_grid,), np.float32, None)]
+    if rtype == layout.I8:
+        specs += [(p + "ffn_down_scale.weight", (n_ff,), np.float32, None),
+                  (p + "ffn_down_colscale.weight", (n_embd,), np.float32, None)]
+    if built is not None:
+        specs += [(name, a.shape, a.dtype, raw) for name, a, raw in _predictor_tensors(p, built, np.arange(n_ff))]
+    return specs
 
 
 def _predictor_tensors(p: str, b, perm: np.ndarray) -> list:

@@ -272,6 +272,10 @@ pi2_status pi2_ctx_set_stream(pi2_ctx *c, const pi2_stream_params *params) {
     return pi2_pipeline_create(c->m, params, &c->pipeline);
 }
 
+int32_t pi2_ctx_n_past(const pi2_ctx *c) {
+    return c ? (int32_t)c->n_past : 0;
+}
+
 pi2_status pi2_ctx_get_stats(const pi2_ctx *c, pi2_ctx_stats *out, pi2_cache_stats *cache) {
     if (!c || (out && !out->size) || (cache && !cache->size))
         return pi2_set_error(PI2_ERR_INVALID, "NULL context, or a statistics struct without its size");

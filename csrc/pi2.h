@@ -304,6 +304,8 @@ PI2_API pi2_status pi2_decode(pi2_ctx *ctx, const int32_t *tokens, int32_t n_tok
  * has n_past): a prompt cache reuses the prefix it shares with the next prompt. PI2_ERR_INVALID: n_keep outside
  * 0..n_past, or a decode is running. */
 PI2_API pi2_status pi2_ctx_truncate(pi2_ctx *ctx, int32_t n_keep);
+/* Positions in the KV cache now: pi2_ctx_stats' n_past alone, for a caller that asks once per token (0 for NULL). */
+PI2_API int32_t pi2_ctx_n_past(const pi2_ctx *ctx);
 /* One token of each of n contexts of the same model in one step (a server's slots): the matrix products of the
  * n tokens share one pass over the weights, each token attends to its own context's cache at its n_past, and each
  * context's n_past advances by one. logits: n * n_vocab floats, row t equal bit for bit to what pi2_decode of

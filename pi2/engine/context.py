@@ -69,9 +69,7 @@ class CContext:
 
     @property
     def n_past(self) -> int:
-        st = ffi.new("pi2_ctx_stats *", {"size": ffi.sizeof("pi2_ctx_stats")})
-        check(lib.pi2_ctx_get_stats(self._h, st, ffi.NULL))
-        return int(st.n_past)
+        return lib.pi2_ctx_n_past(self._h)
 
     def reset(self) -> None:
         check(lib.pi2_ctx_truncate(self._h, 0))

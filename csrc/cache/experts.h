@@ -47,6 +47,14 @@ typedef struct pi2_expert_cache {
     void *order;                        /* [n_layer·n_expert] scratch of the choice */
     int64_t learn_tokens;               /* tokens routed since the cache was made */
     int64_t pinned_hits;                /* of hits: found in a pinned slot */
+    /* bytes held (slots sized to what is read: held.c) */
+    int64_t cap;                        /* > 0: the cold slots hold at most this many bytes read, but for the slots
+                                         * of the current step; 0: no limit but the slot count */
+    int64_t held_total;                 /* bytes read into the cold slots now (their pages resident) */
+    int64_t *held;                      /* [slots.n_slots] bytes read into each slot since it took its expert */
+    int64_t *mark;                      /* [slots.n_slots] the step that last used the slot (epoch: in use) */
+    int64_t epoch;                      /* the current step (a layer's need; the next one's guesses are epoch + 1) */
+    int64_t partial_hits, cl_need, cl_found, evicted;   /* statistics */
 } pi2_expert_cache;
 
 /* 1 when layer il has streamed experts. */
@@ -83,6 +91,20 @@ pi2_status pi2_expert_slot_bytes(const pi2_model *m, int64_t *out);
  * records are filled by the caller (pi2_cache_create). PI2_ERR_NOMEM, PI2_ERR_INVALID, PI2_ERR_UNSUPPORTED. */
 pi2_status pi2_expert_cache_init(pi2_expert_cache *ec, const pi2_model *m, int32_t n_slots, const uint8_t *hot);
 void pi2_expert_cache_free(pi2_expert_cache *ec);
+
+/* Slots sized to what is read (experts_held.c). Under a cap, a slot's pages are only the ones its reads filled; an
+ * expert dropped from a slot gives its pages back (MADV_DONTNEED), so the cap holds as many experts as their read
+ * bytes allow (a converted file: gate rows and the clusters tokens opened), not as many as whole slots fit.
+ * pi2_expert_take: the LRU's tail slot for expert e of layer il (its old expert dropped); forget: drop the slot's
+ * expert; charge: `bytes` are being read into `slot`, then the least recently used experts not in use (mark < epoch)
+ * are dropped while the slots hold more than the cap (the learned pinned ones last); room: how many whole experts a
+ * step may need at once. */
+int32_t pi2_expert_take(pi2_expert_cache *ec, int32_t il, int32_t e);
+void pi2_expert_forget(pi2_expert_cache *ec, int32_t slot);
+void pi2_expert_charge(pi2_expert_cache *ec, int32_t slot, int64_t bytes);
+int32_t pi2_expert_room(const pi2_expert_cache *ec);
+/* Set the cap (bytes, 0: none) of a cache just made: the slots' pages not read yet are never touched. */
+void pi2_expert_set_cap(pi2_expert_cache *ec, int64_t cap);
 
 /* Learned hot experts (experts_learn.c). Every routed row counts for its expert; at each token step the n_learn
  * most routed cold experts (decayed counts) are wanted, and a wanted expert's slot is pinned (kept out of the LRU)

@@ -440,6 +440,9 @@ typedef struct {
                                 * holds its gate rows and only the clusters read into it): the least recently used
                                 * experts are dropped (their pages freed) to stay under it, so n_expert_slots may
                                 * count more slots than whole experts fit; 0: n_expert_slots whole slots */
+    const int32_t *expert_pre; /* [n_layer][n_expert] a converted file read in two phases: the expert's leading
+                                * bundle clusters (hot-first: the ones most tokens open) read with its gate rows, so
+                                * the second phase finds them (a guess: bytes, never results); NULL: none */
 } pi2_stream_params;
 
 typedef struct {

@@ -151,22 +151,26 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
 def test_slots_sized_to_what_is_read_equal_in_memory(tmp_path_factory, closed):
     """A cap on the cold slots' bytes (slots hold only what was read into them, the least recently used experts
     dropped): the same logits as in memory for caps from one 4 KiB page (every expert dropped as soon as it is used)
-    to every expert, each backend, -t 1/2, both rules; the slots hold at most the cap but for one step's experts."""
+    to every expert, each backend, -t 1/2, both rules, with and without the leading clusters read with the gate rows;
+    the slots hold at most the cap but for one step's experts."""
     m, cm = converted(tmp_path_factory, "Q4_0", closed=closed)
     X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
     slot = plan_experts.slot_bytes(m)
     ios = backends(m.path)
+    pre = plan_experts.pre_clusters(m)
+    assert pre.shape == (L, X) and (pre >= 0).all()
     cases = [(4096, "pread", 2), (slot + 4096, ios[-1], 1), (3 * k * slot // 2, "aio", 2), (L * X * slot, "mmap", 1),
              (2 * k * slot, "uring" if "uring" in ios else "pread", 1)]
+    cases += [(cap, io, 3 - t, pre) for cap, io, t in cases]
     for rule in ("dense", "relu"):
         ref = CContext(cm, 64, 1)
         ref.set_ffn(FFNRule(rule))
         want = run(ref)
-        for cap, io, threads in cases:
+        for cap, io, threads, *lead in cases:
             c = CContext(cm, 64, threads)
             c.set_ffn(FFNRule(rule))
             c.set_stream(cluster=8, n_slots=0, io=io, n_expert_slots=L * X, expert_cold_bytes=cap,
-                         expert_ahead=cap >= 2 * k * slot)
+                         expert_ahead=cap >= 2 * k * slot, expert_pre=lead[0] if lead else None)
             got = run(c)
             for i, (a, b) in enumerate(zip(want, got)):
                 assert np.array_equal(a, b), f"{rule}: cap {cap}, {io}, -t {threads}: step {i} differs"
@@ -220,3 +224,22 @@ def test_plan_sizes_slots_to_what_is_read(tmp_path_factory, monkeypatch):
     assert p["n_slots"] >= p["n_effective"]
     text = cli("plan", m.path, "-c", "128", "--memory-budget", budget).out
     assert "slots sized to what is read" in text
+
+
+def test_leading_clusters_read_with_the_gate_rows(tmp_path_factory):
+    """`pre_clusters` (hot-first clusters most tokens open) read with a miss's gate rows: the second phase then finds
+    most of its open clusters in the slot (the cluster hit rate rises) and reads fewer times, same logits."""
+    m, cm = converted(tmp_path_factory, "Q4_0", closed=True)
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    pre = plan_experts.pre_clusters(m)
+    assert pre.any()
+    res, logits = {}, {}
+    for lead in (None, pre):
+        c = CContext(cm, 64, 1)
+        c.set_ffn(FFNRule("relu"))
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=1, expert_pre=lead)   # a miss every time
+        c.decode([3])
+        logits[lead is None] = [c.decode([t]) for t in NEXT]
+        res[lead is None] = c.cache_stats()
+    assert all(np.array_equal(a, b) for a, b in zip(logits[True], logits[False]))
+    assert res[False]["expert_cl_found"] > res[True]["expert_cl_found"] == 0

@@ -107,6 +107,7 @@ void pi2_expert_cache_free(pi2_expert_cache *ec) {
     free(ec->order);
     free(ec->held);
     free(ec->mark);
+    free(ec->pre);
     memset(ec, 0, sizeof *ec);
 }
 

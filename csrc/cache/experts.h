@@ -55,6 +55,7 @@ typedef struct pi2_expert_cache {
     int64_t *mark;                      /* [slots.n_slots] the step that last used the slot (epoch: in use) */
     int64_t epoch;                      /* the current step (a layer's need; the next one's guesses are epoch + 1) */
     int64_t partial_hits, cl_need, cl_found, evicted;   /* statistics */
+    int32_t *pre;                       /* [n_layer][n_expert] leading clusters read with the gate rows, or NULL */
 } pi2_expert_cache;
 
 /* 1 when layer il has streamed experts. */

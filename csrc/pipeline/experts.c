@@ -99,22 +99,23 @@ static void add_req(pi2_pipeline *pl, int32_t slot, int32_t e, int64_t start, in
     ex->req_need[i] = need;
 }
 
-/* A converted file's expert e of layer il in `slot`: list reads of its clusters with want[c] (NULL: all) that are not
- * present, adjacent ones merged into one 4 KiB-aligned read, and mark what they hold present; the reads listed. */
-static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t slot, const uint8_t *want) {
+/* A converted file's expert e of layer il in `slot`: list reads of its clusters before `upto` with want[c] (NULL: all)
+ * that are not present, adjacent ones merged into one 4 KiB-aligned read, and mark what they hold present; the reads
+ * listed. `count`: the clusters wanted count in the cluster hit rate (not a prefetch's). */
+static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t slot, const uint8_t *want, int32_t upto,
+                             int count) {
     pi2_expert_cache *ec = pl->cache->experts;
-    expert_reads *ex = pl->experts;
     uint8_t *present = pi2_expert_present(ec, slot);
     int64_t s0, s1;
     pi2_expert_span(ec, il, e, PI2_EXPERT_UP, &s0, &s1, NULL);
     uint8_t *dest = pi2_expert_slot(ec, slot) + ec->span_at[PI2_EXPERT_UP] - s0;
     int32_t n = 0;
-    for (int32_t c = 0; c < ec->n_cl; c++)   /* the byte hit rate: clusters needed, of which present */
+    for (int32_t c = 0; count && c < upto; c++)   /* the byte hit rate: clusters needed, of which present */
         if (!want || want[c]) {
             ec->cl_need++;
             ec->cl_found += present[c];
         }
-    for (int32_t c = 0; c < ec->n_cl;) {
+    for (int32_t c = 0; c < upto;) {
         if (present[c] || (want && !want[c])) {
             c++;
             continue;
@@ -123,11 +124,11 @@ static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t sl
         int64_t start, end, need;
         int32_t f0, f1;
         for (;;) {
-            while (c1 < ec->n_cl && !present[c1] && (!want || want[c1])) c1++;
+            while (c1 < upto && !present[c1] && (!want || want[c1])) c1++;
             pi2_expert_cluster_span(ec, il, e, c, c1, &start, &end, &need, &f0, &f1);
             int32_t next = c1;
-            while (next < ec->n_cl && (present[next] || (want && !want[next]))) next++;
-            if (next >= ec->n_cl) break;
+            while (next < upto && (present[next] || (want && !want[next]))) next++;
+            if (next >= upto) break;
             int64_t ns, ne, nn;
             int32_t g0, g1;
             pi2_expert_cluster_span(ec, il, e, next, next + 1, &ns, &ne, &nn, &g0, &g1);
@@ -160,7 +161,8 @@ static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e, int64_t mark)
         add_req(pl, slot, e, start, end, need, pi2_expert_slot(ec, slot) + ec->span_at[w]);
         n++;
     }
-    if (bundled && !ex->partial) n += list_clusters(pl, il, e, slot, NULL);
+    if (bundled && !ex->partial) n += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);
+    else if (bundled && ec->pre) n += list_clusters(pl, il, e, slot, NULL, ec->pre[(size_t)il * ec->n_expert + e], 0);
     ex->pending[e] = n;
     return slot;
 }
@@ -248,13 +250,13 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
             ex->ahead[e] = 2;
             ec->misses++;
             pl->cache->st.expert_ahead_used++;
-            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL);   /* guessed under partial */
+            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);   /* guessed under partial */
             ready[e] = ex->pending[e] == 0;
         } else if (slot >= 0) {
             ec->hits++;
             ec->pinned_hits += pinned;
             ex->found[e] = 1;
-            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL) : 0;   /* clusters a partial read left */
+            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1) : 0;   /* ... a partial read left */
             ec->partial_hits += ex->pending[e] > 0;
             ready[e] = ex->pending[e] == 0;
         } else {
@@ -330,7 +332,7 @@ pi2_status pi2_pipeline_expert_clusters(pi2_pipeline *pl, int32_t il, int32_t e,
     const int32_t slot = ec->hot_of[(size_t)il * ec->n_expert + e] >= 0 ? -1 : pi2_slots_holding(&ec->slots, il, e);
     if (slot < 0 || !ec->layers[il].down_at || ex->layer != il) return PI2_OK;   /* resident: every cluster is */
     if (ex->n_wait == ex->n_req) ex->t_submit = pi2_now();
-    const int32_t n = list_clusters(pl, il, e, slot, want);
+    const int32_t n = list_clusters(pl, il, e, slot, want, ec->n_cl, 1);
     if (!n) return PI2_OK;
     ec->partial_hits += ex->found[e];   /* found, but lacking clusters the token opened */
     ex->found[e] = 0;

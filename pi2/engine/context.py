@@ -268,7 +268,7 @@ class CContext:
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
                    n_early=None, n_expert_slots: int = 0, expert_hot=None, expert_ahead: bool = False,
-                   expert_learn: bool = False, expert_cold_bytes: int = 0) -> None:
+                   expert_learn: bool = False, expert_cold_bytes: int = 0, expert_pre=None) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache/, read by csrc/pipeline/): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
         gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
@@ -277,7 +277,8 @@ class CContext:
         experts, expert_ahead: guess the next layer's experts and read them ahead, expert_learn: learn hot experts
         while running (the cold slots of the most routed experts pinned, all but 2·k; cluster, n_slots and the gate
         settings are ignored), expert_cold_bytes > 0: the cold slots hold at most this many bytes read (a converted
-        file's slot only its gate rows and the clusters read into it), the least recently used experts dropped."""
+        file's slot only its gate rows and the clusters read into it), the least recently used experts dropped;
+        expert_pre[L][X]: a converted file's leading bundle clusters read with an expert's gate rows (two phases)."""
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
         ghot = np.ascontiguousarray(np.zeros(L) if n_gate_hot is None else n_gate_hot, np.int32)
@@ -295,6 +296,9 @@ class CContext:
         p.expert_ahead = int(expert_ahead)
         p.expert_learn = int(expert_learn)
         p.expert_cold_bytes = int(expert_cold_bytes)
+        if expert_pre is not None:
+            self._stream_expert_pre = np.ascontiguousarray(expert_pre, np.int32)
+            p.expert_pre = ffi.from_buffer("int32_t[]", self._stream_expert_pre)
         if expert_hot is not None:
             self._stream_expert_hot = np.ascontiguousarray(expert_hot, np.uint8)
             p.expert_hot = ffi.from_buffer("uint8_t[]", self._stream_expert_hot)

@@ -523,7 +523,8 @@ typedef struct {
     int64_t expert_cl_need;    /* a converted file: bundle clusters of cold experts a step needed (open ones, or all) */
     int64_t expert_cl_found;   /* ... of which were in the slot already */
     int64_t expert_held_bytes; /* bytes the cold slots hold now (read into them) */
-    int64_t expert_evicted;    /* experts dropped from a slot to keep expert_cold_bytes */
+    int64_t expert_evicted;    /* experts dropped from a slot (replaced, or their pages given back to keep
+                                * expert_cold_bytes) */
     int64_t expert_slots_held; /* cold slots holding an expert now */
 } pi2_cache_stats;
 

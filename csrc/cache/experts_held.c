@@ -1,21 +1,29 @@
-/* cache/experts_held.c — the bytes the expert cache's cold slots hold (experts.h): what each slot's reads filled,
- *       a cap on their sum, and the experts dropped (least recently used first, pages given back) to keep it, so a
+/* cache/experts_held.c — the bytes the expert cache's cold slots hold (experts.h): which 4 KiB pages of each slot
+ *       reads have filled, a cap on their sum, and the least recently used slots' pages given back to keep it, so a
  *       converted file's slots — gate rows and only the clusters tokens opened — hold as many experts as their read
  *       bytes allow instead of as many as whole slots fit.
  * Does not: decide what to read (csrc/pipeline/experts.c) or choose the cap (pi2/plan/experts.py).
- * Invariants: held_total = the sum of held[]; a slot whose mark is the current step (epoch) or the next one (guesses
- *       read ahead) is never dropped here (its rows are being read or computed), so the cap may be passed by the
- *       bytes of one step's experts; a dropped slot holds nothing and is the LRU's next to take. */
+ * Invariants: held[s] = 4 KiB × the pages set in slot s's bitmap, held_total their sum; a page not in the bitmap was
+ *       never written since the slot's pages were last given back (so it is not resident); a slot whose mark is the
+ *       current step (epoch) or the next one (guesses read ahead) keeps its pages (its rows are being read or
+ *       computed), so the cap may be passed by the bytes of one step's experts; a slot that gave its pages back holds
+ *       no expert and goes to the LRU's front (taken last: a slot with pages is reused first, without faults); take
+ *       never reuses a slot in use. */
 #define _GNU_SOURCE
 #include "cache/experts.h"
+#include "cache/cache.h"
 
+#include <string.h>
 #include <sys/mman.h>
 
-/* The slot's expert dropped: its pages given back (under a cap) and its bytes no longer held. */
+/* The slot's pages given back (under a cap; without one they are the slot's for good) and no longer held. */
 static void release(pi2_expert_cache *ec, int32_t slot) {
-    if (ec->held[slot] && ec->cap) madvise(pi2_expert_slot(ec, slot), ec->slot_bytes, MADV_DONTNEED);
+    if (!ec->cap || !ec->held[slot]) return;
+    madvise(pi2_expert_slot(ec, slot), ec->slot_bytes, MADV_DONTNEED);
+    memset(ec->pages + (size_t)slot * (size_t)ec->page_words, 0, (size_t)ec->page_words);
     ec->held_total -= ec->held[slot];
     ec->held[slot] = 0;
+    ec->n_resident--;
 }
 
 void pi2_expert_set_cap(pi2_expert_cache *ec, int64_t cap) {
@@ -26,33 +34,51 @@ void pi2_expert_set_cap(pi2_expert_cache *ec, int64_t cap) {
 }
 
 int32_t pi2_expert_take(pi2_expert_cache *ec, int32_t il, int32_t e) {
-    const int32_t tail = ec->slots.tail;
-    if (tail >= 0 && ec->slots.s_layer[tail] >= 0) release(ec, tail);
-    const int32_t slot = pi2_slots_take(&ec->slots, il, e);
-    ec->held[slot] = 0;
-    return slot;
+    pi2_slots *slots = &ec->slots;
+    /* a slot without pages while the slots with pages hold room for one more of their average, else one with pages */
+    const int empty = !ec->cap || !ec->n_resident || ec->held_total + ec->held_total / ec->n_resident <= ec->cap;
+    int32_t pick = -1, any = -1;
+    for (int32_t s = slots->tail; s >= 0; s = slots->prev[s]) {
+        if (slots->s_layer[s] >= 0 && ec->mark[s] >= ec->epoch) continue;   /* in use */
+        if (any < 0) any = s;
+        if (!ec->cap || (ec->held[s] == 0) == empty) {
+            pick = s;
+            break;
+        }
+    }
+    if (pick < 0) pick = any;
+    if (pick >= 0) pi2_slots_to_tail(slots, pick);
+    ec->evicted += slots->tail >= 0 && slots->s_layer[slots->tail] >= 0;   /* its expert replaced */
+    return pi2_slots_take(slots, il, e);
 }
 
-void pi2_expert_forget(pi2_expert_cache *ec, int32_t slot) {
+void pi2_expert_forget(pi2_expert_cache *ec, int32_t slot) { pi2_slots_forget(&ec->slots, slot); }
+
+/* Give back slot's pages to keep the cap: its expert forgotten, the slot the last one taken. */
+static void drop(pi2_expert_cache *ec, int32_t slot) {
+    ec->evicted += ec->slots.s_layer[slot] >= 0;
     release(ec, slot);
     pi2_slots_forget(&ec->slots, slot);
+    pi2_slots_to_front(&ec->slots, slot);
 }
 
-/* Drop slot's expert to keep the cap: forgotten, then the next one taken. */
-static void drop(pi2_expert_cache *ec, int32_t slot) {
-    pi2_expert_forget(ec, slot);
-    pi2_slots_to_tail(&ec->slots, slot);
-    ec->evicted++;
-}
-
-void pi2_expert_charge(pi2_expert_cache *ec, int32_t slot, int64_t bytes) {
-    ec->held[slot] += bytes;
-    ec->held_total += bytes;
+void pi2_expert_charge(pi2_expert_cache *ec, int32_t slot, const uint8_t *dest, int64_t len) {
+    const int64_t at = dest - pi2_expert_slot(ec, slot);
+    uint8_t *bits = ec->pages + (size_t)slot * (size_t)ec->page_words;
+    int64_t fresh = 0;
+    for (int64_t p = at / PI2_IO_ALIGN; p < (at + len + PI2_IO_ALIGN - 1) / PI2_IO_ALIGN; p++)
+        if (!(bits[p >> 3] & (1u << (p & 7)))) {
+            bits[p >> 3] |= (uint8_t)(1u << (p & 7));
+            fresh++;
+        }
+    ec->n_resident += fresh && !ec->held[slot];
+    ec->held[slot] += fresh * PI2_IO_ALIGN;
+    ec->held_total += fresh * PI2_IO_ALIGN;
     if (!ec->cap || ec->held_total <= ec->cap) return;
     pi2_slots *slots = &ec->slots;
     for (int32_t s = slots->tail; s >= 0 && ec->held_total > ec->cap;) {   /* the LRU from its tail */
         const int32_t prev = slots->prev[s];
-        if (slots->s_layer[s] >= 0 && ec->held[s] && ec->mark[s] < ec->epoch) drop(ec, s);
+        if (ec->held[s] && (slots->s_layer[s] < 0 || ec->mark[s] < ec->epoch)) drop(ec, s);
         s = prev;
     }
     for (int32_t s = 0; s < slots->n_slots && ec->held_total > ec->cap; s++)   /* then learned hot experts */

@@ -85,6 +85,10 @@ void pi2_slots_forget(pi2_slots *pool, int32_t slot) {
     pi2_slots_unpin(pool, slot);
 }
 
+void pi2_slots_to_front(pi2_slots *pool, int32_t slot) {
+    if (!pool->pinned[slot]) to_front(pool, slot);
+}
+
 void pi2_slots_to_tail(pi2_slots *pool, int32_t slot) {
     if (pool->pinned[slot] || pool->tail == slot) return;
     unlink_slot(pool, slot);

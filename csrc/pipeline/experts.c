@@ -91,7 +91,7 @@ static pi2_status submit(pi2_pipeline *pl) {
 static void add_req(pi2_pipeline *pl, int32_t slot, int32_t e, int64_t start, int64_t end, int64_t need,
                     uint8_t *dest) {
     expert_reads *ex = pl->experts;
-    pi2_expert_charge(pl->cache->experts, slot, end - start);
+    pi2_expert_charge(pl->cache->experts, slot, dest, end - start);
     const int32_t i = ex->n_req++;
     ex->reqs[i] = (pi2_io_request){.offset = (uint64_t)start, .length = (uint64_t)(end - start), .dest = dest,
                                    .user = (uint64_t)i};

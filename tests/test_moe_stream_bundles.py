@@ -137,6 +137,7 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
     assert streamed.code == 0, streamed.err
     assert streamed.out == mapped.out
     assert "pi2: experts:" in streamed.err and "hit rate" in streamed.err
+    assert "slots sized to what is read" in streamed.err and "clusters found" in streamed.err
     text = cli("plan", m.path, "-c", "128", "--memory-budget", budget)
     assert text.code == 0 and "expert cache" in text.out and "flash per token" in text.out, text.err
     assert "gate rows, then the clusters with an open neuron" in text.out
@@ -145,6 +146,8 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
     b = json.loads(bench.out)[0]
     assert b["pi2_flash_bytes_per_token"] > 0 and 0 <= b["pi2_expert_hit_rate"] <= 1
     assert 0 < b["pi2_expert_bytes_per_token_open_clusters"] < b["pi2_expert_bytes_per_token_whole"]
+    assert 0 <= b["pi2_expert_partial_hit_rate"] <= b["pi2_expert_hit_rate"] and 0 <= b["pi2_cluster_hit_rate"] <= 1
+    assert 0 < b["pi2_expert_held_bytes"] <= b["pi2_cache_bytes"] + 4 * plan_experts.slot_bytes(m)
 
 
 @pytest.mark.parametrize("closed", [False, True])

@@ -225,7 +225,8 @@ static pi2_status experts_create(pi2_cache *cache, const pi2_stream_params *p) {
     if (!s) pi2_expert_set_cap(ec, p->expert_cold_bytes);
     if (!s && p->expert_pre && ec->n_cl) {   /* leading clusters read with the gate rows */
         const size_t N = (size_t)ec->n_layer * (size_t)ec->n_expert;
-        if (!(ec->pre = malloc(N * sizeof *ec->pre))) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
+        if (!(ec->pre = malloc(N * sizeof *ec->pre)))
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
         for (size_t i = 0; i < N; i++)
             ec->pre[i] = p->expert_pre[i] < 0 ? 0 : p->expert_pre[i] > ec->n_cl ? ec->n_cl : p->expert_pre[i];
     }

@@ -250,13 +250,13 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
             ex->ahead[e] = 2;
             ec->misses++;
             pl->cache->st.expert_ahead_used++;
-            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);   /* guessed under partial */
+            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);   /* guessed: partial */
             ready[e] = ex->pending[e] == 0;
         } else if (slot >= 0) {
             ec->hits++;
             ec->pinned_hits += pinned;
             ex->found[e] = 1;
-            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1) : 0;   /* ... a partial read left */
+            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1) : 0;   /* a partial read's */
             ec->partial_hits += ex->pending[e] > 0;
             ready[e] = ex->pending[e] == 0;
         } else {

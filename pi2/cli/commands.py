@@ -228,7 +228,8 @@ def verbose_report(session) -> None:
               f"MiB), {slots}; {st['experts_learned']} of them pinned for hot experts learned while running), "
               f"io {plan.io}", file=sys.stderr)
         print(f"pi2: experts: {st['experts_loaded_per_token']:.2f} per token and layer, hit rate "
-              f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}; partial {st['expert_partial_hit_rate']:.1%}: "
+              f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}; partial "
+              f"{st['expert_partial_hit_rate']:.1%}: "
               f"found, clusters read; clusters found {st['cluster_hit_rate']:.1%}), flash "
               f"{st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, I/O wait "
               f"{st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB"

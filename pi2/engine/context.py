@@ -233,7 +233,8 @@ class CContext:
                 "experts_learned": st["expert_pinned"],
                 "learned_hit_share": round(d["expert_pinned_hits"] / need, 4) if need else 0.0,
                 "expert_partial_hit_rate": round(d["expert_partial_hits"] / need, 4) if need else 0.0,
-                "cluster_hit_rate": round(d["expert_cl_found"] / d["expert_cl_need"], 4) if d["expert_cl_need"] else 0.0,
+                "cluster_hit_rate": round(d["expert_cl_found"] / d["expert_cl_need"], 4)
+                if d["expert_cl_need"] else 0.0,
                 "expert_held_bytes": st["expert_held_bytes"], "experts_held": st["expert_slots_held"],
                 "experts_evicted": d["expert_evicted"],
                 "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,

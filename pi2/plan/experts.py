@@ -338,10 +338,11 @@ class ExpertPlan:
                 f"hot experts        {fmt(self.hot_bytes)}: {self.n_hot} of {total} resident"
                 + (" (the routing profile's most used)" if self.n_hot else
                    " (no routing profile: `pi2 profile-experts MODEL` makes one)" if not self.profiled else ""),
-                (f"expert cache       {fmt(self.cap)} of slots sized to what is read: about {self.n_effective} experts "
-                 f"of {fmt(int(self.held_each))} (gate rows + the clusters tokens opened; whole {fmt(self.slot_bytes)}), "
-                 f"LRU shared by all layers ({(self.n_effective + self.n_hot) / max(total, 1):.1%} of the experts held; "
-                 f"{self.n_slots} slots)" if self.cap else
+                (f"expert cache       {fmt(self.cap)} of slots sized to what is read: about {self.n_effective} "
+                 f"experts of {fmt(int(self.held_each))} (gate rows + the clusters tokens opened; whole "
+                 f"{fmt(self.slot_bytes)}), LRU shared by all layers "
+                 f"({(self.n_effective + self.n_hot) / max(total, 1):.1%} of the experts held; {self.n_slots} slots)"
+                 if self.cap else
                  f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
                  f"LRU shared by all layers ({(self.n_slots + self.n_hot) / max(total, 1):.1%} of the experts held; "
                  f"at least {self.min_slots} slots)")

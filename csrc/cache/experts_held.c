@@ -38,13 +38,15 @@ int32_t pi2_expert_take(pi2_expert_cache *ec, int32_t il, int32_t e) {
     /* a slot without pages while the slots with pages hold room for one more of their average, else one with pages */
     const int empty = !ec->cap || !ec->n_resident || ec->held_total + ec->held_total / ec->n_resident <= ec->cap;
     int32_t pick = -1, any = -1;
-    for (int32_t s = slots->tail; s >= 0; s = slots->prev[s]) {
+    for (int32_t s = slots->tail, prev, i = 0; s >= 0 && i < slots->n_slots; s = prev, i++) {   /* each slot once */
+        prev = slots->prev[s];
         if (slots->s_layer[s] >= 0 && ec->mark[s] >= ec->epoch) continue;   /* in use */
         if (any < 0) any = s;
         if (!ec->cap || (ec->held[s] == 0) == empty) {
             pick = s;
             break;
         }
+        if (!ec->held[s] && slots->s_layer[s] < 0) pi2_slots_to_front(slots, s);   /* unused: out of the scans' way */
     }
     if (pick < 0) pick = any;
     if (pick >= 0) pi2_slots_to_tail(slots, pick);

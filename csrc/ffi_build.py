@@ -18,6 +18,7 @@ SOURCES = ["pi2.c", "test_api.c", "model.c", "context.c", "forward.c", "kv_quant
            "kernels/pack_k.c", "sample.c",
            "pipeline/pipeline.c", "pipeline/units.c", "pipeline/whole.c", "pipeline/experts.c",
            "cache/cache.c", "cache/read.c", "cache/slots.c", "cache/experts.c", "cache/experts_learn.c",
+           "cache/experts_held.c",
            "nnapi/nnapi.c", "nnapi/graph.c", "nnapi/bench.c", "nnapi/batches.c", "nnapi/hot_ffn.c",
            "io/io.c", "io/uring.c", "io/aio.c", "io/pread_pool.c", "io/mmap.c", "io/bench.c", "io/probe.c", "io/map_guard.c"]
 

@@ -438,6 +438,13 @@ typedef struct {
                                 * during layer il's FFN and il+1's attention (smallthinker: its early router) */
     int32_t expert_learn;      /* 1: learn hot experts while running: the cold slots of the most routed experts
                                 * (rows counted, halved every 256 tokens) are kept out of the LRU, all but 2·k */
+    int64_t expert_cold_bytes; /* > 0: the cold slots hold at most this many bytes read (a converted file's slot
+                                * holds its gate rows and only the clusters read into it): the least recently used
+                                * experts are dropped (their pages freed) to stay under it, so n_expert_slots may
+                                * count more slots than whole experts fit; 0: n_expert_slots whole slots */
+    const int32_t *expert_pre; /* [n_layer][n_expert] a converted file read in two phases: the expert's leading
+                                * bundle clusters (hot-first: the ones most tokens open) read with its gate rows, so
+                                * the second phase finds them (a guess: bytes, never results); NULL: none */
 } pi2_stream_params;
 
 typedef struct {
@@ -513,6 +520,14 @@ typedef struct {
     int64_t expert_rows;       /* (token, slot) rows routed through streamed layers */
     int64_t expert_pinned;     /* cold slots pinned now: hot experts learned while running (expert_learn) */
     int64_t expert_pinned_hits;/* of expert_hits: found in a pinned slot */
+    int64_t expert_partial_hits;   /* of expert_hits: a converted file's expert whose slot lacked clusters the token
+                                    * opened (they were read) */
+    int64_t expert_cl_need;    /* a converted file: bundle clusters of cold experts a step needed (open ones, or all) */
+    int64_t expert_cl_found;   /* ... of which were in the slot already */
+    int64_t expert_held_bytes; /* bytes the cold slots hold now (read into them) */
+    int64_t expert_evicted;    /* experts dropped from a slot (replaced, or their pages given back to keep
+                                * expert_cold_bytes) */
+    int64_t expert_slots_held; /* cold slots holding an expert now */
 } pi2_cache_stats;
 
 /* From now on, count the neurons of ReLU-family experts that routed rows open: counts[(il·n_expert + e)·n_ff_exp + r]

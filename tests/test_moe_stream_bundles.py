@@ -137,6 +137,7 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
     assert streamed.code == 0, streamed.err
     assert streamed.out == mapped.out
     assert "pi2: experts:" in streamed.err and "hit rate" in streamed.err
+    assert "slots sized to what is read" in streamed.err and "clusters found" in streamed.err
     text = cli("plan", m.path, "-c", "128", "--memory-budget", budget)
     assert text.code == 0 and "expert cache" in text.out and "flash per token" in text.out, text.err
     assert "gate rows, then the clusters with an open neuron" in text.out
@@ -145,3 +146,103 @@ def test_cli_streams_a_converted_file(tmp_path_factory, monkeypatch):
     b = json.loads(bench.out)[0]
     assert b["pi2_flash_bytes_per_token"] > 0 and 0 <= b["pi2_expert_hit_rate"] <= 1
     assert 0 < b["pi2_expert_bytes_per_token_open_clusters"] < b["pi2_expert_bytes_per_token_whole"]
+    assert 0 <= b["pi2_expert_partial_hit_rate"] <= b["pi2_expert_hit_rate"] and 0 <= b["pi2_cluster_hit_rate"] <= 1
+    assert 0 < b["pi2_expert_held_bytes"] <= b["pi2_cache_bytes"] + 4 * plan_experts.slot_bytes(m)
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_slots_sized_to_what_is_read_equal_in_memory(tmp_path_factory, closed):
+    """A cap on the cold slots' bytes (slots hold only what was read into them, the least recently used experts
+    dropped): the same logits as in memory for caps from one 4 KiB page (every expert dropped as soon as it is used)
+    to every expert, each backend, -t 1/2, both rules, with and without the leading clusters read with the gate rows;
+    the slots hold at most the cap but for one step's experts."""
+    m, cm = converted(tmp_path_factory, "Q4_0", closed=closed)
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    slot = plan_experts.slot_bytes(m)
+    ios = backends(m.path)
+    pre = plan_experts.pre_clusters(m)
+    assert pre.shape == (L, X) and (pre >= 0).all()
+    cases = [(4096, "pread", 2), (slot + 4096, ios[-1], 1), (3 * k * slot // 2, "aio", 2), (L * X * slot, "mmap", 1),
+             (2 * k * slot, "uring" if "uring" in ios else "pread", 1)]
+    cases += [(cap, io, 3 - t, pre) for cap, io, t in cases]
+    for rule in ("dense", "relu"):
+        ref = CContext(cm, 64, 1)
+        ref.set_ffn(FFNRule(rule))
+        want = run(ref)
+        for cap, io, threads, *lead in cases:
+            c = CContext(cm, 64, threads)
+            c.set_ffn(FFNRule(rule))
+            c.set_stream(cluster=8, n_slots=0, io=io, n_expert_slots=L * X, expert_cold_bytes=cap,
+                         expert_ahead=cap >= 2 * k * slot, expert_pre=lead[0] if lead else None)
+            got = run(c)
+            for i, (a, b) in enumerate(zip(want, got)):
+                assert np.array_equal(a, b), f"{rule}: cap {cap}, {io}, -t {threads}: step {i} differs"
+            st = c.cache_stats()
+            assert st["expert_held_bytes"] <= max(cap, 0) + k * slot, (rule, cap, st["expert_held_bytes"])
+            if cap == 4096:
+                assert st["expert_evicted"] > 0 and st["expert_slots_held"] <= k
+            if cap >= L * X * slot:
+                assert st["expert_evicted"] == 0
+            assert 0 <= st["expert_cl_found"] <= st["expert_cl_need"]
+            assert st["expert_partial_hits"] <= st["expert_hits"]
+            assert expert_clusters.stats(c) == expert_clusters.stats(ref)
+
+
+def test_slots_hold_more_experts_than_whole_slots_fit(tmp_path_factory):
+    """The point of sizing slots to what is read: at the bytes of n whole slots, a converted file's single tokens
+    under the relu rule (gate rows, then only the open clusters) keep more than n experts resident and find more of
+    them than n whole slots do. Fails if slots go back to whole-expert size."""
+    m, cm = converted(tmp_path_factory, "Q4_0", closed=True)
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    slot, n = plan_experts.slot_bytes(m), 3 * k
+    toks = list(range(1, 60))
+    res = {}
+    for capped in (False, True):
+        c = CContext(cm, 128, 2)
+        c.set_ffn(FFNRule("relu"))
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=L * X if capped else n,
+                     expert_cold_bytes=n * slot if capped else 0)
+        c.decode([3])
+        for t in toks:
+            c.decode([t])
+        res[capped] = c.cache_stats()
+    held, whole = res[True], res[False]
+    assert held["expert_held_bytes"] <= n * slot + k * slot
+    assert held["expert_slots_held"] > n >= whole["expert_slots_held"]
+    assert held["expert_hits"] > whole["expert_hits"]
+    assert held["expert_cl_found"] > whole["expert_cl_found"]
+
+
+def test_plan_sizes_slots_to_what_is_read(tmp_path_factory, monkeypatch):
+    """`pi2 plan --json` on a converted file under the relu rule: a byte cap on the slots, more experts expected in
+    it than whole slots fit, and the expected hit rate from them; under --dense (whole reads) whole slots."""
+    monkeypatch.setattr(plan_experts, "runtime_bounds", lambda model: (96 << 20, 96 << 20))
+    m, cm = converted(tmp_path_factory, "Q4_0", closed=True)
+    p = json.loads(cli("plan", m.path, "-c", "128", "--memory-budget", "1G", "--json").out)
+    floor = p["floor"]
+    budget = f"{(floor + 8 * p['slot_bytes']) >> 20}M"
+    p = json.loads(cli("plan", m.path, "-c", "128", "--memory-budget", budget, "--json").out)
+    assert p["two_phase"] and p["cap"] > 0 and p["cold_bytes"] == p["cap"]
+    assert p["n_effective"] > p["cap"] // p["slot_bytes"] and p["held_each"] < p["slot_bytes"]
+    assert p["n_slots"] >= p["n_effective"]
+    text = cli("plan", m.path, "-c", "128", "--memory-budget", budget).out
+    assert "slots sized to what is read" in text
+
+
+def test_leading_clusters_read_with_the_gate_rows(tmp_path_factory):
+    """`pre_clusters` (hot-first clusters most tokens open) read with a miss's gate rows: the second phase then finds
+    most of its open clusters in the slot (the cluster hit rate rises) and reads fewer times, same logits."""
+    m, cm = converted(tmp_path_factory, "Q4_0", closed=True)
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    pre = plan_experts.pre_clusters(m)
+    assert pre.any()
+    res, logits = {}, {}
+    for lead in (None, pre):
+        c = CContext(cm, 64, 1)
+        c.set_ffn(FFNRule("relu"))
+        c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=1, expert_pre=lead)   # a miss every time
+        c.decode([3])
+        logits[lead is None] = [c.decode([t]) for t in NEXT]
+        res[lead is None] = c.cache_stats()
+    assert all(np.array_equal(a, b) for a, b in zip(logits[True], logits[False]))
+    assert res[False]["expert_cl_found"] > res[True]["expert_cl_found"] == 0

@@ -222,6 +222,14 @@ static pi2_status experts_create(pi2_cache *cache, const pi2_stream_params *p) {
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
     pi2_expert_cache *ec = cache->experts;
     pi2_status s = pi2_expert_cache_init(ec, cache->m, p->n_expert_slots, p->expert_hot);
+    if (!s) pi2_expert_set_cap(ec, p->expert_cold_bytes);
+    if (!s && p->expert_pre && ec->n_cl) {   /* leading clusters read with the gate rows */
+        const size_t N = (size_t)ec->n_layer * (size_t)ec->n_expert;
+        if (!(ec->pre = malloc(N * sizeof *ec->pre)))
+            return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
+        for (size_t i = 0; i < N; i++)
+            ec->pre[i] = p->expert_pre[i] < 0 ? 0 : p->expert_pre[i] > ec->n_cl ? ec->n_cl : p->expert_pre[i];
+    }
     if (s || (s = pi2_expert_learn_init(ec, cache->m->hp.n_expert_used, p->expert_learn))) return s;
     pi2_io_params iop = io_default_params();
     iop.backend = p->backend;
@@ -346,8 +354,16 @@ void pi2_cache_get_stats(const pi2_cache *cache, pi2_cache_stats *out) {
         out->expert_misses = ec->misses;
         out->expert_pinned = ec->slots.n_slots - ec->slots.n_list;
         out->expert_pinned_hits = ec->pinned_hits;
+        out->expert_partial_hits = ec->partial_hits;
+        out->expert_cl_need = ec->cl_need;
+        out->expert_cl_found = ec->cl_found;
+        out->expert_held_bytes = ec->held_total;
+        out->expert_evicted = ec->evicted;
+        out->expert_slots_held = 0;
+        for (int32_t i = 0; i < ec->slots.n_slots; i++) out->expert_slots_held += ec->slots.s_layer[i] >= 0;
         out->bytes_read += ec->bytes_read;
         out->hot_bytes += (int64_t)((size_t)ec->n_hot * ec->slot_bytes);
-        out->arena_bytes += (int64_t)((size_t)(ec->n_hot + ec->slots.n_slots) * ec->slot_bytes);
+        out->arena_bytes += (int64_t)((size_t)ec->n_hot * ec->slot_bytes) +
+                            (ec->cap ? ec->cap : (int64_t)((size_t)ec->slots.n_slots * ec->slot_bytes));
     }
 }

@@ -105,6 +105,10 @@ void pi2_expert_cache_free(pi2_expert_cache *ec) {
     free(ec->score);
     free(ec->want);
     free(ec->order);
+    free(ec->held);
+    free(ec->mark);
+    free(ec->pages);
+    free(ec->pre);
     memset(ec, 0, sizeof *ec);
 }
 
@@ -137,6 +141,12 @@ pi2_status pi2_expert_cache_init(pi2_expert_cache *ec, const pi2_model *m, int32
         ec->hot_of[i] = is_hot ? ec->n_hot++ : -1;
     }
     if ((s = pi2_slots_init(&ec->slots, n_slots, L, X))) return s;
+    ec->held = calloc((size_t)n_slots, sizeof *ec->held);
+    ec->mark = calloc((size_t)n_slots, sizeof *ec->mark);
+    ec->page_words = (int32_t)((ec->slot_bytes / PI2_IO_ALIGN + 7) / 8);
+    ec->pages = calloc((size_t)n_slots, (size_t)ec->page_words);
+    if (!ec->held || !ec->mark || !ec->pages) return pi2_set_error(PI2_ERR_NOMEM, "out of memory for the expert cache");
+    ec->epoch = 1;
     if (posix_memalign((void **)&ec->arena, PI2_IO_ALIGN, (size_t)n_slots * ec->slot_bytes)) {
         ec->arena = NULL;
         return pi2_set_error(PI2_ERR_NOMEM, "out of memory for %d expert slots of %zu bytes", (int)n_slots,

@@ -47,6 +47,18 @@ typedef struct pi2_expert_cache {
     void *order;                        /* [n_layer·n_expert] scratch of the choice */
     int64_t learn_tokens;               /* tokens routed since the cache was made */
     int64_t pinned_hits;                /* of hits: found in a pinned slot */
+    /* bytes held (slots sized to what is read: held.c) */
+    int64_t cap;                        /* > 0: the cold slots hold at most this many bytes read, but for the slots
+                                         * of the current step; 0: no limit but the slot count */
+    int64_t held_total;                 /* bytes of the cold slots' pages reads have filled (resident) */
+    int64_t *held;                      /* [slots.n_slots] ... of each slot */
+    uint8_t *pages;                     /* [slots.n_slots][page_words] bit per 4 KiB page of the slot: filled */
+    int32_t page_words;                 /* bytes of a slot's page bitmap */
+    int32_t n_resident;                 /* slots with pages (held > 0) */
+    int64_t *mark;                      /* [slots.n_slots] the step that last used the slot (epoch: in use) */
+    int64_t epoch;                      /* the current step (a layer's need; the next one's guesses are epoch + 1) */
+    int64_t partial_hits, cl_need, cl_found, evicted;   /* statistics */
+    int32_t *pre;                       /* [n_layer][n_expert] leading clusters read with the gate rows, or NULL */
 } pi2_expert_cache;
 
 /* 1 when layer il has streamed experts. */
@@ -83,6 +95,23 @@ pi2_status pi2_expert_slot_bytes(const pi2_model *m, int64_t *out);
  * records are filled by the caller (pi2_cache_create). PI2_ERR_NOMEM, PI2_ERR_INVALID, PI2_ERR_UNSUPPORTED. */
 pi2_status pi2_expert_cache_init(pi2_expert_cache *ec, const pi2_model *m, int32_t n_slots, const uint8_t *hot);
 void pi2_expert_cache_free(pi2_expert_cache *ec);
+
+/* Slots sized to what is read (experts_held.c). Under a cap, a slot's resident pages are only the ones reads filled;
+ * the least recently used slots give their pages back (MADV_DONTNEED) to keep the cap, so it holds as many experts
+ * as their read bytes allow (a converted file: gate rows and only the clusters tokens opened), not as many as whole
+ * slots fit. A slot taken for another expert keeps its pages (its reads land in pages already there: no faults).
+ * pi2_expert_take: a slot for expert e of layer il, not in use (its old expert forgotten): under a cap, the least
+ * recently used slot without pages while another slot's worth of pages fits, else the least recently used one with
+ * pages (reused); without a cap the LRU's tail; forget: the slot holds no
+ * expert; charge: `len` bytes are being read into `slot` at `dest`, then the least recently used slots not in use
+ * (mark < epoch) give their pages back while the slots hold more than the cap (the learned pinned ones last);
+ * room: how many whole experts a step may need at once. */
+int32_t pi2_expert_take(pi2_expert_cache *ec, int32_t il, int32_t e);
+void pi2_expert_forget(pi2_expert_cache *ec, int32_t slot);
+void pi2_expert_charge(pi2_expert_cache *ec, int32_t slot, const uint8_t *dest, int64_t len);
+int32_t pi2_expert_room(const pi2_expert_cache *ec);
+/* Set the cap (bytes, 0: none) of a cache just made: the slots' pages not read yet are never touched. */
+void pi2_expert_set_cap(pi2_expert_cache *ec, int64_t cap);
 
 /* Learned hot experts (experts_learn.c). Every routed row counts for its expert; at each token step the n_learn
  * most routed cold experts (decayed counts) are wanted, and a wanted expert's slot is pinned (kept out of the LRU)

@@ -26,7 +26,9 @@ static int by_score(const void *a, const void *b) {
 pi2_status pi2_expert_learn_init(pi2_expert_cache *ec, int32_t k, int32_t on) {
     const size_t N = (size_t)ec->n_layer * (size_t)ec->n_expert;
     const int32_t keep = 2 * k > k + 1 ? 2 * k : k + 1;   /* LRU slots left: misses of a step and guesses */
-    ec->n_learn = on && ec->slots.n_slots > keep ? ec->slots.n_slots - keep : 0;
+    int64_t fit = ec->slots.n_slots;   /* under a cap: the whole experts it holds */
+    if (ec->cap && ec->cap / (int64_t)ec->slot_bytes < fit) fit = ec->cap / (int64_t)ec->slot_bytes;
+    ec->n_learn = on && fit > keep ? (int32_t)(fit - keep) : 0;
     if (!ec->n_learn) return PI2_OK;
     ec->score = calloc(N, sizeof *ec->score);
     ec->want = calloc(N, 1);

@@ -85,6 +85,19 @@ void pi2_slots_forget(pi2_slots *pool, int32_t slot) {
     pi2_slots_unpin(pool, slot);
 }
 
+void pi2_slots_to_front(pi2_slots *pool, int32_t slot) {
+    if (!pool->pinned[slot]) to_front(pool, slot);
+}
+
+void pi2_slots_to_tail(pi2_slots *pool, int32_t slot) {
+    if (pool->pinned[slot] || pool->tail == slot) return;
+    unlink_slot(pool, slot);
+    pool->prev[slot] = pool->tail;
+    pool->next[slot] = -1;
+    if (pool->tail >= 0) pool->next[pool->tail] = slot; else pool->head = slot;
+    pool->tail = slot;
+}
+
 int32_t pi2_slots_take(pi2_slots *pool, int32_t il, int32_t cl) {
     const int32_t slot = pool->tail;
     pi2_slots_forget(pool, slot);

@@ -37,6 +37,9 @@ void pi2_slots_forget(pi2_slots *pool, int32_t slot);
 void pi2_slots_pin(pi2_slots *pool, int32_t slot);
 /* Put a pinned slot back into the list at its tail (the next to reuse). */
 void pi2_slots_unpin(pi2_slots *pool, int32_t slot);
+/* Move an unpinned slot to the list's front (the last one take reuses) or to its tail (the next one). */
+void pi2_slots_to_front(pi2_slots *pool, int32_t slot);
+void pi2_slots_to_tail(pi2_slots *pool, int32_t slot);
 /* Every slot holds nothing (none pinned). */
 void pi2_slots_clear(pi2_slots *pool);
 /* 0 when the invariants hold (one LRU list over every unpinned slot; pinned slots hold a cluster; slot_of and

@@ -23,7 +23,8 @@ pi2_status pi2_experts_init(pi2_pipeline *pl) {
     ex->req_need = malloc((size_t)ex->cap * sizeof *ex->req_need);
     ex->pending = calloc(X, sizeof *ex->pending);
     ex->ahead = calloc(X, 1);
-    int ok = ex->reqs && ex->req_e && ex->req_need && ex->pending && ex->ahead;
+    ex->found = calloc(X, 1);
+    int ok = ex->reqs && ex->req_e && ex->req_need && ex->pending && ex->ahead && ex->found;
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) ok = ok && (ex->rows[w] = calloc(X, sizeof *ex->rows[w]));
     return ok ? PI2_OK : pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
 }
@@ -37,6 +38,7 @@ void pi2_experts_free(pi2_pipeline *pl) {
     free(ex->req_need);
     free(ex->pending);
     free(ex->ahead);
+    free(ex->found);
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) free(ex->rows[w]);
     free(ex);
     pl->experts = NULL;
@@ -44,7 +46,7 @@ void pi2_experts_free(pi2_pipeline *pl) {
 
 int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl) { return pl->experts && pl->experts->ahead_on; }
 
-int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl) { return pl->cache->experts->slots.n_list; }
+int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl) { return pi2_expert_room(pl->cache->experts); }
 
 const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w) {
     return (const uint8_t *const *)pl->experts->rows[w];
@@ -66,11 +68,11 @@ void pi2_pipeline_expert_step(pi2_pipeline *pl, int32_t il, int32_t n_tok, const
 /* After an error, or reads of a layer left unreaped: wait for what is in flight, forget the experts listed. */
 static void drain(pi2_pipeline *pl) {
     expert_reads *ex = pl->experts;
-    pi2_slots *slots = &pl->cache->experts->slots;
+    pi2_expert_cache *ec = pl->cache->experts;
     pi2_cache_reap_all(pl->cache);
     for (int32_t i = 0; i < ex->n_req; i++) {
-        const int32_t slot = pi2_slots_holding(slots, ex->layer, ex->req_e[i]);
-        if (slot >= 0) pi2_slots_forget(slots, slot);
+        const int32_t slot = pi2_slots_holding(&ec->slots, ex->layer, ex->req_e[i]);
+        if (slot >= 0) pi2_expert_forget(ec, slot);
     }
     ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
     ex->ahead_layer = -1;
@@ -85,7 +87,11 @@ static pi2_status submit(pi2_pipeline *pl) {
     return s;
 }
 
-static void add_req(expert_reads *ex, int32_t e, int64_t start, int64_t end, int64_t need, uint8_t *dest) {
+/* List a read of [start, end) for expert e into `slot` at dest: its bytes held by the slot from now on. */
+static void add_req(pi2_pipeline *pl, int32_t slot, int32_t e, int64_t start, int64_t end, int64_t need,
+                    uint8_t *dest) {
+    expert_reads *ex = pl->experts;
+    pi2_expert_charge(pl->cache->experts, slot, dest, end - start);
     const int32_t i = ex->n_req++;
     ex->reqs[i] = (pi2_io_request){.offset = (uint64_t)start, .length = (uint64_t)(end - start), .dest = dest,
                                    .user = (uint64_t)i};
@@ -93,17 +99,23 @@ static void add_req(expert_reads *ex, int32_t e, int64_t start, int64_t end, int
     ex->req_need[i] = need;
 }
 
-/* A converted file's expert e of layer il in `slot`: list reads of its clusters with want[c] (NULL: all) that are not
- * present, adjacent ones merged into one 4 KiB-aligned read, and mark what they hold present; the reads listed. */
-static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t slot, const uint8_t *want) {
+/* A converted file's expert e of layer il in `slot`: list reads of its clusters before `upto` with want[c] (NULL: all)
+ * that are not present, adjacent ones merged into one 4 KiB-aligned read, and mark what they hold present; the reads
+ * listed. `count`: the clusters wanted count in the cluster hit rate (not a prefetch's). */
+static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t slot, const uint8_t *want, int32_t upto,
+                             int count) {
     pi2_expert_cache *ec = pl->cache->experts;
-    expert_reads *ex = pl->experts;
     uint8_t *present = pi2_expert_present(ec, slot);
     int64_t s0, s1;
     pi2_expert_span(ec, il, e, PI2_EXPERT_UP, &s0, &s1, NULL);
     uint8_t *dest = pi2_expert_slot(ec, slot) + ec->span_at[PI2_EXPERT_UP] - s0;
     int32_t n = 0;
-    for (int32_t c = 0; c < ec->n_cl;) {
+    for (int32_t c = 0; count && c < upto; c++)   /* the byte hit rate: clusters needed, of which present */
+        if (!want || want[c]) {
+            ec->cl_need++;
+            ec->cl_found += present[c];
+        }
+    for (int32_t c = 0; c < upto;) {
         if (present[c] || (want && !want[c])) {
             c++;
             continue;
@@ -112,18 +124,18 @@ static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t sl
         int64_t start, end, need;
         int32_t f0, f1;
         for (;;) {
-            while (c1 < ec->n_cl && !present[c1] && (!want || want[c1])) c1++;
+            while (c1 < upto && !present[c1] && (!want || want[c1])) c1++;
             pi2_expert_cluster_span(ec, il, e, c, c1, &start, &end, &need, &f0, &f1);
             int32_t next = c1;
-            while (next < ec->n_cl && (present[next] || (want && !want[next]))) next++;
-            if (next >= ec->n_cl) break;
+            while (next < upto && (present[next] || (want && !want[next]))) next++;
+            if (next >= upto) break;
             int64_t ns, ne, nn;
             int32_t g0, g1;
             pi2_expert_cluster_span(ec, il, e, next, next + 1, &ns, &ne, &nn, &g0, &g1);
             if (ns > end) break;
             c1 = next + 1;
         }
-        add_req(ex, e, start, end, need, dest + start);
+        add_req(pl, slot, e, start, end, need, dest + start);
         for (int32_t q = f0 < c ? f0 : c; q < (f1 > c1 ? f1 : c1); q++) present[q] = 1;
         n++;
         c = c1;
@@ -132,11 +144,13 @@ static int32_t list_clusters(pi2_pipeline *pl, int32_t il, int32_t e, int32_t sl
 }
 
 /* List the reads of expert e of layer il into the least recently used slot (three slices, or a converted file's gate
- * rows and bundles; under `partial` only the gate rows of a converted file's expert); the slot. */
-static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e) {
+ * rows and bundles; under `partial` only the gate rows of a converted file's expert), marked in use by step `mark`;
+ * the slot. */
+static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e, int64_t mark) {
     pi2_expert_cache *ec = pl->cache->experts;
     expert_reads *ex = pl->experts;
-    const int32_t slot = pi2_slots_take(&ec->slots, il, e);
+    const int32_t slot = pi2_expert_take(ec, il, e);
+    ec->mark[slot] = mark;
     const int bundled = ec->layers[il].down_at != 0;
     int32_t n = 0;
     if (bundled) memset(pi2_expert_present(ec, slot), 0, (size_t)ec->n_cl);
@@ -144,10 +158,11 @@ static int32_t list_reads(pi2_pipeline *pl, int32_t il, int32_t e) {
         if (!pi2_expert_has_slice(ec, il, w) || (bundled && w == PI2_EXPERT_UP)) continue;
         int64_t start, end, need;
         pi2_expert_span(ec, il, e, w, &start, &end, &need);
-        add_req(ex, e, start, end, need, pi2_expert_slot(ec, slot) + ec->span_at[w]);
+        add_req(pl, slot, e, start, end, need, pi2_expert_slot(ec, slot) + ec->span_at[w]);
         n++;
     }
-    if (bundled && !ex->partial) n += list_clusters(pl, il, e, slot, NULL);
+    if (bundled && !ex->partial) n += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);
+    else if (bundled && ec->pre) n += list_clusters(pl, il, e, slot, NULL, ec->pre[(size_t)il * ec->n_expert + e], 0);
     ex->pending[e] = n;
     return slot;
 }
@@ -168,14 +183,14 @@ pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_
     expert_reads *ex = pl->experts;
     const int32_t X = ec->n_expert;
     if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il) || ex->n_wait < ex->n_req) return PI2_OK;
-    if (2 * n > ec->slots.n_list) return PI2_OK;   /* the guesses and the token's other misses must both fit */
+    if (2 * n > pi2_expert_room(ec)) return PI2_OK;   /* the guesses and the token's other misses must both fit */
     ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
     ex->layer = il;
     memset(ex->ahead, 0, (size_t)X);
     for (int32_t i = 0; i < n; i++) {
         const int32_t e = experts[i];
         if (ec->hot_of[(size_t)il * X + e] >= 0 || pi2_slots_holding(&ec->slots, il, e) >= 0) continue;
-        list_reads(pl, il, e);
+        list_reads(pl, il, e, ec->epoch + 1);   /* in use from the next step on */
         ex->n_ahead++;
         ex->ahead[e] = 1;
         pl->cache->st.expert_ahead++;
@@ -197,7 +212,7 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
     /* Takes reuse the LRU's tail. The slots this need uses and the guesses in flight are at the list's front (pinning
      * takes one of them out of it, unpinning puts a slot at its tail), so the tail is neither while n plus the
      * guesses fit the list; else the guesses land first. */
-    const int32_t room = ec->slots.n_list;
+    const int32_t room = pi2_expert_room(ec);
     if (ahead && n + ex->n_ahead > room) {
         const pi2_status s = finish(pl);
         if (s) return s;
@@ -210,7 +225,9 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
     }
     const int whole = ec->layers[il].down_at && !ex->partial;   /* a converted file's experts, all clusters needed */
     ex->layer = il;
+    ec->epoch++;   /* a new step: the slots it uses are marked in use (ones guessed for it already are) */
     memset(ready, 1, (size_t)X);
+    memset(ex->found, 0, (size_t)X);
     int32_t cold = 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t e = experts[i], h = ec->hot_of[(size_t)il * X + e];
@@ -228,19 +245,22 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
                                  (int)il, (int)room);
         }
         slot = pi2_slots_find(&ec->slots, il, e);
+        if (slot >= 0) ec->mark[slot] = ec->epoch;
         if (slot >= 0 && ex->ahead[e] == 1) {   /* guessed right: its reads are in flight or landed */
             ex->ahead[e] = 2;
             ec->misses++;
             pl->cache->st.expert_ahead_used++;
-            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL);   /* guessed under partial */
+            if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);   /* guessed: partial */
             ready[e] = ex->pending[e] == 0;
         } else if (slot >= 0) {
             ec->hits++;
             ec->pinned_hits += pinned;
-            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL) : 0;   /* clusters a partial read left */
+            ex->found[e] = 1;
+            ex->pending[e] = whole ? list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1) : 0;   /* a partial read's */
+            ec->partial_hits += ex->pending[e] > 0;
             ready[e] = ex->pending[e] == 0;
         } else {
-            slot = list_reads(pl, il, e);
+            slot = list_reads(pl, il, e, ec->epoch);
             ec->misses++;
             ready[e] = 0;
         }
@@ -264,7 +284,7 @@ static pi2_status check_done(pi2_pipeline *pl, const pi2_io_completion *c) {
     ec->bytes_read += (int64_t)ex->reqs[i].length;
     if ((c->error && c->error != ENODATA) || c->nbytes < need - start) {
         const int32_t slot = pi2_slots_holding(&ec->slots, ex->layer, e);
-        if (slot >= 0) pi2_slots_forget(&ec->slots, slot);
+        if (slot >= 0) pi2_expert_forget(ec, slot);
         return pi2_set_io_error(c->error ? c->error : ENODATA, cache->path, "reading expert %d of layer %d at offset "
                                 "%lld of %s: %s", (int)e, (int)ex->layer, (long long)start, cache->path,
                                 c->error ? strerror(c->error) : "short read");
@@ -312,8 +332,10 @@ pi2_status pi2_pipeline_expert_clusters(pi2_pipeline *pl, int32_t il, int32_t e,
     const int32_t slot = ec->hot_of[(size_t)il * ec->n_expert + e] >= 0 ? -1 : pi2_slots_holding(&ec->slots, il, e);
     if (slot < 0 || !ec->layers[il].down_at || ex->layer != il) return PI2_OK;   /* resident: every cluster is */
     if (ex->n_wait == ex->n_req) ex->t_submit = pi2_now();
-    const int32_t n = list_clusters(pl, il, e, slot, want);
+    const int32_t n = list_clusters(pl, il, e, slot, want, ec->n_cl, 1);
     if (!n) return PI2_OK;
+    ec->partial_hits += ex->found[e];   /* found, but lacking clusters the token opened */
+    ex->found[e] = 0;
     ex->pending[e] += n;
     *ready = 0;
     return submit(pl);

@@ -41,6 +41,7 @@ typedef struct {               /* a MoE layer's expert reads (experts.c) */
     int32_t *pending;          /* [n_expert] slices each listed expert of the layer still waits for */
     const uint8_t **rows[PI2_EXPERT_SLICES];   /* [n_expert] where each needed expert's slices are */
     uint8_t *ahead;            /* [n_expert] 1: read ahead (a guess) and not needed yet, 2: ... and needed */
+    uint8_t *found;            /* [n_expert] 1: the step found the expert in a slot (a hit; partial if it reads) */
     int32_t ahead_layer;       /* the layer whose guessed experts are in reqs, or -1 */
     int32_t ahead_on;          /* pi2_stream_params.expert_ahead */
     double t_submit;

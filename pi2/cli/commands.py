@@ -221,11 +221,16 @@ def verbose_report(session) -> None:
         return
     st = session.ctx.stream_stats()
     if getattr(plan, "kind", "") == "experts":   # a MoE file's expert cache
+        slots = (f"{plan.cap / 2**20:.0f} MiB of LRU slots sized to what is read ({plan.n_slots} slots, holding "
+                 f"{st['expert_held_bytes'] / 2**20:.0f} MiB now" if plan.cap else
+                 f"{plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots (")
         print(f"pi2: experts: budget {plan.budget / 2**20:.0f} MiB, {plan.n_hot} hot ({st['hot_bytes'] / 2**20:.1f} "
-              f"MiB), {plan.n_slots} x {plan.slot_bytes // 1024} KiB LRU slots ({st['experts_learned']} of them "
-              f"pinned for hot experts learned while running), io {plan.io}", file=sys.stderr)
+              f"MiB), {slots}; {st['experts_learned']} of them pinned for hot experts learned while running), "
+              f"io {plan.io}", file=sys.stderr)
         print(f"pi2: experts: {st['experts_loaded_per_token']:.2f} per token and layer, hit rate "
-              f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}), flash "
+              f"{st['expert_hit_rate']:.1%} (cold {st['cold_hit_rate']:.1%}; partial "
+              f"{st['expert_partial_hit_rate']:.1%}: "
+              f"found, clusters read; clusters found {st['cluster_hit_rate']:.1%}), flash "
               f"{st['flash_bytes_per_token'] / 2**20:.2f} MiB/token, read {st['read_mbps']:.0f} MB/s, I/O wait "
               f"{st['io_wait_share']:.1%} of decode, peak RSS {peak_rss() / 2**20:.0f} MiB"
               + (f", routing ahead {st['expert_ahead_hit_rate']:.1%} right" if plan.ahead else ""), file=sys.stderr)

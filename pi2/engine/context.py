@@ -230,6 +230,11 @@ class CContext:
                 if d["expert_ahead"] else 0.0,
                 "experts_learned": st["expert_pinned"],
                 "learned_hit_share": round(d["expert_pinned_hits"] / need, 4) if need else 0.0,
+                "expert_partial_hit_rate": round(d["expert_partial_hits"] / need, 4) if need else 0.0,
+                "cluster_hit_rate": round(d["expert_cl_found"] / d["expert_cl_need"], 4)
+                if d["expert_cl_need"] else 0.0,
+                "expert_held_bytes": st["expert_held_bytes"], "experts_held": st["expert_slots_held"],
+                "experts_evicted": d["expert_evicted"],
                 "flash_bytes_per_token": int(d["bytes_read"] / d["decoded"]) if d["decoded"] else 0,
                 "io_wait_share": round(d["io_wait_s"] / d["decode_s"], 4) if d["decode_s"] > 0 else 0.0,
                 "read_mbps": round(d["bytes_read"] / d["read_s"] / 1e6, 1) if d["read_s"] > 0 else 0.0,
@@ -262,7 +267,7 @@ class CContext:
     def set_stream(self, cluster: int, n_slots: int, n_hot=None, io: str = "pread", queue_depth: int = 32,
                    direct: bool = True, stream_gate: bool = False, n_gate_slots: int = 0, n_gate_hot=None,
                    n_early=None, n_expert_slots: int = 0, expert_hot=None, expert_ahead: bool = False,
-                   expert_learn: bool = False) -> None:
+                   expert_learn: bool = False, expert_cold_bytes: int = 0, expert_pre=None) -> None:
         """Serve the FFN bundles from a neuron cache (csrc/cache/, read by csrc/pipeline/): n_hot[L] resident neurons per layer, n_slots
         cold cluster slots of `cluster` neurons, reads by backend `io` (a resolved name, not auto). stream_gate: the
         gate rows too (two-phase loading under the predicted rule), n_gate_hot[L] resident, n_gate_slots slots.
@@ -270,7 +275,9 @@ class CContext:
         A MoE file streams its experts instead: n_expert_slots cold expert slots, expert_hot[L][X] (bool) resident
         experts, expert_ahead: guess the next layer's experts and read them ahead, expert_learn: learn hot experts
         while running (the cold slots of the most routed experts pinned, all but 2·k; cluster, n_slots and the gate
-        settings are ignored)."""
+        settings are ignored), expert_cold_bytes > 0: the cold slots hold at most this many bytes read (a converted
+        file's slot only its gate rows and the clusters read into it), the least recently used experts dropped;
+        expert_pre[L][X]: a converted file's leading bundle clusters read with an expert's gate rows (two phases)."""
         L = self.cfg.n_layer
         hot = np.ascontiguousarray(np.zeros(L) if n_hot is None else n_hot, np.int32)
         ghot = np.ascontiguousarray(np.zeros(L) if n_gate_hot is None else n_gate_hot, np.int32)
@@ -287,13 +294,17 @@ class CContext:
         p.n_expert_slots = n_expert_slots
         p.expert_ahead = int(expert_ahead)
         p.expert_learn = int(expert_learn)
+        p.expert_cold_bytes = int(expert_cold_bytes)
+        if expert_pre is not None:
+            self._stream_expert_pre = np.ascontiguousarray(expert_pre, np.int32)
+            p.expert_pre = ffi.from_buffer("int32_t[]", self._stream_expert_pre)
         if expert_hot is not None:
             self._stream_expert_hot = np.ascontiguousarray(expert_hot, np.uint8)
             p.expert_hot = ffi.from_buffer("uint8_t[]", self._stream_expert_hot)
         check(lib.pi2_ctx_set_stream(self._h, p))
         self.stream = {"cluster": cluster, "n_slots": n_slots, "io": io, "queue_depth": queue_depth,
                        "stream_gate": bool(stream_gate), "n_gate_slots": n_gate_slots if stream_gate else 0,
-                       "n_expert_slots": n_expert_slots}
+                       "n_expert_slots": n_expert_slots, "expert_cold_bytes": int(expert_cold_bytes)}
         self._stream_prev = None
         self.stream_stats()      # the figures start after the hot prefixes were read
 
@@ -301,7 +312,9 @@ class CContext:
                     "arena_bytes", "hot_bytes", "gate_hot", "gate_hits", "gate_misses", "gate_bytes_read",
                     "gate_layer_loads", "gate_arena_bytes", "gate_hot_bytes", "early_reads", "early_unused",
                     "layer_loads_ahead", "expert_hot", "expert_hits", "expert_misses", "expert_ahead",
-                    "expert_ahead_used", "expert_rows", "expert_pinned", "expert_pinned_hits")
+                    "expert_ahead_used", "expert_rows", "expert_pinned", "expert_pinned_hits", "expert_partial_hits",
+                    "expert_cl_need", "expert_cl_found", "expert_held_bytes", "expert_evicted",
+                    "expert_slots_held")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

@@ -36,6 +36,7 @@ SLICES = ("gate", "up", "down")
 STREAMED = re.compile(r"\.ffn_(gate|up|down|bundle)_exps\.")   # read into slots; a converted file's scales stay mapped
 MIN_COLD_PER_K = 2      # cold slots kept at least 2·k when hot experts are chosen: a token's misses and the next's
 MIN_RUN_TOKENS = 64     # a run adds its routing to the profile from this many tokens on (fewer say little)
+PRE_OPEN = 0.5          # two phases: leading clusters a token opens at least this often are read with the gate rows
 
 
 def _align_up(n: int) -> int:
@@ -97,10 +98,11 @@ def two_phase_ok(model) -> bool:
         for il in range(c.n_layer) if expert_bundles.has_bundles(model, il)))
 
 
-def open_read_bytes(model) -> list | None:
+def open_read_bytes(model, uses: int = 1) -> list | None:
     """A converted file, per expert layer: the expected bytes of a miss that reads the gate rows and then only the
     clusters of CLUSTER neurons with an open one (neurons independent, each open with its ffn_freq_exps frequency,
-    experts weighted by their routed calibration rows); None for a plain MoE file."""
+    experts weighted by their routed calibration rows); with uses > 1 the clusters any of that many tokens opened
+    (what a cached expert's slot holds after them); None for a plain MoE file."""
     c = model.config
     if not c.expert_bundles:
         return None
@@ -114,9 +116,31 @@ def open_read_bytes(model) -> list | None:
         pad = np.zeros((c.n_expert, n_cl * CLUSTER), np.float64)
         pad[:, :c.n_ff_exp] = freq
         p_open = 1.0 - np.prod(1.0 - pad.reshape(c.n_expert, n_cl, CLUSTER), axis=2)    # [X][clusters]
+        p_open = 1.0 - (1.0 - p_open) ** uses
         w = routed / routed.sum() if routed.sum() > 0 else np.full(c.n_expert, 1.0 / c.n_expert)
         width = b[1] // c.n_ff_exp
         out.append(_span(b[0]) + float((w * p_open.sum(axis=1)).sum()) * CLUSTER * width)
+    return out
+
+
+def pre_clusters(model, p_min: float = PRE_OPEN) -> np.ndarray | None:
+    """A converted file: per layer and expert, how many of its leading bundle clusters (hot-first neurons) a token
+    opens with probability p_min or more each (from ffn_freq_exps, neurons independent): read with the expert's gate
+    rows, so the second phase finds them; [n_layer][n_expert] int32, None for a plain MoE file."""
+    c = model.config
+    if not c.expert_bundles:
+        return None
+    n_cl = -(-c.n_ff_exp // CLUSTER)
+    out = np.zeros((c.n_layer, c.n_expert), np.int32)
+    for il, b in enumerate(expert_layers(model)):
+        if not b:
+            continue
+        freq = model.raw(f"blk.{il}.ffn_freq_exps.weight").view(np.float32).reshape(c.n_expert, c.n_ff_exp)
+        pad = np.zeros((c.n_expert, n_cl * CLUSTER), np.float64)
+        pad[:, :c.n_ff_exp] = freq
+        p_open = 1.0 - np.prod(1.0 - pad.reshape(c.n_expert, n_cl, CLUSTER), axis=2)
+        low = p_open < p_min
+        out[il] = np.where(low.any(axis=1), low.argmax(axis=1), n_cl)   # the run before the first unlikely one
     return out
 
 
@@ -240,6 +264,10 @@ class ExpertPlan:
     read_bytes_each: float = 0.0   # the read size the device profile's throughput is looked up at
     n_slices: int = 3              # spans of a slot (a converted file: gate rows and bundles)
     up: int = 0                 # the runtime's RSS rounded up less rounded down (runtime_bounds): printed, not checked
+    cap: int = 0                # two phases: bytes the cold slots may hold (slots sized to what is read), else 0
+    held_each: float = 0.0      # ... expected bytes a cached expert's slot holds (gate rows + clusters of 2 tokens)
+    n_effective: int = 0        # ... experts the cap is expected to hold (the hit rate's LRU size)
+    pre: np.ndarray | None = None   # ... [n_layer][n_expert] leading clusters read with the gate rows (pre_clusters)
 
     @property
     def min_slots(self) -> int:
@@ -261,7 +289,8 @@ class ExpertPlan:
     @property
     def n_learn(self) -> int:
         """Cold slots that may hold hot experts learned while running (csrc/cache/experts_learn.c: all but 2·k)."""
-        return max(0, self.n_slots - max(2 * self.k, self.k + 1)) if self.learn else 0
+        fit = min(self.n_slots, self.cap // self.slot_bytes) if self.cap else self.n_slots   # as the C cache
+        return max(0, fit - max(2 * self.k, self.k + 1)) if self.learn else 0
 
     @property
     def hot_bytes(self) -> int:
@@ -269,12 +298,13 @@ class ExpertPlan:
 
     @property
     def cold_bytes(self) -> int:
-        return self.n_slots * self.slot_bytes
+        return self.cap or self.n_slots * self.slot_bytes
 
     def stream_args(self) -> dict:
         return {"cluster": 8, "n_slots": 0, "io": self.io, "queue_depth": self.queue_depth,
                 "n_expert_slots": self.n_slots, "expert_hot": self.hot.astype(np.uint8) if self.n_hot else None,
-                "expert_ahead": self.ahead, "expert_learn": self.learn}
+                "expert_ahead": self.ahead, "expert_learn": self.learn, "expert_cold_bytes": self.cap,
+                "expert_pre": self.pre}
 
     @property
     def read_size(self) -> int:
@@ -308,13 +338,20 @@ class ExpertPlan:
                 f"hot experts        {fmt(self.hot_bytes)}: {self.n_hot} of {total} resident"
                 + (" (the routing profile's most used)" if self.n_hot else
                    " (no routing profile: `pi2 profile-experts MODEL` makes one)" if not self.profiled else ""),
-                f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
-                f"LRU shared by all layers ({(self.n_slots + self.n_hot) / max(total, 1):.1%} of the experts held; "
-                f"at least {self.min_slots} slots)"
+                (f"expert cache       {fmt(self.cap)} of slots sized to what is read: about {self.n_effective} "
+                 f"experts of {fmt(int(self.held_each))} (gate rows + the clusters tokens opened; whole "
+                 f"{fmt(self.slot_bytes)}), LRU shared by all layers "
+                 f"({(self.n_effective + self.n_hot) / max(total, 1):.1%} of the experts held; {self.n_slots} slots)"
+                 if self.cap else
+                 f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
+                 f"LRU shared by all layers ({(self.n_slots + self.n_hot) / max(total, 1):.1%} of the experts held; "
+                 f"at least {self.min_slots} slots)")
                 + (f"; up to {self.n_learn} keep the most routed experts, learned while running"
                    if self.n_learn and self.n_slots < total else ""),
                 f"I/O                {self.io}, queue depth {self.queue_depth}, O_DIRECT; next layer's experts "
-                f"guessed and read ahead: {'yes' if self.ahead else 'no'}",
+                f"guessed and read ahead: {'yes' if self.ahead else 'no'}"
+                + (f"; with the gate rows, an expert's first {self.as_dict()['pre_clusters']:.0f} clusters on average "
+                   f"(opened by most tokens)" if self.pre is not None and self.pre.any() else ""),
                 f"hit rate           {self.hit_rate:.1%} expected ("
                 + ("routing profile" if self.profiled else "uniform routing: a worst case") + ")",
                 f"flash per token    {fmt(self.flash_bytes)} expected ({self.k} experts x {self.n_layers} layers x "
@@ -327,7 +364,10 @@ class ExpertPlan:
                                            "queue_depth", "expert_bytes", "hit_rate", "flash_bytes", "read_mbps",
                                            "io_bound_tps", "profiled", "ahead", "learn", "n_learn", "two_phase")}
         d.update(floor=self.minimum, cold_bytes=self.cold_bytes, n_expert=self.n_expert, k=self.k,
-                 n_layers=self.n_layers, miss_bytes=int(self.miss_bytes), whole_miss_bytes=int(self.whole_bytes))
+                 n_layers=self.n_layers, miss_bytes=int(self.miss_bytes), whole_miss_bytes=int(self.whole_bytes),
+                 cap=self.cap, held_each=int(self.held_each), n_effective=self.n_effective or self.n_slots,
+                 pre_clusters=round(float(self.pre[self.pre > 0].mean()), 2) if self.pre is not None and
+                 (self.pre > 0).any() else 0.0)
         return d
 
 
@@ -384,7 +424,16 @@ def make_expert_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io:
         hot &= mask
         n_cold = n_total - int(hot.sum())
     p.hot, p.n_slots = hot, int(max(n_cold, p.min_slots))
-    p.hit_rate = _hit_rate(freq, hot, p.n_slots, p.k)
+    n_lru = p.n_slots
+    if p.two_phase:   # slots sized to what is read: the bytes left hold as many experts as their read bytes allow
+        p.cap = int(budget - (p.floor - p.min_slots * p.slot_bytes) - p.hot_bytes)
+        p.held_each = float(np.mean(open_read_bytes(model, uses=2)))
+        room = n_layers * c.n_expert - p.n_hot
+        p.n_effective = int(max(p.min_slots, min(room, p.cap // max(p.held_each, 1.0))))
+        least = _span(min(b[0] for b in layers if b)) + ALIGN      # gate rows and one page of clusters
+        p.n_slots, n_lru = int(max(p.n_effective, min(room, p.cap // least))), p.n_effective
+        p.pre = pre_clusters(model)
+    p.hit_rate = _hit_rate(freq, hot, n_lru, p.k)
     p.flash_bytes = int(round(n_layers * p.k * (1 - p.hit_rate) * p.miss_bytes))
     p.read_mbps, p.profile_note = cached_throughput(model.path, _align_up(int(p.read_bytes_each)) if reads else ALIGN,
                                                     p.queue_depth)

@@ -41,6 +41,7 @@ static int32_t pk_prefetch;
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
 #include "x86_q5k_body.h"
+#include "x86_q5k_z_body.h"
 #include "x86_q5_1_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
@@ -230,7 +231,10 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q5_K].vec_dot_batch = vnni ? q5_K_tiled_dot_vnni : q5_K_tiled_dot_avx2;
     t[PI2_T_Q5_K].vec_dot_pack = vnni ? q5_K_dot_pack_vnni : q5_K_dot_pack_avx2;
     t[PI2_T_Q5_K].vec_dot_pack_batch = vnni ? q5_K_tiled_pack_vnni : q5_K_tiled_pack_avx2;
-    t[PI2_T_Q5_K].pack_batch_tok = 8;   /* eight per pass with VNNI (x86_q5k_body.h), two passes of four on AVX2 */
+    t[PI2_T_Q5_K].vec_dot_pack_batch16 = zmm ? q5_K_tiled_pack16_vnni : NULL;   /* x86_q5k_z_body.h */
+    /* eight per pass with VNNI (x86_q5k_body.h), two passes of four on AVX2; the 16-row zmm kernel decodes a
+     * block column once for up to 32 tokens */
+    t[PI2_T_Q5_K].pack_batch_tok = zmm ? Q5KZ_MAX_TOK : 8;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);

@@ -143,20 +143,25 @@ static void packed_rows_batch(const mm_job *j, int32_t i, int64_t r0, int64_t r1
     const int32_t max_tok = tr->pack_batch_tok ? tr->pack_batch_tok : 4;
     for (int32_t s0 = 0; s0 < j->n_tok; s0 += PACK_K_TOK) {
         const int32_t s1 = s0 + PACK_K_TOK < j->n_tok ? s0 + PACK_K_TOK : j->n_tok;
-        for (int64_t r = r0; r < r1; r += PI2_PACK_ROWS) {
+        for (int64_t r = r0; r < r1;) {
             const uint8_t *g = w->packed + (size_t)r * w->row_bytes;
+            const int two = tr->vec_dot_pack_batch16 && r + 2 * PI2_PACK_ROWS <= r1;   /* 16 rows per call */
+            const pi2_vec_dot_pack4_fn fn = two ? tr->vec_dot_pack_batch16 : tr->vec_dot_pack_batch;
             for (int32_t t = s0; t < s1;) {
                 const uint8_t *xq = j->xq[i] + (size_t)t * j->xq_row[i];
                 if (uses_batch(j, tr, t)) {   /* up to pack_batch_tok tokens, all in the batch order */
                     int32_t nt = 1;
                     while (nt < max_tok && t + nt < s1 && uses_batch(j, tr, t + nt)) nt++;
-                    tr->vec_dot_pack_batch(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, g, xq, j->xq_row[i], nt);
+                    fn(w->n_in, &out[(size_t)t * w->n_out + r], (size_t)w->n_out, g, xq, j->xq_row[i], nt);
                     t += nt;
                 } else {
-                    j->pack[i](w->n_in, &out[(size_t)t * w->n_out + r], g, xq);
+                    for (int k = 0; k <= two; k++)
+                        j->pack[i](w->n_in, &out[(size_t)t * w->n_out + r + k * PI2_PACK_ROWS],
+                                   g + (size_t)k * PI2_PACK_ROWS * w->row_bytes, xq);
                     t++;
                 }
             }
+            r += two ? 2 * PI2_PACK_ROWS : PI2_PACK_ROWS;
         }
     }
 }

@@ -95,3 +95,26 @@ def test_packed_batches_are_bit_identical(pool, qtype, impl):
         plain = cinternal.matmul(pool, raw, qtype, n, x, impl)
         assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), n_tok
         assert np.array_equal(got.view(np.uint32), ql(x).view(np.uint32)), n_tok
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("n_rows", [200, 264])
+def test_q6k_sixteen_row_batches_are_bit_identical(threads, n_rows):
+    """Tasks of 16 to 40 rows: the 16-row zmm kernel (x86_q6k_z_body.h, up to 32 tokens per call) with and without
+    an 8-row tail, token counts around its 8/4/1-token passes, against numpy and the plain rows."""
+    if not has_packed(Q6_K, "auto"):
+        pytest.skip("no packed K-quant kernels on this CPU")
+    n_blocks = 3
+    n = 256 * n_blocks
+    raw = k_rows(Q6_K, n_rows, n_blocks, n_rows)
+    packed = engine.repack_rows(raw, Q6_K, n)
+    ql = quants.QuantLinear(raw, Q6_K, n)
+    rng = np.random.default_rng(threads)
+    with cinternal.Pool(threads) as pool:
+        for n_tok in (8, 9, 12, 15, 31, 32, 33, 45, 70):
+            x = rng.standard_normal((n_tok, n), dtype=np.float32)
+            x[0, :256] = np.where(np.arange(256) % 2, 1e3, -1e3)    # q8 at ±127: the largest integer sums
+            got = cinternal.matmul_packed(pool, raw, packed, Q6_K, n, x, "auto")
+            assert np.array_equal(got.view(np.uint32), ql(x).view(np.uint32)), n_tok
+            plain = cinternal.matmul(pool, raw, Q6_K, n, x, "auto")
+            assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), n_tok

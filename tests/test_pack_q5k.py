@@ -4,8 +4,9 @@ numpy lane.
 Checks: pi2_repack_rows of Q5_K rows equals quants.pack_rows byte for byte and unpacks back; each table's plain
 vec_dot and tiled kernel, and its one-token packed kernel, equal numpy's x86-order products (QuantLinear:
 ggml_vec_dot_q5_K_q8_K's order below 8 tokens, the tiled kernel's from 8) bit for bit; pi2_matmul on the packed
-copy and on the plain rows, with one and two threads, equals numpy bit for bit at batch sizes around the tiled
-kernel's edge (8 tokens), its four-token passes and past a token tile.
+copy and on the plain rows, with one to three threads, equals numpy bit for bit at batch sizes around the tiled
+kernel's edge (8 tokens), its four-token passes and past a token tile (32), on row counts that leave the 16-row zmm
+kernel (x86_q5k_z_body.h) an 8-row tail or none.
 """
 import numpy as np
 import pytest
@@ -80,12 +81,15 @@ def test_one_token_is_bit_identical(n_blocks, impl):
         assert np.array_equal(bits(got), bits(want))
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("impl", ["auto", "base"])
-def test_batches_are_bit_identical(threads, impl):
+@pytest.mark.parametrize("n_rows", [24, 200, 264])
+def test_batches_are_bit_identical(threads, impl, n_rows):
+    """24 rows: tasks of 8 rows (the 8-row kernels only); 200 and 264: tasks of 16 to 40 rows, so the 16-row zmm
+    kernel runs with and without an 8-row tail in a task."""
     n_blocks = 3
     n = 256 * n_blocks
-    raw = q5k_rows(24, n_blocks, 7)
+    raw = q5k_rows(n_rows, n_blocks, 7)
     ql = quants.QuantLinear(raw, Q5_K, n)
     packed = engine.repack_rows(raw, Q5_K, n) if has_packed(impl) else None
     rng = np.random.default_rng(threads)

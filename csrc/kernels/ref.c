@@ -376,7 +376,7 @@ static void q5_K_tiled_dot(int64_t n, float *s, const void *w, const void *xq) {
 /* ---------------- the reference table ---------------- */
 
 #define ROW(T, NAME, BS, TS, VDT, TOF, DOT, QA) \
-    tab[T] = (pi2_type_traits){NAME, BS, TS, VDT, TOF, DOT, QA, "ref", NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, 0}
+    tab[T] = (pi2_type_traits){NAME, BS, TS, VDT, TOF, DOT, QA, "ref", NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, 0, NULL}
 
 void pi2_kernels_fill_ref(pi2_type_traits *tab) {
     memset(tab, 0, sizeof(pi2_type_traits) * PI2_T_COUNT);

@@ -90,6 +90,8 @@ typedef struct {
     pi2_vec_dot_pack_fn vec_dot_pack; /* rows in the x8 layout of pack.h (NULL: this table reads plain rows only) */
     pi2_vec_dot_pack4_fn vec_dot_pack_batch; /* packed rows, up to pack_batch_tok tokens in the batch order (NULL: batches unpack) */
     int32_t pack_batch_tok;        /* most tokens per vec_dot_pack_batch call (0: four) */
+    pi2_vec_dot_pack4_fn vec_dot_pack_batch16; /* vec_dot_pack_batch on 16 rows (two consecutive groups, r < 16),
+                                                  up to pack_batch_tok tokens; NULL: none */
 } pi2_type_traits;
 
 /* Whether token t of an n_tok batch is computed by vec_dot_batch: ggml multiplies repacked Q4_K in

@@ -41,6 +41,8 @@ static int32_t pk_prefetch;
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
 #include "x86_q5k_body.h"
+#include "x86_q5k_z_body.h"
+#include "x86_q6k_z_body.h"
 #include "x86_q5_1_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
@@ -211,6 +213,8 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q4_K].vec_dot_pack_batch = vnni ? q4_K_gemm_pack_vnni : q4_K_gemm_pack_avx2;
     t[PI2_T_Q6_K].vec_dot_pack = vnni ? q6_K_dot_pack_vnni : q6_K_dot_pack_avx2;
     t[PI2_T_Q6_K].vec_dot_pack_batch = vnni ? q6_K_tiled_pack_vnni : q6_K_tiled_pack_avx2;
+    t[PI2_T_Q6_K].vec_dot_pack_batch16 = zmm ? q6_K_tiled_pack16_vnni : NULL;   /* x86_q6k_z_body.h */
+    t[PI2_T_Q6_K].pack_batch_tok = zmm ? Q6KZ_MAX_TOK : 4;
     /* K-quants scale int16 pair sums: VNNI's vpdpwssd fuses the batch kernels' madd + add, and AVX-512BW
      * halves the instructions of the one-token kernels (x86_rows_body.h). */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
@@ -230,7 +234,10 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q5_K].vec_dot_batch = vnni ? q5_K_tiled_dot_vnni : q5_K_tiled_dot_avx2;
     t[PI2_T_Q5_K].vec_dot_pack = vnni ? q5_K_dot_pack_vnni : q5_K_dot_pack_avx2;
     t[PI2_T_Q5_K].vec_dot_pack_batch = vnni ? q5_K_tiled_pack_vnni : q5_K_tiled_pack_avx2;
-    t[PI2_T_Q5_K].pack_batch_tok = 8;   /* eight per pass with VNNI (x86_q5k_body.h), two passes of four on AVX2 */
+    t[PI2_T_Q5_K].vec_dot_pack_batch16 = zmm ? q5_K_tiled_pack16_vnni : NULL;   /* x86_q5k_z_body.h */
+    /* eight per pass with VNNI (x86_q5k_body.h), two passes of four on AVX2; the 16-row zmm kernel decodes a
+     * block column once for up to 32 tokens */
+    t[PI2_T_Q5_K].pack_batch_tok = zmm ? Q5KZ_MAX_TOK : 8;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);

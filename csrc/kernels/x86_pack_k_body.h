@@ -246,11 +246,13 @@ static X86_TARGET void X86_FN(q6_K_dot_pack)(int64_t n, float *s, const void *gr
     X86_FN(q6_K_pack_rows)(n, s, 0, grp, xq, 0, 1, 0);
 }
 
-/* twin: q6_K_tiled_dot (ref_k.h), 8 rows x 4 tokens: s[t·s_stride + r] */
+/* twin: q6_K_tiled_dot (ref_k.h), 8 rows x any number of tokens (four per pass): s[t·s_stride + r] */
 static X86_TARGET void X86_FN(q6_K_tiled_pack)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                size_t xq_stride, int32_t n_tok) {
-    if (n_tok == 4) X86_FN(q6_K_pack_rows)(n, s, s_stride, grp, xq, xq_stride, 4, 1);
-    else
-        for (int32_t t = 0; t < n_tok; t++)
-            X86_FN(q6_K_pack_rows)(n, s + (size_t)t * s_stride, 0, grp, (const uint8_t *)xq + (size_t)t * xq_stride, 0, 1, 1);
+    int32_t t = 0;
+    for (; t + 4 <= n_tok; t += 4)
+        X86_FN(q6_K_pack_rows)(n, s + (size_t)t * s_stride, s_stride, grp, (const uint8_t *)xq + (size_t)t * xq_stride,
+                               xq_stride, 4, 1);
+    for (; t < n_tok; t++)
+        X86_FN(q6_K_pack_rows)(n, s + (size_t)t * s_stride, 0, grp, (const uint8_t *)xq + (size_t)t * xq_stride, 0, 1, 1);
 }

@@ -255,16 +255,14 @@ static X86_TARGET void X86_FN(q5_K_tiled_rows8)(int64_t n, float *s, size_t s_st
 }
 #endif
 
-/* twin: q5_K_tiled_dot (ref.c), 8 rows x up to Q5K_PACK_TOK tokens: s[t·s_stride + r] */
+/* twin: q5_K_tiled_dot (ref.c), 8 rows x any number of tokens: s[t·s_stride + r] */
 static X86_TARGET void X86_FN(q5_K_tiled_pack)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                size_t xq_stride, int32_t n_tok) {
     const uint8_t *x = xq;
     int32_t t = 0;
 #if X86_VNNI
-    if (n_tok == 8) {
-        X86_FN(q5_K_tiled_rows8)(n, s, s_stride, grp, xq, xq_stride);
-        return;
-    }
+    for (; t + 8 <= n_tok; t += 8)
+        X86_FN(q5_K_tiled_rows8)(n, s + (size_t)t * s_stride, s_stride, grp, x + (size_t)t * xq_stride, xq_stride);
     for (; t + 4 <= n_tok; t += 4)
         X86_FN(q5_K_tiled_rows)(n, s + (size_t)t * s_stride, s_stride, grp, x + (size_t)t * xq_stride, xq_stride, 4);
     for (; t < n_tok; t++)

@@ -48,8 +48,8 @@ void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, cons
 pi2_status pi2_pool_create(int32_t n_threads, pi2_pool **out);
 void pi2_pool_free(pi2_pool *pool);
 /* pi2_attention on q [n_tok][n_head][head_dim] at positions pos0.., the F16 cache k [n_head_kv][head_dim][n_ctx]
- * (transposed) and v [n_ctx][n_head_kv][head_dim_v] (values as floats), into out [n_tok][n_head][head_dim_v]; scratch
- * allocated here. PI2_ERR_NOMEM. */
+ * (transposed) and v [n_ctx][n_head_kv][head_dim_v] (F16 values given as floats, stored as the cache's halves here),
+ * into out [n_tok][n_head][head_dim_v]; scratch allocated here. PI2_ERR_NOMEM. */
 pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, const float *v, float *out,
                               int32_t n_tok, int32_t pos0, int32_t n_ctx, int32_t n_head, int32_t n_head_kv,
                               int32_t head_dim, int32_t head_dim_v, int32_t window, float scale);

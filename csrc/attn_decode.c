@@ -15,12 +15,21 @@
 
 #include <string.h>
 
+static int isa_cap;   /* pi2_test_attention_isa: 0 every loop this CPU has, 1 none of AVX-512, 2 the portable ones */
+
+void pi2_test_attention_isa(int32_t level) { isa_cap = level; }
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
 
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define T256 __attribute__((target("avx2,fma,f16c")))
+
+int pi2_cpu_avx512_half(void) {
+    return isa_cap < 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+}
 
 /* s[jb..jb+64) (masked by nb) from the lane sums tl [16][64]: (the halves, halves, (0+2) + (1+3) tree) · scale. */
 static T512 void scores_reduce_512(const float *tl, int32_t nb, float scale, float *s) {
@@ -117,7 +126,7 @@ static int has_avx2_f16c(void) {   /* F16C: CPUID leaf 1, ECX bit 29 (not every 
         const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
         known = f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
-    return known;
+    return known && isa_cap < 2;
 }
 
 /* One key at a time in the same order: the keys after the AVX2 loop's last whole block of 16. */
@@ -229,6 +238,8 @@ int pi2_attn_dec_values(const float *p, const pi2_fp16 *v, size_t vd, int32_t hd
 }
 
 #else
+int pi2_cpu_avx512_half(void) { return 0; }
+
 int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t hd, float scale, float *s, int32_t j0,
                         int32_t j1, float *acc) {
     (void)qf, (void)kT, (void)ld, (void)hd, (void)scale, (void)s, (void)j0, (void)j1, (void)acc;

@@ -231,10 +231,6 @@ WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const pi
 #define ATTN512 1
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-int pi2_cpu_avx512_half(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-}
-
 /* 16 halves at p (lanes outside m: +0) as floats. */
 static inline T512 __m512 load_h16(__mmask16 m, const pi2_fp16 *p) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
@@ -291,7 +287,6 @@ static T512 void weigh_values_512(const pi2_attn *a, const float *p, const pi2_f
 }
 #else
 #define ATTN512 0
-int pi2_cpu_avx512_half(void) { return 0; }
 #endif
 
 #if ATTN512

@@ -1,5 +1,5 @@
-/* attn_batch.c — a prompt batch's causal attention over the F16 cache (held as floats, flash attention off) on
- * AVX-512: the (token, head) queries that share a KV head, several tokens at a time, are scored and weighed
+/* attn_batch.c — a prompt batch's causal attention over the F16 cache (halves, flash attention off) on
+ * AVX-512 (F, BW, VL; vcvtph2ps converts 16 halves exactly): the (token, head) queries that share a KV head, several tokens at a time, are scored and weighed
  * together, so each key or value vector loaded serves up to PI2_ATTN_ROWS queries; threads take (KV head,
  * head chunk, token block) tasks, the latest tokens (the most keys) first.
  * Numbers: those of ops.c's one-query path (tinyBLAS's order, pi2/reference/forward.py's attention): q.k term i goes
@@ -17,8 +17,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-#define T512 __attribute__((target("avx512f")))
-#define INLINE512 __attribute__((target("avx512f"), always_inline)) static inline
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define INLINE512 __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline
 
 typedef struct {
     const pi2_attn *a;
@@ -43,7 +43,7 @@ static const int PAIR[8] = {0, 4, 2, 6, 1, 5, 3, 7};
 
 /* s[m][jb..jb+16) (masked by mk) = scale · (qf[m] . key j) for M queries qf [M][hd] (F16 values) and the 16 keys
  * jb.. of kT (row i of the head's transposed keys at kT + i·ld); s rows ls floats apart. */
-INLINE512 void score16(const int M, const float *qf, int32_t hd, const float *kT, size_t ld, __mmask16 mk, float *s,
+INLINE512 void score16(const int M, const float *qf, int32_t hd, const pi2_fp16 *kT, size_t ld, __mmask16 mk, float *s,
                        size_t ls, float scale) {
     __m512 stk[3][PI2_ATTN_ROWS];
 #pragma GCC unroll 8
@@ -52,8 +52,8 @@ INLINE512 void score16(const int M, const float *qf, int32_t hd, const float *kT
         __m512 c0[PI2_ATTN_ROWS], c1[PI2_ATTN_ROWS];
         for (int m = 0; m < M; m++) c0[m] = c1[m] = _mm512_setzero_ps();
         for (int32_t i = l; i < hd; i += 16) {
-            const __m512 k0 = _mm512_maskz_loadu_ps(mk, kT + (size_t)i * ld);
-            const __m512 k1 = _mm512_maskz_loadu_ps(mk, kT + (size_t)(i + 8) * ld);
+            const __m512 k0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, kT + (size_t)i * ld));
+            const __m512 k1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, kT + (size_t)(i + 8) * ld));
             for (int m = 0; m < M; m++) {
                 c0[m] = _mm512_fmadd_ps(_mm512_set1_ps(qf[m * hd + i]), k0, c0[m]);
                 c1[m] = _mm512_fmadd_ps(_mm512_set1_ps(qf[m * hd + i + 8]), k1, c1[m]);
@@ -69,7 +69,7 @@ INLINE512 void score16(const int M, const float *qf, int32_t hd, const float *kT
 
 /* out row m [0..16) = sum over j in [jlo, jhi) of p[m][j] · v[j][0..16) for M weight rows p (ls floats apart),
  * value rows vd floats apart; out row m at (m / nh) · lt + (m % nh) · lh (token m / nh, head m % nh). */
-INLINE512 void weigh16(const int M, const float *p, size_t ls, const float *v, size_t vd, int32_t jlo, int32_t jhi,
+INLINE512 void weigh16(const int M, const float *p, size_t ls, const pi2_fp16 *v, size_t vd, int32_t jlo, int32_t jhi,
                        float *out, int32_t nh, size_t lt, size_t lh) {
     __m512 stk[3][PI2_ATTN_ROWS];
 #pragma GCC unroll 8
@@ -80,11 +80,11 @@ INLINE512 void weigh16(const int M, const float *p, size_t ls, const float *v, s
         for (int32_t jb = jlo & ~15; jb < jhi; jb += 16) {
             const int32_t j = jb + l, j8 = j + 8;
             if (j >= jlo && j < jhi) {
-                const __m512 v0 = _mm512_loadu_ps(v + (size_t)j * vd);
+                const __m512 v0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)j * vd)));
                 for (int m = 0; m < M; m++) c0[m] = _mm512_fmadd_ps(_mm512_set1_ps(p[m * ls + j]), v0, c0[m]);
             }
             if (j8 >= jlo && j8 < jhi) {
-                const __m512 v1 = _mm512_loadu_ps(v + (size_t)j8 * vd);
+                const __m512 v1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)j8 * vd)));
                 for (int m = 0; m < M; m++) c1[m] = _mm512_fmadd_ps(_mm512_set1_ps(p[m * ls + j8]), v1, c1[m]);
             }
         }
@@ -98,14 +98,14 @@ INLINE512 void weigh16(const int M, const float *p, size_t ls, const float *v, s
 
 /* The M-query kernels over a task's key range, one instantiation per M. */
 #define KERNELS(M)                                                                                              \
-    static T512 void scores_##M(const float *qf, int32_t hd, const float *kT, size_t ld, int32_t jlo, int32_t jhi, \
+    static T512 void scores_##M(const float *qf, int32_t hd, const pi2_fp16 *kT, size_t ld, int32_t jlo, int32_t jhi, \
                                 float *s, size_t ls, float scale) {                                            \
         for (int32_t jb = jlo; jb < jhi; jb += 16) {                                                           \
             const __mmask16 mk = (__mmask16)(jhi - jb >= 16 ? 0xFFFF : (1u << (jhi - jb)) - 1);                \
             score16(M, qf, hd, kT + jb, ld, mk, s + jb, ls, scale);                                            \
         }                                                                                                      \
     }                                                                                                          \
-    static T512 void weigh_##M(const float *p, size_t ls, const float *v, size_t vd, int32_t hdv, int32_t jlo,  \
+    static T512 void weigh_##M(const float *p, size_t ls, const pi2_fp16 *v, size_t vd, int32_t hdv, int32_t jlo, \
                                int32_t jhi, float *out, int32_t nh, size_t lt) {                               \
         for (int32_t d0 = 0; d0 < hdv; d0 += 16)                                                               \
             weigh16(M, p, ls, v + d0, vd, jlo, jhi, out + d0, nh, lt, (size_t)hdv);                            \
@@ -113,8 +113,8 @@ INLINE512 void weigh16(const int M, const float *p, size_t ls, const float *v, s
 KERNELS(1) KERNELS(2) KERNELS(3) KERNELS(4) KERNELS(5) KERNELS(6) KERNELS(7)
 KERNELS(8) KERNELS(9) KERNELS(10) KERNELS(11) KERNELS(12) KERNELS(13) KERNELS(14)
 
-typedef void (*scores_fn)(const float *, int32_t, const float *, size_t, int32_t, int32_t, float *, size_t, float);
-typedef void (*weigh_fn)(const float *, size_t, const float *, size_t, int32_t, int32_t, int32_t, float *, int32_t,
+typedef void (*scores_fn)(const float *, int32_t, const pi2_fp16 *, size_t, int32_t, int32_t, float *, size_t, float);
+typedef void (*weigh_fn)(const float *, size_t, const pi2_fp16 *, size_t, int32_t, int32_t, int32_t, float *, int32_t,
                          size_t);
 static const scores_fn SCORES[PI2_ATTN_ROWS + 1] = {NULL, scores_1, scores_2, scores_3, scores_4, scores_5, scores_6,
     scores_7, scores_8, scores_9, scores_10, scores_11, scores_12, scores_13, scores_14};
@@ -155,7 +155,7 @@ static void batch_task(void *arg, int32_t task, int32_t thread) {
 
 int pi2_attn_batch(pi2_pool *pool, const pi2_attn *a) {
     if (a->flash || a->kq || a->n_tok < 2 || a->rows < PI2_ATTN_ROWS || a->head_dim % 16 || a->head_dim_v % 16 ||
-        !__builtin_cpu_supports("avx512f"))
+        !pi2_cpu_avx512_half())
         return 0;
     batch_job b = {.a = a, .g = a->n_head / a->n_head_kv};
     b.hpc = b.g < PI2_ATTN_ROWS ? b.g : PI2_ATTN_ROWS;

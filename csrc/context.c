@@ -54,7 +54,8 @@ static void ctx_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p,
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t f = sizeof(float), R = (size_t)pi2_attn_rows(p->n_batch);
     const ctx_buffer list[N_CTX_BUFFERS] = {
-        {(void **)&c->k_cache, pi2_kv_k_bytes(hp, p->type_k, p->n_ctx)}, {(void **)&c->v_cache, pi2_kv_v_bytes(hp, p->type_v, p->n_ctx)},
+        {(void **)&c->k_cache, pi2_kv_k_bytes(hp, p->type_k, p->n_ctx)},
+        {(void **)&c->v_cache, pi2_kv_v_bytes(hp, p->type_v, p->n_ctx)},
         {(void **)&c->x, B * hp->n_embd * f}, {(void **)&c->xn, B * hp->n_embd * f},
         {(void **)&c->q, B * hp->n_head * hp->head_dim * f}, {(void **)&c->k, B * kd * f}, {(void **)&c->v, B * vd * f},
         {(void **)&c->att, B * hp->n_head * hp->head_dim_v * f}, {(void **)&c->o, B * hp->n_embd * f},

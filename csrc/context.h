@@ -20,19 +20,19 @@ struct pi2_ctx {
     _Atomic int32_t busy;        /* a decode is running (a second concurrent one is refused) */
     pi2_trace_fn trace;
     void *trace_user;
-    float *k_cache;              /* F16 keys: [n_layer][n_head_kv * head_dim][n_ctx] (transposed), F16 values as floats;
-                                    Q8_0 keys: k_blocks, the same buffer (kv_quant.c) */
+    pi2_fp16 *k_cache;           /* F16 keys: [n_layer][n_head_kv * head_dim][n_ctx] (transposed) halves;
+                                    quantized keys: k_blocks, the same buffer (kv_quant.c) */
     uint8_t *k_blocks;           /* Q8_0 keys: [n_layer][n_ctx][k_cell_bytes], rotated by k_rot; NULL for F16 */
     const pi2_type_traits *kt;   /* the Q8_0 keys' traits (quantize_act, vec_dot, to_float) */
     size_t k_cell_bytes;         /* bytes of one cell's keys in k_blocks */
     int32_t k_rot;               /* Hadamard size of the query/key rotation, 0: none (pi2_kv_rot_size) */
     uint8_t *v_blocks;           /* quantized values (flash attention): [n_layer][n_ctx][v_cell_bytes] in the v_cache
-                                    buffer; NULL for F16 values (floats in v_cache) */
+                                    buffer; NULL for F16 values (halves in v_cache) */
     const pi2_type_traits *vt;   /* their traits (to_float) */
     size_t v_cell_bytes;         /* bytes of one cell's values in v_blocks */
     int32_t v_rot;               /* Hadamard size of the value/output rotation (64 for a quantized V whose head_dim_v
                                     64 divides, as llama.cpp's attn_rot_v), 0: none */
-    float *v_cache;              /* [n_layer][n_ctx][n_head_kv * head_dim_v], F16 values as floats */
+    pi2_fp16 *v_cache;           /* [n_layer][n_ctx][n_head_kv * head_dim_v] F16 values (halves) */
     float *x;                    /* [B][n_embd] residual stream */
     float *xn;                   /* [B][n_embd] normed block input */
     float *q;                    /* [B][n_head * head_dim] */

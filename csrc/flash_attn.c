@@ -6,6 +6,7 @@
  * cells, K·q an FMA chain on the F32 query, the tile's maximum rescaling the F32 accumulator, weights by
  * ggml_v_expf summed in groups of 16 into a double, then an FMA chain over the tile.
  * Every (token, head) row is one task whose numbers depend on nothing else: any thread count gives the same result.
+ * The F16 cache holds halves (ops.h), converted exactly where they are read.
  * Does not: store the cache (forward.c, kv_quant.c) or attention with flash attention off (ops.c). */
 #include "ops.h"
 
@@ -37,12 +38,13 @@ static float reduce16(const float *v) {
 #endif
 
 /* p[t] = the FMA chain over d of kT[d·n_ctx + t]·q[d] for t in [t0, t1) (simd_gemm's order), times scale. */
-WIDE_CLONES static void score_tile(float *p, const float *kT, int32_t n_ctx, const float *q, int32_t hd, int32_t t0,
+WIDE_CLONES static void score_tile(float *p, const pi2_fp16 *kT, int32_t n_ctx, const float *q, int32_t hd, int32_t t0,
                                    int32_t t1, float scale) {
     for (int32_t t = t0; t < t1; t++) p[t] = 0.0f;
     for (int32_t d = 0; d < hd; d++) {
-        const float *kr = kT + (size_t)d * n_ctx, qd = q[d];
-        for (int32_t t = t0; t < t1; t++) p[t] = fma32(kr[t], qd, p[t]);
+        const pi2_fp16 *kr = kT + (size_t)d * n_ctx;
+        const float qd = q[d];
+        for (int32_t t = t0; t < t1; t++) p[t] = fma32(pi2_kv_h2f(kr[t]), qd, p[t]);
     }
     for (int32_t t = t0; t < t1; t++) p[t] *= scale;
 }
@@ -50,6 +52,11 @@ WIDE_CLONES static void score_tile(float *p, const float *kT, int32_t n_ctx, con
 /* acc[d] = fma(v[d], w, acc[d]) */
 WIDE_CLONES static void mad_f32(float *acc, const float *v, float w, int32_t n) {
     for (int32_t d = 0; d < n; d++) acc[d] = fma32(v[d], w, acc[d]);
+}
+
+/* The same over F16 values (halves). */
+WIDE_CLONES static void mad_f16(float *acc, const pi2_fp16 *v, float w, int32_t n) {
+    for (int32_t d = 0; d < n; d++) acc[d] = fma32(pi2_kv_h2f(v[d]), w, acc[d]);
 }
 
 int pi2_flash_tiled(const pi2_attn *a) { return a->n_tok >= FA_TILE_Q && !a->kq && !a->vq; }
@@ -76,8 +83,8 @@ static void one_row(const pi2_attn *a, int32_t hkv, const float *s, int32_t j0, 
             vs = expf(sj - M);
         }
         if (f16) {
-            const float *v = a->v + (size_t)j * vd + (size_t)hkv * hdv;
-            for (int32_t d = 0; d < hdv; d++) acc[d] = r16(fma32(v[d], vs, acc[d]));
+            const pi2_fp16 *v = a->v + (size_t)j * vd + (size_t)hkv * hdv;
+            for (int32_t d = 0; d < hdv; d++) acc[d] = r16(fma32(pi2_kv_h2f(v[d]), vs, acc[d]));
         } else {
             a->vt->to_float(a->vq + (size_t)j * a->v_cell_bytes + (size_t)hkv * head_bytes, vrow, hdv);
             mad_f32(acc, vrow, vs, hdv);
@@ -94,7 +101,7 @@ static void tiled_row(const pi2_attn *a, int32_t hkv, const float *q, int32_t j0
                       float *acc) {
     const int32_t hd = a->head_dim, hdv = a->head_dim_v;
     const size_t vd = (size_t)a->n_head_kv * hdv;
-    const float *kT = a->k + (size_t)hkv * hd * a->n_ctx, *v = a->v + (size_t)hkv * hdv;
+    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->n_ctx, *v = a->v + (size_t)hkv * hdv;
     float *p = acc + hdv, M = -INFINITY, S = 0.0f;
     memset(acc, 0, (size_t)hdv * sizeof *acc);
     for (int32_t ic = j0 / FA_TILE_KV * FA_TILE_KV; ic < j1; ic += FA_TILE_KV) {
@@ -117,7 +124,7 @@ static void tiled_row(const pi2_attn *a, int32_t hkv, const float *q, int32_t j0
         double sum = 0.0;
         for (int g = 0; g < FA_TILE_KV; g += 16) sum += (double)reduce16(p + g);
         S = (float)((double)S + sum);
-        for (int32_t j = lo; j < hi; j++) mad_f32(acc, v + (size_t)j * vd, p[j - ic], hdv);
+        for (int32_t j = lo; j < hi; j++) mad_f16(acc, v + (size_t)j * vd, p[j - ic], hdv);
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int32_t d = 0; d < hdv; d++) out[d] = acc[d] * inv;

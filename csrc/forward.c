@@ -106,23 +106,23 @@ static void rope_row(const rows_job *j, int64_t t) {
     pi2_rope(j->c->k + (size_t)t * hp->n_head_kv * hp->head_dim, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
 }
 
-/* One token's k and v at cell pos of layer il of c's cache: V rounded to F16 (kept as floats); K the same,
- * transposed, or quantized (kv_quant.c). */
+/* One token's k and v at cell pos of layer il of c's cache: V rounded to F16 (halves, nearest even as ggml's
+ * fp32-to-fp16); K the same, transposed, or quantized (kv_quant.c). */
 static void store_kv(pi2_ctx *c, int32_t il, size_t pos, const float *kr, const float *vr) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const size_t n_ctx = (size_t)c->p.n_ctx;
     if (c->k_blocks) pi2_kv_store_k(c, il, pos, kr);
     else {
-        float *k = c->k_cache + (size_t)il * n_ctx * kd + pos;
-        for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_fp16_to_f32(pi2_f32_to_fp16(kr[i]));
+        pi2_fp16 *k = c->k_cache + (size_t)il * n_ctx * kd + pos;
+        for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_f32_to_fp16(kr[i]);
     }
     if (c->v_blocks) {
         pi2_kv_store_v(c, il, pos, vr);
         return;
     }
-    float *v = c->v_cache + ((size_t)il * n_ctx + pos) * vd;
-    for (size_t i = 0; i < vd; i++) v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(vr[i]));
+    pi2_fp16 *v = c->v_cache + ((size_t)il * n_ctx + pos) * vd;
+    for (size_t i = 0; i < vd; i++) v[i] = pi2_f32_to_fp16(vr[i]);
 }
 
 /* Token t's k and v at position n_past + t of layer j->il. */
@@ -346,20 +346,20 @@ static void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard) {
         const int local = c->m->layers[il].rope_local && hp->rope_base_local > 0;
         pi2_rope_cache(cs, -n_discard, hp->n_rot, local ? hp->rope_base_local : hp->rope_base, hp->rope_freq_scale,
                        c->m->rope_freqs);
-        float *K = c->k_cache + (size_t)il * C * kd, *V = c->v_cache + (size_t)il * C * vd;
+        pi2_fp16 *K = c->k_cache + (size_t)il * C * kd, *V = c->v_cache + (size_t)il * C * vd;
         if (c->k_blocks) pi2_kv_shift_k(c, il, n_keep, n_discard, m, cs, row);   /* through floats (kv_quant.c) */
         for (int32_t t = 0; t < m; t++) {
             const size_t from = (size_t)(n_keep + n_discard + t), to = (size_t)(n_keep + t);
             if (!c->k_blocks) {
-                for (size_t i = 0; i < kd; i++) row[i] = K[i * C + from];
+                for (size_t i = 0; i < kd; i++) row[i] = pi2_fp16_to_f32(K[i * C + from]);
                 pi2_rope(row, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
-                for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_fp16_to_f32(pi2_f32_to_fp16(row[i]));
+                for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_f32_to_fp16(row[i]);
             }
             if (c->v_blocks) {
                 uint8_t *VB = c->v_blocks + (size_t)il * C * c->v_cell_bytes;
                 memmove(VB + to * c->v_cell_bytes, VB + from * c->v_cell_bytes, c->v_cell_bytes);
             } else {
-                memmove(V + to * vd, V + from * vd, vd * sizeof(float));
+                memmove(V + to * vd, V + from * vd, vd * sizeof *V);
             }
         }
     }

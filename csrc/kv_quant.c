@@ -30,7 +30,7 @@ int pi2_kv_type_ok(int32_t type_k) { return type_k == PI2_T_F16 || block_bytes(t
 
 size_t pi2_kv_k_cell_bytes(const pi2_model_params *hp, int32_t type_k) {
     const size_t kd = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
-    return type_k == PI2_T_F16 ? kd * sizeof(float) : kd / QK8_0 * block_bytes(type_k);
+    return type_k == PI2_T_F16 ? kd * sizeof(pi2_fp16) : kd / QK8_0 * block_bytes(type_k);
 }
 
 /* The 32 values of x: their absolute maximum's signed value (the first of equal magnitudes); min_max: both ends. */
@@ -97,7 +97,7 @@ static void quantize_keys(const pi2_ctx *c, const float *x, uint8_t *dst, int64_
 
 size_t pi2_kv_v_cell_bytes(const pi2_model_params *hp, int32_t type_v) {
     const size_t vd = (size_t)hp->n_head_kv * (size_t)hp->head_dim_v;
-    return type_v == PI2_T_F16 ? vd * sizeof(float) : vd / QK8_0 * block_bytes(type_v);
+    return type_v == PI2_T_F16 ? vd * sizeof(pi2_fp16) : vd / QK8_0 * block_bytes(type_v);
 }
 
 size_t pi2_kv_v_bytes(const pi2_model_params *hp, int32_t type_v, int32_t n_ctx) {

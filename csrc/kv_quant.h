@@ -1,4 +1,4 @@
-/* kv_quant.h — the KV cache's key types (internal): F16 keys (floats, transposed) or Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+/* kv_quant.h — the KV cache's key types (internal): F16 keys (halves, transposed) or Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
  * keys (blocks, one row of n_head_kv * head_dim values per cell), with llama.cpp's Walsh-Hadamard rotation of queries
  * and quantized keys.
  * pi2/reference/kv_cache.py is the specification. */
@@ -14,16 +14,16 @@ struct pi2_ctx;
 
 /* Whether pi2 computes attention over a K cache of ggml type `type_k` (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). */
 int pi2_kv_type_ok(int32_t type_k);
-/* Bytes of the K cache for these parameters (the V cache is always F16 values kept as floats). */
+/* Bytes of the K cache for these parameters: 2 per value for F16 (IEEE halves, as llama.cpp), blocks otherwise. */
 size_t pi2_kv_k_bytes(const pi2_model_params *hp, int32_t type_k, int32_t n_ctx);
-/* Bytes of the V cache: F16 values kept as floats, or (flash attention) blocks of type_v. */
+/* Bytes of the V cache: F16 values as halves (2 bytes each), or (flash attention) blocks of type_v. */
 size_t pi2_kv_v_bytes(const pi2_model_params *hp, int32_t type_v, int32_t n_ctx);
-/* Bytes of one cell's values (all KV heads) in a quantized V cache. */
+/* Bytes of one cell's values (all KV heads): 2 per value for F16, blocks for a quantized V cache. */
 size_t pi2_kv_v_cell_bytes(const pi2_model_params *hp, int32_t type_v);
 /* Store one token's values v (n_head_kv * head_dim_v floats) at cell pos of layer il in a quantized V cache
  * (ggml_set_rows' quantizer, as for keys). */
 void pi2_kv_store_v(struct pi2_ctx *c, int32_t il, size_t pos, const float *v);
-/* Bytes of one cell's keys (all KV heads) in a quantized K cache. */
+/* Bytes of one cell's keys (all KV heads): 2 per value for F16, blocks for a quantized K cache. */
 size_t pi2_kv_k_cell_bytes(const pi2_model_params *hp, int32_t type_k);
 /* The Hadamard size llama.cpp rotates queries and quantized keys with: the largest power of two >= 64 dividing
  * head_dim, 0 (no rotation) for an F16 cache or a head_dim that 64 does not divide. */

@@ -195,15 +195,16 @@ int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v) {
 }
 
 /* s[j] = scale · (q . key j) for j in [j0, j1): q.k for a block of keys at a time. */
-WIDE_CLONES static void score_keys(const pi2_attn *a, const float *q, const float *kT, float *s, int32_t j0, int32_t j1,
-                       float *acc, int vec) {
+WIDE_CLONES static void score_keys(const pi2_attn *a, const float *q, const pi2_fp16 *kT, float *s, int32_t j0,
+                                   int32_t j1, float *acc, int vec) {
     for (int32_t jb = j0; jb < j1; jb += KEY_BLOCK) {
         const int32_t nb = j1 - jb < KEY_BLOCK ? j1 - jb : KEY_BLOCK;
         memset(acc, 0, (size_t)(vec ? 64 : 16) * nb * sizeof *acc);
         for (int32_t i = 0; i < a->head_dim; i++) {
             float *row = acc + (size_t)(ACC(vec, i) * 16 + (i & 15)) * nb;
-            const float *kr = kT + (size_t)i * a->n_ctx + jb, qi = q[i];
-            for (int32_t k = 0; k < nb; k++) row[k] += qi * kr[k];
+            const pi2_fp16 *kr = kT + (size_t)i * a->n_ctx + jb;
+            const float qi = q[i];
+            for (int32_t k = 0; k < nb; k++) row[k] += qi * pi2_kv_h2f(kr[k]);
         }
         lanes_reduce(s + jb, acc, nb, vec);
         for (int32_t k = 0; k < nb; k++) s[jb + k] *= a->scale;
@@ -211,15 +212,16 @@ WIDE_CLONES static void score_keys(const pi2_attn *a, const float *q, const floa
 }
 
 /* out[d] = sum over j in [j0, j1) of p[j] · V[j][d]. */
-WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const float *v, float *out, int32_t j0, int32_t j1,
-                         float *acc, int vec) {
+WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const pi2_fp16 *v, float *out, int32_t j0,
+                                     int32_t j1, float *acc, int vec) {
     const int32_t hdv = a->head_dim_v;
     const size_t vd = (size_t)a->n_head_kv * hdv;
     memset(acc, 0, (size_t)(vec ? 64 : 16) * hdv * sizeof *acc);
     for (int32_t j = j0; j < j1; j++) {
         float *row = acc + (size_t)(ACC(vec, j) * 16 + (j & 15)) * hdv;
-        const float *vr = v + (size_t)j * vd, pj = p[j];
-        for (int32_t d = 0; d < hdv; d++) row[d] += pj * vr[d];
+        const pi2_fp16 *vr = v + (size_t)j * vd;
+        const float pj = p[j];
+        for (int32_t d = 0; d < hdv; d++) row[d] += pj * pi2_kv_h2f(vr[d]);
     }
     lanes_reduce(out, acc, hdv, vec);
 }
@@ -227,7 +229,12 @@ WIDE_CLONES static void weigh_values(const pi2_attn *a, const float *p, const fl
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define ATTN512 1
-#define T512 __attribute__((target("avx512f")))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+/* 16 halves at p (lanes outside m: +0) as floats. */
+static inline T512 __m512 load_h16(__mmask16 m, const pi2_fp16 *p) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
 
 /* The sixteen lane sums l[0..15] of a batch dot product (one per vector lane: 16 keys or 16 value
  * dimensions) reduced as lanes_reduce does without vec: halves, halves, (0+2) + (1+3). */
@@ -240,7 +247,8 @@ static inline T512 __m512 reduce_lanes16(__m512 *l) {
 /* score_keys for a batch (tinyBLAS's order, one accumulator) with the 16 lane sums of 16 keys in
  * registers: term i goes to l[i % 16], added in term order; products of F16 values are exact in float,
  * so the FMA rounds like the separate product and sum. */
-static T512 void score_keys_512(const pi2_attn *a, const float *q, const float *kT, float *s, int32_t j0, int32_t j1) {
+static T512 void score_keys_512(const pi2_attn *a, const float *q, const pi2_fp16 *kT, float *s, int32_t j0,
+                                 int32_t j1) {
     const int32_t hd = a->head_dim;
     for (int32_t jb = j0; jb < j1; jb += 16) {
         const __mmask16 m = (__mmask16)(j1 - jb >= 16 ? 0xFFFF : (1u << (j1 - jb)) - 1);
@@ -251,7 +259,7 @@ static T512 void score_keys_512(const pi2_attn *a, const float *q, const float *
             for (int k = 0; k < 16; k++)
                 if (i0 + k < hd)
                     l[k] = _mm512_fmadd_ps(_mm512_set1_ps(q[i0 + k]),
-                                           _mm512_maskz_loadu_ps(m, kT + (size_t)(i0 + k) * a->n_ctx + jb), l[k]);
+                                           load_h16(m, kT + (size_t)(i0 + k) * a->n_ctx + jb), l[k]);
         }
         _mm512_mask_storeu_ps(s + jb, m, _mm512_mul_ps(reduce_lanes16(l), _mm512_set1_ps(a->scale)));
     }
@@ -259,7 +267,8 @@ static T512 void score_keys_512(const pi2_attn *a, const float *q, const float *
 
 /* weigh_values for a batch: term j goes to l[j % 16] (absolute position, as ACC and the lane index
  * above), 16 value dimensions per pass. */
-static T512 void weigh_values_512(const pi2_attn *a, const float *p, const float *v, float *out, int32_t j0, int32_t j1) {
+static T512 void weigh_values_512(const pi2_attn *a, const float *p, const pi2_fp16 *v, float *out, int32_t j0,
+                                   int32_t j1) {
     const int32_t hdv = a->head_dim_v;
     const size_t vd = (size_t)a->n_head_kv * hdv;
     for (int32_t d0 = 0; d0 < hdv; d0 += 16) {
@@ -271,7 +280,7 @@ static T512 void weigh_values_512(const pi2_attn *a, const float *p, const float
             for (int k = 0; k < 16; k++)
                 if (jb + k >= j0 && jb + k < j1)
                     l[k] = _mm512_fmadd_ps(_mm512_set1_ps(p[jb + k]),
-                                           _mm512_maskz_loadu_ps(m, v + (size_t)(jb + k) * vd + d0), l[k]);
+                                           load_h16(m, v + (size_t)(jb + k) * vd + d0), l[k]);
         }
         _mm512_mask_storeu_ps(out + d0, m, reduce_lanes16(l));
     }
@@ -314,7 +323,7 @@ static T512 double row_sum_512(const float *s, int32_t j0, int32_t pos) {
 
 void pi2_attn_softmax_row(float *s, int32_t j0, int32_t pos) {
 #if ATTN512
-    const int wide = __builtin_cpu_supports("avx512f");
+    const int wide = pi2_cpu_avx512_half();
 #else
     const int wide = 0;
 #endif
@@ -356,24 +365,28 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
     float *acc = a->acc + (size_t)thread * pi2_attn_acc_floats(hd, hdv);
     const float *q = a->q + ((size_t)t * a->n_head + h) * hd;
 #if ATTN512
-    const int wide = !vec && __builtin_cpu_supports("avx512f");
+    const int wide = !vec && pi2_cpu_avx512_half();
 #endif
+    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->n_ctx, *v = a->v + (size_t)hkv * hdv;
+    float *out = a->out + ((size_t)t * a->n_head + h) * hdv;
     if (a->kq)   /* quantized keys: the query quantized to their dot product's format (qf as scratch) */
         pi2_kv_scores(a->kt, a->kq, a->k_cell_bytes, hkv, hd, q, a->scale, s, j0, pos + 1, qf);
     else {
         for (int32_t d = 0; d < hd; d++) qf[d] = f16_round(q[d]);
 #if ATTN512
-        if (wide) score_keys_512(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1);
+        if (wide) score_keys_512(a, qf, kT, s, j0, pos + 1);
         else
 #endif
-        score_keys(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc, vec);
+        if (!vec || !pi2_attn_dec_scores(qf, kT, (size_t)a->n_ctx, hd, a->scale, s, j0, pos + 1, acc))
+            score_keys(a, qf, kT, s, j0, pos + 1, acc, vec);
     }
     pi2_attn_softmax_row(s, j0, pos);
 #if ATTN512
-    if (wide) weigh_values_512(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1);
+    if (wide) weigh_values_512(a, s, v, out, j0, pos + 1);
     else
 #endif
-    weigh_values(a, s, a->v + (size_t)hkv * hdv, a->out + ((size_t)t * a->n_head + h) * hdv, j0, pos + 1, acc, vec);
+    if (!vec || !pi2_attn_dec_values(s, v, (size_t)a->n_head_kv * hdv, hdv, out, j0, pos + 1, acc))
+        weigh_values(a, s, v, out, j0, pos + 1, acc, vec);
 }
 
 void pi2_attention(pi2_pool *pool, pi2_attn *a) {
@@ -381,7 +394,8 @@ void pi2_attention(pi2_pool *pool, pi2_attn *a) {
     else if (!pi2_attn_batch(pool, a)) pi2_pool_run(pool, attn_task, a, a->n_tok * a->n_head);
 }
 
-void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,
+void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const pi2_fp16 *kT, float *s, int32_t j0, int32_t j1,
                          float *acc) {
-    score_keys(a, qf, kT, s, j0, j1, acc, 1);
+    if (!pi2_attn_dec_scores(qf, kT, (size_t)a->n_ctx, a->head_dim, a->scale, s, j0, j1, acc))
+        score_keys(a, qf, kT, s, j0, j1, acc, 1);
 }

@@ -43,12 +43,13 @@ void pi2_exp_shifted(float *s, int64_t n, float max);
 
 /* Causal multi-head attention over one layer's cache of F16 values, with grouped K/V heads, in
  * ggml's float order (one token: ggml_vec_dot_f16; batches: tinyBLAS), as pi2/reference.py's
- * attention. The cache holds each F16 value as the float it stands for (exact), converted once
- * when the token is stored, so no step converts the cache again. */
+ * attention. The cache holds each value as an IEEE half (2 bytes, as llama.cpp's F16 cache), rounded
+ * once when the token is stored; every loop converts it back exactly (vcvtph2ps, fcvtl, or the
+ * scalar bit tricks), so the sums see the same float values whatever the CPU. */
 typedef struct {
     const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
-    const float *k;            /* [n_head_kv][head_dim][n_ctx] (transposed), positions 0..pos0+n_tok-1 filled */
-    const float *v;            /* [n_ctx][n_head_kv][head_dim_v] */
+    const pi2_fp16 *k;         /* [n_head_kv][head_dim][n_ctx] (transposed) halves, positions 0..pos0+n_tok-1 filled */
+    const pi2_fp16 *v;         /* [n_ctx][n_head_kv][head_dim_v] halves */
     float *out;                /* [n_tok][n_head][head_dim_v] */
     float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
@@ -68,6 +69,18 @@ typedef struct {
                                 * PI2_ATTN_ROWS lets a prompt batch take attn_batch.c's path, 0 or 1 does not */
 } pi2_attn;
 
+/* An F16 cache value as the float it stands for (exact): the hardware conversion on AArch64, else the FP16
+ * library's bit tricks (which x86 compilers vectorise). */
+static inline float pi2_kv_h2f(pi2_fp16 h) {
+#if defined(__aarch64__)
+    __fp16 f;
+    __builtin_memcpy(&f, &h, 2);
+    return (float)f;
+#else
+    return pi2_fp16_to_f32(h);
+#endif
+}
+
 /* Score rows per thread a context allocates: attn_batch.c scores up to this many (token, head) queries of one
  * KV head together. */
 #define PI2_ATTN_ROWS 14
@@ -82,8 +95,19 @@ void pi2_flash_attention(pi2_pool *pool, pi2_attn *a);
 int pi2_flash_tiled(const pi2_attn *a);
 /* s[j] = scale · (qf · key j) for j in [j0, j1), ggml_vec_dot_f16's order; qf already F16-valued, kT the KV head's
  * transposed keys; acc: scratch of pi2_attn_acc_floats. */
-void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const float *kT, float *s, int32_t j0, int32_t j1,
+void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const pi2_fp16 *kT, float *s, int32_t j0, int32_t j1,
                          float *acc);
+/* The one-token loops of ops.c's attention on this CPU's half conversions (attn_decode.c), the same sums in the same
+ * order: s[j] = scale · (qf · key j) for j in [j0, j1) (kT: the KV head's keys, rows ld halves apart), and out[d] =
+ * sum over j in [j0, j1) of p[j] · v[j·vd + d] for d < hdv. 1 when done, 0 when this CPU has no such loop (the caller
+ * computes it). acc: scratch of pi2_attn_acc_floats. */
+int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t hd, float scale, float *s, int32_t j0,
+                        int32_t j1, float *acc);
+int pi2_attn_dec_values(const float *p, const pi2_fp16 *v, size_t vd, int32_t hdv, float *out, int32_t j0, int32_t j1,
+                        float *acc);
+/* Whether this x86-64 CPU converts halves in AVX-512 with 16-bit masks (AVX512F, BW, VL): attn_batch.c's and
+ * ops.c's wide loops need it. */
+int pi2_cpu_avx512_half(void);
 /* One query's softmax over its visible keys j0..pos of s (scaled scores in, F16-rounded weights out): v_expf of
  * s - max, sums of 16 aligned positions reduced in float and added into a double, weights times 1/sum rounded. */
 void pi2_attn_softmax_row(float *s, int32_t j0, int32_t pos);

@@ -60,7 +60,7 @@ def test_kv_bytes_follow_the_type(tmp_path_factory):
     kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     for name, (qtype, size) in TYPES.items():
         kv, _ = ctx_sizes(cm, 256, 1, type_k=qtype)
-        assert kv == cfg.n_layer * 256 * (kd // 32 * size + vd * 4), name
+        assert kv == cfg.n_layer * 256 * (kd // 32 * size + vd * 2), name
 
 
 def test_run_and_bench_take_the_types(tmp_path_factory):

@@ -665,13 +665,16 @@ static void test_attention(pi2_pool *pool, int size, int n_tok) {
     const int n_ctx = size, pos0 = size - n_tok, nt = pi2_pool_n_threads(pool);
     float *q = rand_floats((int64_t)n_tok * NH * HD, 2.0f), *k = rand_floats((int64_t)NKV * HD * n_ctx, 1.0f);
     float *v = rand_floats((int64_t)n_ctx * NKV * HD, 1.0f), *out = malloc(sizeof(float) * n_tok * NH * HD);
-    for (int64_t i = 0; i < (int64_t)NKV * HD * n_ctx; i++) {   /* the cache holds F16 values */
-        k[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(k[i]));
-        v[i] = pi2_fp16_to_f32(pi2_f32_to_fp16(v[i]));
+    pi2_fp16 *kh = malloc(sizeof(pi2_fp16) * NKV * HD * n_ctx), *vh = malloc(sizeof(pi2_fp16) * NKV * HD * n_ctx);
+    for (int64_t i = 0; i < (int64_t)NKV * HD * n_ctx; i++) {   /* the cache holds F16 values (halves) */
+        kh[i] = pi2_f32_to_fp16(k[i]);
+        vh[i] = pi2_f32_to_fp16(v[i]);
+        k[i] = pi2_fp16_to_f32(kh[i]);
+        v[i] = pi2_fp16_to_f32(vh[i]);
     }
     float *scores = malloc(sizeof(float) * nt * PI2_ATTN_ROWS * n_ctx), *qf = malloc(sizeof(float) * nt * PI2_ATTN_ROWS * HD);
     float *acc = malloc(sizeof(float) * nt * pi2_attn_acc_floats(HD, HD));
-    pi2_attn a = {.q = q, .k = k, .v = v, .out = out, .scores = scores, .qf = qf, .acc = acc, .n_tok = n_tok,
+    pi2_attn a = {.q = q, .k = kh, .v = vh, .out = out, .scores = scores, .qf = qf, .acc = acc, .n_tok = n_tok,
                   .pos0 = pos0, .n_ctx = n_ctx, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .head_dim_v = HD,
                   .window = 0, .scale = 0.125f, .rows = PI2_ATTN_ROWS};   /* batches: attn_batch.c on AVX-512 */
     pi2_attention(pool, &a);
@@ -693,7 +696,7 @@ static void test_attention(pi2_pool *pool, int size, int n_tok) {
     const double e = nmse_d(out, want, (int64_t)n_tok * NH * HD);
     check(e <= 1e-5, n_tok == 1 ? "attention-1" : "attention-batch", "F16", "-", size, e);
     h_ops = fnv1a(h_ops, out, sizeof(float) * n_tok * NH * HD);
-    free(q); free(k); free(v); free(out); free(scores); free(qf); free(acc); free(want); free(p);
+    free(q); free(k); free(v); free(kh); free(vh); free(out); free(scores); free(qf); free(acc); free(want); free(p);
 }
 
 /* Bit-exactness across CPUs: dequantize every type and quantize every activation format. */

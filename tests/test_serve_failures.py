@@ -173,7 +173,8 @@ def test_an_engine_error_in_the_prompt_is_a_500_response(faulty):
             client.completions.create(model="pi2", prompt=PROMPT + " again", max_tokens=8, stream=True)
         assert e.value.status_code == 500 and "Input/output error" in str(e.value)
         ctx.after = 3
-        stream = client.completions.create(model="pi2", prompt=PROMPT + " and again", max_tokens=8, stream=True)
+        stream = client.completions.create(model="pi2", prompt=PROMPT + " and again", max_tokens=8, stream=True,
+                                           temperature=0, extra_body={"ignore_eos": True})
         with pytest.raises(openai.APIError, match="Input/output error"):
             for _ in stream:
                 pass

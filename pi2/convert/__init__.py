@@ -163,10 +163,9 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
     replaced, down_types, down_err = {}, [], []
     bar = tqdm(total=cfg.n_layer, desc="layout", unit="layer", disable=not progress)
 
-    def maker(il: int, perm: np.ndarray, rtype: int, gud: bool):
-        def make() -> list:       # layer il's new tensors, in the order layer_specs announced them
+    def maker(il: int, perm: np.ndarray, rtype: int, gud: bool, gate, up, dn):
+        def make() -> list:       # layer il's new tensors, in the order _layer_specs announced them
             p = f"blk.{il}."
-            gate, up, dn = f.tensors[p + "ffn_gate.weight"], f.tensors[p + "ffn_up.weight"], f.tensors[down_name(il)]
             drows, dscale, derr = layout.down_rows(f.raw(dn.name), dn.type, n_embd, n_ff, perm, rtype, not down_t)
             down_err.append(derr)
             gate_rows = np.ascontiguousarray(f.raw(gate.name)[perm])
@@ -191,7 +190,7 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
         down_types.append(rtype)
         gud = ffn_layout == "bundle-gud"
         specs = _layer_specs(f, p, gate, up, rtype, n_embd, n_ff, gud, None if pred is None else built[il])
-        replaced[gate.name] = [Later(specs, maker(il, perm, rtype, gud))]
+        replaced[gate.name] = [Later(specs, maker(il, perm, rtype, gud, gate, up, dn))]
         replaced[up.name] = replaced[dn.name] = []
         if p + "fc2.weight" in f.tensors:      # the predictor's second matrix, rows in the new order, in its place
             fc2 = f.tensors[p + "fc2.weight"]
@@ -271,15 +270,16 @@ def _layer_specs(f, p: str, gate, up, rtype: int, n_embd: int, n_ff: int, gud: b
         specs += [(p + "ffn_down_scale.weight", (n_ff,), np.float32, None),
                   (p + "ffn_down_colscale.weight", (n_embd,), np.float32, None)]
     if built is not None:
-        specs += [(name, a.shape, a.dtype, raw) for name, a, raw in _predictor_tensors(p, built, np.arange(n_ff))]
+        specs += [(name, a.shape, a.dtype, raw) for name, a, raw in _predictor_tensors(p, built)]
     return specs
 
 
-def _predictor_tensors(p: str, b, perm: np.ndarray) -> list:
-    """The layer's predictor tensors in the new neuron order (rows per neuron follow perm; fc1 does not)."""
+def _predictor_tensors(p: str, b, perm: np.ndarray | None = None) -> list:
+    """The layer's predictor tensors in the new neuron order (rows per neuron follow perm; fc1 does not); without
+    perm, in the profile's order (their shapes, for the writer's announcement)."""
     out = []
     for name, (raw, qtype) in b.tensors.items():
-        rows = raw if name == "fc1" else np.ascontiguousarray(raw[perm])
+        rows = raw if name == "fc1" or perm is None else np.ascontiguousarray(raw[perm])
         out.append((f"{p}{name}.weight", rows.view(np.int8) if qtype is None else rows, qtype))
     return out + [(p + "ffn_pred_margin.weight", b.margin.astype(np.float32), None)]
 

@@ -99,12 +99,12 @@ def layer_specs(f, cfg, il: int, ffn_type: str) -> tuple:
     return specs, rtype
 
 
-def layer_tensors(f, cfg, il: int, perm: np.ndarray, freq: np.ndarray, routed: np.ndarray, ffn_type: str) -> tuple:
-    """Layer il's new expert tensors' arrays in layer_specs' order, and its largest down error."""
+def layer_tensors(f, cfg, il: int, perm: np.ndarray, freq: np.ndarray, routed: np.ndarray, rtype: int) -> tuple:
+    """Layer il's new expert tensors' arrays in layer_specs' order (down rows of rtype, layer_specs' choice), and
+    its largest down error."""
     b, E, F, X = f"blk.{il}.", cfg.n_embd, cfg.n_ff_exp, cfg.n_expert
     gate, up, dn = (f.tensors[b + f"ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
     p3 = perm[:, :, None]
-    rtype = layout.down_row_type(dn.type, E, ffn_type, transposed=True)
     down_src = _rows3(f, dn.name)
     up_src = _rows3(f, up.name)
     bundles, scales, err = None, [], 0.0
@@ -139,10 +139,10 @@ def convert_moe(model, src: Path, out: Path, *, calib, calib_tokens: int, ffn_ty
     replaced, up_types, down_types, rep_types, errs, opened, hot = {}, [], [], [], [], [], []
     bar = tqdm(total=cfg.n_layer, desc="layout", unit="layer", disable=not progress)
 
-    def maker(il: int):
+    def maker(il: int, rtype: int):
         def make() -> list:
             perm, freq = permutations(routed[il], counts[il])
-            arrays, err = layer_tensors(f, cfg, il, perm, freq, routed[il], ffn_type)
+            arrays, err = layer_tensors(f, cfg, il, perm, freq, routed[il], rtype)
             errs.append(err)
             bar.update(1)
             return arrays
@@ -155,7 +155,7 @@ def convert_moe(model, src: Path, out: Path, *, calib, calib_tokens: int, ffn_ty
             down_types.append(0)
             continue
         specs, rtype = layer_specs(f, cfg, il, ffn_type)
-        replaced[b + "ffn_gate_exps.weight"] = [Later(specs, maker(il))]
+        replaced[b + "ffn_gate_exps.weight"] = [Later(specs, maker(il, rtype))]
         replaced[b + "ffn_up_exps.weight"] = replaced[b + "ffn_down_exps.weight"] = []
         up_types.append(int(f.tensors[b + "ffn_up_exps.weight"].type))
         down_types.append(int(rtype))

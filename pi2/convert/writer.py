@@ -127,16 +127,24 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+def _specs(t) -> list:
+    """[(name, shape, dtype, raw)] of a write_gguf entry: a Later group's, or a (name, array, raw) tuple's."""
+    return t.specs if isinstance(t, Later) else [(t[0], t[1].shape, t[1].dtype, t[2])]
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
 def _info(w: GGUFWriter, name: str, shape, dtype, raw) -> None:
-    w.add_tensor_info(name, tuple(shape), np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize,
+    w.add_tensor_info(name, tuple(shape), np.dtype(dtype), _nbytes(shape, dtype),
                       raw_dtype=None if raw is None else GGMLQuantizationType(raw))
 
 
 def _write_data(w: GGUFWriter, tensors: list, progress: bool, release) -> None:
     """The tensors' data in order, each Later group made just before it is written and dropped after; release()
     (when given) after each, e.g. to let go of the source pages a copied tensor was read from."""
-    total = sum(int(np.prod(sh)) * np.dtype(dt).itemsize for t in tensors
-                for _, sh, dt, _ in (t.specs if isinstance(t, Later) else [(t[0], t[1].shape, t[1].dtype, t[2])]))
+    total = sum(_nbytes(sh, dt) for t in tensors for _, sh, dt, _ in _specs(t))
     bar = tqdm(desc="Writing", total=total, unit="byte", unit_scale=True, disable=not progress)
     for t in tensors:
         if not isinstance(t, Later):
@@ -172,8 +180,7 @@ def write_gguf(out: Path, arch: str, kvs: list, tensors: list, progress: bool = 
         for key, value, vt, sub in kvs:
             add_kv(w, key, value, vt, sub)
         for t in tensors:
-            for name, shape, dtype, raw in (t.specs if isinstance(t, Later) else [(t[0], t[1].shape, t[1].dtype,
-                                                                                    t[2])]):
+            for name, shape, dtype, raw in _specs(t):
                 _info(w, name, shape, dtype, raw)
         w.write_header_to_file()
         w.write_kv_data_to_file()

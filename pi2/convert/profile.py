@@ -1,23 +1,19 @@
 # profile.py — activation statistics of a model's FFN neurons on calibration text.
-# Owns: choosing evenly spaced chunks of the calibration tokens (layerwise.py runs the model over them),
-#       per-layer streaming statistics (a fine |act(gate)| histogram for thresholds, per-neuron exceedance
+# Owns: per-layer streaming statistics over the calibration chunks (pi2/model/calib.py) layerwise.py runs the
+#       model over (a fine |act(gate)| histogram for thresholds, per-neuron exceedance
 #       counts on a coarse magnitude grid for frequencies, a token subsample of act and act·up for errors),
 #       and deriving thresholds, frequencies and FFN-output errors at each keep fraction.
 # Does not: reorder, quantize or write anything (layout.py, writer.py).
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from pi2.errors import UsageError
+from pi2.model.calib import CHUNK, DEFAULT_CALIB, calib_tokens  # noqa: F401  (convert's names for them)
 
-DEFAULT_CALIB = Path(__file__).resolve().parent.parent / "data" / "calib.txt"
 KEEP_GRID = np.round(np.arange(1, 21) * 0.05, 2).astype(np.float32)    # 0.05 .. 1.0
 DEFAULT_KEEP = 0.8                             # ≤ 3 % perplexity over dense on SmolLM2 (see README)
-CHUNK = 256
 ERR_TOKENS = 192                              # token rows kept per layer for the error statistics
 _HIST = np.logspace(-8, 4, 2401)              # layer-wide |act| histogram edges (200 per decade)
 _COARSE = np.logspace(-4, 1, 81)              # per-neuron exceedance grid (16 per decade)
@@ -30,27 +26,6 @@ def act_fn(name: str):
         c = np.float32(np.sqrt(2.0 / np.pi))
         return lambda g: 0.5 * g * (1.0 + np.tanh(c * (g + np.float32(0.044715) * g * g * g)))
     return lambda g: np.maximum(g, 0)
-
-
-def calib_tokens(tokenizer, path: Path | None, n_tokens: int) -> tuple[list, str, int]:
-    """Chunks of CHUNK tokens evenly spaced over the calibration text; (chunks, text sha256, tokens used)."""
-    path = Path(path) if path else DEFAULT_CALIB
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read calibration text {path}: {e.strerror}") from None
-    if n_tokens < 16:
-        raise UsageError(f"--calib-tokens must be at least 16 (got {n_tokens})")
-    ids = tokenizer.encode(data.decode("utf-8", "replace"), add_special=False)
-    if len(ids) < 16:
-        raise UsageError(f"calibration text {path} has only {len(ids)} tokens")
-    size = min(CHUNK, n_tokens, len(ids))
-    n_avail = len(ids) // size
-    n_chunks = max(1, min(n_avail, -(-n_tokens // size)))
-    starts = np.linspace(0, n_avail - 1, n_chunks).round().astype(int) * size
-    bos = [tokenizer.bos_id] if getattr(tokenizer, "add_bos", False) and tokenizer.bos_id is not None else []
-    chunks = [bos + ids[s:s + size - len(bos)] for s in starts]
-    return chunks, hashlib.sha256(data).hexdigest(), sum(len(c) for c in chunks)
 
 
 @dataclass

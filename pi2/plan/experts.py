@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pi2.convert.profile import calib_tokens
+from pi2.model.calib import calib_tokens
 from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
 from pi2.engine.expert_clusters import CLUSTER

@@ -350,13 +350,17 @@ def convert(
     predictor_rank: int = typer.Option(64, "--predictor-rank", help="rank of a lowrank predictor (multiple of 32)"),
     predictor_recall: float = typer.Option(0.95, "--predictor-recall",
                                            help="share of truly active neurons the margins must catch"),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
+                                                help="MoE files: memory the profile may hold, e.g. 4G; its experts "
+                                                     "stream from flash (default: mapped if the file fits in memory)"),
     verbose: bool = VerboseOpt,
 ):
     """Convert a GGUF model to a pi2 file: profile neurons, order them hot-first, bundle up and down rows."""
     pred = None if predictor is None else (predictor, predictor_input, predictor_bits, predictor_rank,
                                            predictor_recall)
     _commands().convert(_model_path(model, model_opt), output, calib=calib, calib_tokens=calib_tokens,
-                        ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0), pred=pred)
+                        ffn_layout=layout, ffn_type=ffn_type, n_threads=max(threads, 0), pred=pred,
+                        memory_budget=memory_budget)
 
 
 @app.command()

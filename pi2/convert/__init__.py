@@ -23,6 +23,7 @@ from pi2.convert.writer import ConvertError, Later, kv_types, write_gguf
 from pi2.errors import FileError, UsageError
 from pi2.model.gguf_file import GGML_TYPES, TYPE_IDS
 from pi2.model.loader import load_model
+from pi2.runtime.config import RunConfig
 
 PI2_VERSION = 1
 SCORE = "act"                       # ranking score of the thresholds: |act(gate)| (runtime.ffn_rule.SCORES)
@@ -95,9 +96,14 @@ def check_writable(src: Path, out: Path) -> None:
 
 def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKENS, ffn_layout: str = "bundle-ud",
             ffn_type: str = "auto", default_keep: float = profile.DEFAULT_KEEP, n_threads: int = 0,
-            progress: bool = True, pred: "predictor.Spec | None" = None) -> ConvertReport:
+            progress: bool = True, pred: "predictor.Spec | None" = None, memory_budget=None) -> ConvertReport:
+    """Convert src to a pi2 file (out, default MODEL.pi2.gguf). memory_budget (bytes or a size such as '500M', MoE
+    files only): the memory the profile's experts stream within (moe_budget.py); None: the file mapped when it fits
+    in what this process may use, otherwise streamed within that."""
     src = Path(src)
     out = Path(out) if out is not None else default_output(src)
+    if memory_budget is not None:       # a bad value is an error before anything is read
+        memory_budget = RunConfig(memory_budget=memory_budget).memory_budget
     if ffn_layout not in layout.LAYOUTS:
         raise UsageError(f"unknown layout '{ffn_layout}' (choose from {', '.join(layout.LAYOUTS)})")
     if ffn_type not in layout.FFN_TYPES:
@@ -120,9 +126,13 @@ def convert(src, out=None, *, calib=None, calib_tokens: int = DEFAULT_CALIB_TOKE
                 raise UsageError("--predictor and --layout bundle-gud are for dense models")
             moe.check(cfg)
             return moe.convert_moe(model, src, out, calib=calib, calib_tokens=calib_tokens, ffn_type=ffn_type,
-                                   n_threads=n_threads, progress=progress, source_sha=_sha256(src))
+                                   n_threads=n_threads, progress=progress, source_sha=_sha256(src),
+                                   memory_budget=memory_budget)
         finally:
             model.close()
+    if memory_budget is not None:
+        model.close()
+        raise UsageError("--memory-budget is for MoE files: a dense file's profile holds one layer at a time")
     if pred is not None:
         _check_spec(pred, cfg, f)
     chunks, calib_sha, n_tok = profile.calib_tokens(model.tokenizer, calib, calib_tokens)

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pi2.convert import layout, profile
+from pi2.convert import layout, moe_budget, profile
 from pi2.convert.writer import Later, kv_types, write_gguf
-from pi2.engine import CContext, CModel, default_threads, expert_clusters
+from pi2.engine import expert_clusters
 from pi2.errors import UnsupportedError, UsageError
 from pi2.model.expert_bundles import LAYOUT
 from pi2.model.gguf_file import GGML_TYPES
@@ -37,6 +37,7 @@ class MoEConvertReport:
     hot_share: list             # per expert layer: share of the opened pairs in each expert's first quarter
     seconds: dict = field(default_factory=dict)
     peak_rss_mb: dict = field(default_factory=dict)
+    budget: int | None = None   # the budget the profile's experts streamed within (None: the file mapped whole)
 
 
 def check(cfg) -> None:
@@ -51,19 +52,21 @@ def check(cfg) -> None:
                                f"file's are {act}: run it as it is")
 
 
-def profile_neurons(model, calib, n_tokens: int, n_threads: int) -> tuple:
-    """Route the calibration text through the C engine (experts in memory, every row computed): (rows routed per
-    expert [n_layer][n_expert], open counts [n_layer][n_expert][n_ff_exp], tokens, calibration sha256)."""
+def profile_neurons(model, calib, n_tokens: int, n_threads: int, memory_budget=None) -> tuple:
+    """Route the calibration text through the C engine (every row of a routed expert computed; the experts mapped,
+    or streamed within memory_budget or what this process may use when the file does not fit: moe_budget.py):
+    (rows routed per expert [n_layer][n_expert], open counts [n_layer][n_expert][n_ff_exp], tokens, calibration
+    sha256, the budget or None)."""
     cfg = model.config
     chunks, sha, n_tok = profile.calib_tokens(model.tokenizer, calib, n_tokens)
-    ctx = CContext(CModel.from_model(model), max(len(ch) for ch in chunks) + 1, n_threads or default_threads())
+    ctx, budget = moe_budget.profile_context(model, max(len(ch) for ch in chunks) + 1, n_threads, memory_budget)
     counts = np.zeros((cfg.n_layer, cfg.n_expert, cfg.n_ff_exp), np.int64)
     expert_clusters.count_neurons(ctx, counts)
     for ch in chunks:
         ctx.reset()
         ctx.decode(ch, all_logits=True)      # the last layer too computes every row
     expert_clusters.count_neurons(ctx, None)
-    return ctx.expert_counts, counts, n_tok, sha
+    return ctx.expert_counts, counts, n_tok, sha, budget
 
 
 def permutations(routed: np.ndarray, counts: np.ndarray) -> tuple:
@@ -124,14 +127,15 @@ def layer_tensors(f, cfg, il: int, perm: np.ndarray, freq: np.ndarray, routed: n
 
 
 def convert_moe(model, src: Path, out: Path, *, calib, calib_tokens: int, ffn_type: str, n_threads: int,
-                progress: bool, source_sha: str) -> MoEConvertReport:
+                progress: bool, source_sha: str, memory_budget=None) -> MoEConvertReport:
     """Profile, then write: each expert layer's new tensors are made when the writer reaches them and dropped
-    after (with the source pages they read), so the peak is the profile's plus about one layer."""
+    after (with the source pages they read), so the peak is the profile's plus about one layer; the profile's is
+    the file's size mapped, or memory_budget (moe_budget.py)."""
     f, cfg = model.file, model.config
     check(cfg)
     secs, t0 = {}, time.perf_counter()
-    routed, counts, n_tok, calib_sha = profile_neurons(model, calib, calib_tokens, n_threads)
-    gc.collect()                     # the profiling context and its mapping of the file
+    routed, counts, n_tok, calib_sha, budget = profile_neurons(model, calib, calib_tokens, n_threads, memory_budget)
+    gc.collect()                     # the profiling context and its mapping of the file (or its expert cache)
     f.drop_pages()
     secs["profile"] = time.perf_counter() - t0
     rss = {"profile": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}
@@ -188,13 +192,13 @@ def convert_moe(model, src: Path, out: Path, *, calib, calib_tokens: int, ffn_ty
     secs["layout+write"] = time.perf_counter() - t2
     secs["total"] = time.perf_counter() - t0
     rss["total"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-    return MoEConvertReport(str(out), n_tok, LAYOUT, rep_types, errs, opened, hot, secs, rss)
+    return MoEConvertReport(str(out), n_tok, LAYOUT, rep_types, errs, opened, hot, secs, rss, budget)
 
 
 def summary(rep: MoEConvertReport) -> str:
     return "\n".join([
         f"wrote {rep.output}",
-        f"calibration: {rep.n_tokens} tokens; experts in hot-first neuron order, layout {rep.layout}; down rows "
+        f"calibration: {rep.n_tokens} tokens ({moe_budget.describe(rep.budget)}); experts in hot-first neuron order, layout {rep.layout}; down rows "
         f"{', '.join(sorted(set(rep.down_types)))} (relative error {max(rep.down_err):.4f} max)",
         f"open neurons per routed row: {np.mean(rep.open_share):.1%} mean (min {min(rep.open_share):.1%}, max "
         f"{max(rep.open_share):.1%}); each expert's first quarter takes {np.mean(rep.hot_share):.1%} of its opens",

@@ -123,3 +123,15 @@ def test_cli_memory_budget_is_for_moe_files(tmp_path):
     src = write_model(tmp_path / "dense.gguf", wtype="Q4_1", n_embd=64, n_ff=128, n_layer=2)
     res = cli("convert", src, "-o", tmp_path / "c.gguf", "--memory-budget", "1G")
     assert_error(res, 2, "--memory-budget is for MoE files")
+
+
+def test_automatic_budget_below_the_streamed_minimum_maps(tmp_path_factory, tmp_path, monkeypatch, capsys):
+    """What the process may use is less than the file and less than the streamed engine's minimum: the profile maps
+    the file (as before budgets: slow where it does not fit, but it runs), with a note; the output is the same."""
+    src, want = source(tmp_path_factory)
+    limit = budgets(src)[0] // 2
+    monkeypatch.setattr(devices, "memory_limit", lambda meminfo=None: limit)
+    rep = convert(src, tmp_path / "low.gguf", calib_tokens=256, progress=False, n_threads=2)
+    assert rep.budget is None
+    assert "too little to stream its experts" in capsys.readouterr().err
+    assert open(rep.output, "rb").read() == want

@@ -8,7 +8,9 @@
 # Does not: count or order neurons (moe.py), or decide the budget's split (pi2/runtime/plan.py, pi2/plan/experts.py).
 from __future__ import annotations
 
-from pi2.engine import CContext
+import sys
+
+from pi2.engine import CContext, CModel, default_threads
 from pi2.errors import UsageError
 from pi2.plan.budget import fmt
 from pi2.runtime.config import RunConfig
@@ -22,13 +24,18 @@ def profile_context(model, n_ctx: int, n_threads: int, memory_budget) -> tuple:
     cfg = RunConfig(n_ctx=n_ctx, n_threads=n_threads, memory_budget=memory_budget, repack=False,
                     expert_profile=False, npu="off")
     try:
-        p = plan_run(model, cfg)      # notes on stderr: a file that does not fit streams within the limit
-    except UsageError as e:           # a budget below the minimum: the context's size is not the user's to choose
-        e.hint = e.hint.replace(", or a smaller -c", "")
+        p = plan_run(model, cfg)
+    except UsageError as e:           # a budget below the streamed engine's minimum
+        if memory_budget is None:     # ... of the automatic kind: mapped, the kernel re-reading evicted pages
+            print(f"pi2: note: the file does not fit in what this process may use, and that is too little to "
+                  f"stream its experts ({str(e).split(' is below ', 1)[-1]}): the profile maps the file, re-reading "
+                  f"evicted pages (slow)", file=sys.stderr)
+            return CContext(CModel.from_model(model), n_ctx, n_threads or default_threads()), None
+        e.hint = e.hint.replace(", or a smaller -c", "")   # the context's size is not the user's to choose
         raise
     if p.budget is None:
         return CContext(p.cmodel, n_ctx, p.n_threads), None
-    return open_session(model, p).ctx, p.budget
+    return open_session(model, p).ctx, p.budget      # its notes: a file that does not fit streams within the limit
 
 
 def describe(budget: int | None) -> str:

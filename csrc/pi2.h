@@ -528,9 +528,6 @@ typedef struct {
     int64_t expert_evicted;    /* experts dropped from a slot (replaced, or their pages given back to keep
                                 * expert_cold_bytes) */
     int64_t expert_slots_held; /* cold slots holding an expert now */
-    int64_t expert_guess;      /* of expert_ahead: experts guessed a layer early (smallthinker: layer il+1's router on
-                                * layer il's FFN input, read while layer il finishes and il+1's attention runs) */
-    int64_t expert_guess_used; /* ... of which the routing then needed */
 } pi2_cache_stats;
 
 /* From now on, count the neurons of ReLU-family experts that routed rows open: counts[(il·n_expert + e)·n_ff_exp + r]

@@ -48,9 +48,6 @@ if "pi2_cache_hit_rate" in out:
         extra += f" experts {out['pi2_experts_loaded_per_token']:.2f}/tok/layer"
         if out.get("pi2_expert_ahead_hit_rate"):
             extra += f" ahead {out['pi2_expert_ahead_hit_rate']:.0%} right"
-        if out.get("pi2_expert_guess_hit_rate"):
-            extra += (f" guessed {out['pi2_expert_guesses_per_token']:.1f}/tok "
-                      f"{out['pi2_expert_guess_hit_rate']:.0%} right")
         if out.get("pi2_cluster_hit_rate"):   # a converted file: partial hits, clusters found in the slots
             extra += (f" partial {out['pi2_expert_partial_hit_rate']:.1%} clusters found "
                       f"{out['pi2_cluster_hit_rate']:.1%} held {out['pi2_expert_held_bytes'] / 2**20:.0f} MiB "

@@ -6,9 +6,9 @@
  * Invariants: held[s] = 4 KiB × the pages set in slot s's bitmap, held_total their sum; a page not in the bitmap was
  *       never written since the slot's pages were last given back (so it is not resident); a slot whose mark is the
  *       current step (epoch) or the next one (guesses read ahead) keeps its pages (its rows are being read or
- *       computed), so the cap may be passed by the bytes of one step's experts and the next layer's read ahead; a
- *       slot that gave its pages back holds no expert and goes to the LRU's front (taken last: a slot with pages is
- *       reused first, without faults); take never reuses a slot in use. */
+ *       computed), so the cap may be passed by the bytes of one step's experts; a slot that gave its pages back holds
+ *       no expert and goes to the LRU's front (taken last: a slot with pages is reused first, without faults); take
+ *       never reuses a slot in use. */
 #define _GNU_SOURCE
 #include "cache/experts.h"
 #include "cache/cache.h"

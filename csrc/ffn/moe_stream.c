@@ -159,8 +159,6 @@ static pi2_status two_phase(pi2_ctx *c, const pi2_layer *L, int32_t il, const in
     }
 }
 
-static pi2_status guess_next(pi2_ctx *c, int32_t il);
-
 pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n) {
     struct pi2_moe *moe = c->moe;
     pi2_pipeline *pl = c->pipeline;
@@ -194,7 +192,6 @@ pi2_status pi2_moe_stream_experts(pi2_ctx *c, const pi2_layer *L, int32_t il, in
         const int32_t *chunk = st->all + i0;
         if ((s = pi2_pipeline_need(pl, PI2_PART_EXPERTS, il, chunk, nc, st->ready))) break;
         if ((s = partial ? two_phase(c, L, il, chunk, nc) : one_phase(c, L, n, chunk, nc, same))) break;
-        if (n == 1 && i0 + nc == n_active && (s = guess_next(c, il))) break;   /* the layer's reads are in */
         moe->active = (int32_t *)chunk;
         moe->n_active = nc;
         if (moe->neuron_counts || moe->cluster_counts) pi2_moe_count_neurons(c, il);   /* before the activation */
@@ -230,20 +227,5 @@ pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, cons
     }
     /* the experts route() selects from these logits (sigmoid gating saturates: its ties are broken as route's) */
     pi2_moe_select(&c->m->hp, moe->logits, moe->probs, moe->stream->got, moe->stream->sub);
-    return pi2_pipeline_experts_ahead(c->pipeline, il, moe->stream->sub, moe->k, x != NULL);
-}
-
-/* smallthinker, one token, once layer il's expert reads have all landed: guess layer il+1's experts with its router
- * on c->x (layer il's FFN input; il+1's router reads il's output, that plus the FFN's), so their reads fill the
- * time until il+1's routing is known (il's last products and down, il+1's router); its exact experts join them then
- * (pi2_moe_stream_ahead). moe->logits is free: layer il is routed. */
-static pi2_status guess_next(pi2_ctx *c, int32_t il) {
-    const pi2_model_params *hp = &c->m->hp;
-    if (!hp->router_before_attn || il + 1 >= hp->n_layer || !pi2_pipeline_experts_ahead_on(c->pipeline)) return PI2_OK;
-    const pi2_layer *N = &c->m->layers[il + 1];
-    if (!N->gate_exps.data || !N->router.data) return PI2_OK;
-    struct pi2_moe *moe = c->moe;
-    pi2_moe_matmul(c, c->x, 1, &(pi2_mm){&N->router, moe->logits}, 1);
-    pi2_moe_select(hp, moe->logits, moe->probs, moe->stream->got, moe->stream->sub);
-    return pi2_pipeline_experts_ahead(c->pipeline, il + 1, moe->stream->sub, moe->k, 1);
+    return pi2_pipeline_experts_ahead(c->pipeline, il, moe->stream->sub, moe->k);
 }

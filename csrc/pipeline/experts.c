@@ -24,8 +24,7 @@ pi2_status pi2_experts_init(pi2_pipeline *pl) {
     ex->pending = calloc(X, sizeof *ex->pending);
     ex->ahead = calloc(X, 1);
     ex->found = calloc(X, 1);
-    ex->guessed = calloc(X, 1);
-    int ok = ex->reqs && ex->req_e && ex->req_need && ex->pending && ex->ahead && ex->found && ex->guessed;
+    int ok = ex->reqs && ex->req_e && ex->req_need && ex->pending && ex->ahead && ex->found;
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) ok = ok && (ex->rows[w] = calloc(X, sizeof *ex->rows[w]));
     return ok ? PI2_OK : pi2_set_error(PI2_ERR_NOMEM, "out of memory for the read pipeline");
 }
@@ -40,7 +39,6 @@ void pi2_experts_free(pi2_pipeline *pl) {
     free(ex->pending);
     free(ex->ahead);
     free(ex->found);
-    free(ex->guessed);
     for (int32_t w = 0; w < PI2_EXPERT_SLICES; w++) free(ex->rows[w]);
     free(ex);
     pl->experts = NULL;
@@ -180,36 +178,26 @@ static pi2_status finish(pi2_pipeline *pl) {
     return PI2_OK;
 }
 
-pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n, int guess) {
+pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n) {
     pi2_expert_cache *ec = pl->cache->experts;
     expert_reads *ex = pl->experts;
     const int32_t X = ec->n_expert;
-    if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il)) return PI2_OK;
-    /* more experts for the layer whose guesses are listed (the exact ones once its routing is known), or a new list
-     * when nothing is in flight; never while another layer's reads are */
-    const int more = ex->ahead_layer == il;
-    if (!more && ex->n_wait < ex->n_req) return PI2_OK;
-    if (2 * (n + (more ? ex->n_ahead : 0)) > pi2_expert_room(ec)) return PI2_OK;   /* these and the step's misses fit */
-    if (!more) {
-        ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
-        ex->layer = il;
-        memset(ex->ahead, 0, (size_t)X);
-        memset(ex->guessed, 0, (size_t)X);
-    }
-    const int32_t before = ex->n_req;
+    if (il < 0 || il >= ec->n_layer || !pi2_expert_layer(ec, il) || ex->n_wait < ex->n_req) return PI2_OK;
+    if (2 * n > pi2_expert_room(ec)) return PI2_OK;   /* the guesses and the token's other misses must both fit */
+    ex->n_req = ex->n_sub = ex->n_wait = ex->n_ahead = 0;
+    ex->layer = il;
+    memset(ex->ahead, 0, (size_t)X);
     for (int32_t i = 0; i < n; i++) {
         const int32_t e = experts[i];
         if (ec->hot_of[(size_t)il * X + e] >= 0 || pi2_slots_holding(&ec->slots, il, e) >= 0) continue;
         list_reads(pl, il, e, ec->epoch + 1);   /* in use from the next step on */
         ex->n_ahead++;
         ex->ahead[e] = 1;
-        ex->guessed[e] = (uint8_t)guess;
         pl->cache->st.expert_ahead++;
-        pl->cache->st.expert_guess += guess != 0;
     }
-    if (ex->n_req == before) return PI2_OK;
-    if (!more || ex->n_wait == before) ex->t_submit = pi2_now();
+    if (!ex->n_req) return PI2_OK;
     ex->ahead_layer = il;
+    ex->t_submit = pi2_now();
     return submit(pl);
 }
 
@@ -262,7 +250,6 @@ pi2_status pi2_experts_need(pi2_pipeline *pl, int32_t il, const int32_t *experts
             ex->ahead[e] = 2;
             ec->misses++;
             pl->cache->st.expert_ahead_used++;
-            pl->cache->st.expert_guess_used += ex->guessed[e];
             if (whole) ex->pending[e] += list_clusters(pl, il, e, slot, NULL, ec->n_cl, 1);   /* guessed: partial */
             ready[e] = ex->pending[e] == 0;
         } else if (slot >= 0) {

@@ -99,12 +99,9 @@ int32_t pi2_pipeline_expert_room(const pi2_pipeline *pl);
 /* [n_expert] where slice w (0 gate, 1 up, 2 down) of each expert named by the last need of the layer is. */
 const uint8_t *const *pi2_pipeline_expert_rows(const pi2_pipeline *pl, int32_t w);
 /* Routing ahead: read the guessed experts of layer il (one token's top-k, before its routing) into slots now;
- * need then takes those it names as misses already on their way. When layer il's guesses are listed already, the
- * experts not among them join them (the exact ones, once routing is known); skipped while another layer's reads are
- * in flight or when the experts listed could crowd out the token's own misses (2·listed > the expert slots). guess:
- * 1 when these are guessed from another layer's state (counted in expert_guess and expert_guess_used). PI2_ERR_IO
- * when a submission fails. */
-pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n, int guess);
+ * need then takes those it names as misses already on their way. Skipped while reads are in flight or when the
+ * guesses could crowd out the token's own misses (2n > the expert slots). PI2_ERR_IO when a submission fails. */
+pi2_status pi2_pipeline_experts_ahead(pi2_pipeline *pl, int32_t il, const int32_t *experts, int32_t n);
 /* 1 when the pipeline streams experts and was asked to route ahead. */
 int pi2_pipeline_experts_ahead_on(const pi2_pipeline *pl);
 /* A converted file's experts (up/down bundles): on = read a miss's gate rows first and its bundle clusters only when

@@ -42,7 +42,6 @@ typedef struct {               /* a MoE layer's expert reads (experts.c) */
     const uint8_t **rows[PI2_EXPERT_SLICES];   /* [n_expert] where each needed expert's slices are */
     uint8_t *ahead;            /* [n_expert] 1: read ahead (a guess) and not needed yet, 2: ... and needed */
     uint8_t *found;            /* [n_expert] 1: the step found the expert in a slot (a hit; partial if it reads) */
-    uint8_t *guessed;          /* [n_expert] 1: listed by a guess a layer early (pi2_pipeline_experts_ahead's guess) */
     int32_t ahead_layer;       /* the layer whose guessed experts are in reqs, or -1 */
     int32_t ahead_on;          /* pi2_stream_params.expert_ahead */
     double t_submit;

@@ -217,8 +217,7 @@ class CContext:
         resident or in a slot), experts_loaded_per_token (distinct experts a step needed per token and layer), the
         routing-ahead hit rate (guessed experts the routing then needed), experts_learned (slots pinned now for hot
         experts learned while running) and learned_hit_share (of the needed experts, found in one of them), and the
-        figures every streamed run has; expert_guess_hit_rate and expert_guesses_per_token: the experts guessed a
-        layer early (read before their layer's routing is known) and the share of them the routing then needed."""
+        figures every streamed run has."""
         need = d["expert_hot"] + d["expert_hits"] + d["expert_misses"]
         layers = sum(1 for il in range(self.cfg.n_layer) if self.cmodel.model.file.tensors.get(
             f"blk.{il}.ffn_gate_exps.weight") is not None) or 1
@@ -229,9 +228,6 @@ class CContext:
                 "experts_loaded_per_token": round(need / d["tokens"] / layers, 2) if d["tokens"] else 0.0,
                 "expert_ahead_hit_rate": round(d["expert_ahead_used"] / d["expert_ahead"], 4)
                 if d["expert_ahead"] else 0.0,
-                "expert_guess_hit_rate": round(d["expert_guess_used"] / d["expert_guess"], 4)
-                if d["expert_guess"] else 0.0,
-                "expert_guesses_per_token": round(d["expert_guess"] / d["decoded"], 2) if d["decoded"] else 0.0,
                 "experts_learned": st["expert_pinned"],
                 "learned_hit_share": round(d["expert_pinned_hits"] / need, 4) if need else 0.0,
                 "expert_partial_hit_rate": round(d["expert_partial_hits"] / need, 4) if need else 0.0,
@@ -318,7 +314,7 @@ class CContext:
                     "layer_loads_ahead", "expert_hot", "expert_hits", "expert_misses", "expert_ahead",
                     "expert_ahead_used", "expert_rows", "expert_pinned", "expert_pinned_hits", "expert_partial_hits",
                     "expert_cl_need", "expert_cl_found", "expert_held_bytes", "expert_evicted",
-                    "expert_slots_held", "expert_guess", "expert_guess_used")
+                    "expert_slots_held")
 
     def cache_stats(self) -> dict:
         """The neuron cache's counters (pi2_cache_stats as a dict); {} when the context is not streamed."""

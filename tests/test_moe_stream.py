@@ -3,8 +3,9 @@ csrc/ffn/moe_stream.c): a context reading each routed expert's gate/up/down slic
 by all layers, plus resident hot experts) gives logits bit-identical to the mapped run, for every architecture of
 tests/moe_files.py in F32 and Q4_K_M, prompt batches and single tokens, tiny caches that force misses (one slot:
 every layer's experts computed one chunk at a time) and big ones, every read backend and 1 and 2 threads; its
-statistics add up; bad settings and failing reads are refused with a message; the CLI streams a MoE file within
---memory-budget (same text as the mapped run), `pi2 plan` prints the split and refuses a budget below the floor.
+statistics add up (smallthinker's routing ahead reads the routed experts, sigmoid ties included); bad settings and
+failing reads are refused with a message; the CLI streams a MoE file within --memory-budget (same text as the mapped
+run), `pi2 plan` prints the split and refuses a budget below the floor.
 """
 from __future__ import annotations
 
@@ -100,6 +101,25 @@ def test_routing_ahead_equals_mapped(tmp_path_factory, arch):
     c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=k, expert_ahead=True)   # 2k > slots: none
     c.reset()
     assert np.array_equal(c.decode([PROMPT[0]]), want[0]) and c.cache_stats()["expert_ahead"] == 0
+
+
+def test_routing_ahead_breaks_sigmoid_ties_as_routing(tmp_path):
+    """smallthinker's router scaled up so sigmoid gating rounds many probabilities to 1.0f: routing breaks those ties
+    by its sort, and the experts read ahead (its early router's) are the routed ones, every one of them (the k
+    largest logits were not: a miss's bytes each), with the mapped run's logits."""
+    L = SPECS["smallthinker"]["n_layer"]
+    big = {f"blk.{il}.ffn_gate_inp.weight": (lambda a: a * 400.0) for il in range(L)}
+    path = write_moe(tmp_path / "st.gguf", "smallthinker", "F32", alter=big)
+    cm = CModel.from_model(load_model(path))
+    k = SPECS["smallthinker"]["k"]
+    ref = CContext(cm, 256, 2)
+    want = [ref.decode([t]) for t in PROMPT]
+    c = CContext(cm, 256, 2)
+    c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=2 * k, expert_ahead=True)
+    got = [c.decode([t]) for t in PROMPT]
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    st = c.cache_stats()
+    assert st["expert_ahead"] > 0 and st["expert_ahead_used"] == st["expert_ahead"], st   # top-k logits: 85 of 180
 
 
 @pytest.mark.parametrize("arch", MOE_ARCHS)

@@ -277,6 +277,13 @@ static void route(const pi2_model_params *hp, struct pi2_moe *moe, int32_t t, in
         for (int32_t j = 0; j < k; j++) w[j] *= hp->expert_weights_scale;
 }
 
+void pi2_moe_select(const pi2_model_params *hp, const float *logits, float *probs, int32_t *idx, int32_t *sel) {
+    const int32_t X = hp->n_expert;
+    gate_probs(probs, logits, X, hp->expert_gating);
+    argsort_desc(idx, probs, X);
+    memcpy(sel, idx, (size_t)hp->n_expert_used * sizeof *sel);
+}
+
 /* count, start, list and active from sel (n tokens): mul_mat_id's grouping, experts ascending, rows in scan order. */
 static void group_rows(struct pi2_moe *moe, int32_t n) {
     const int32_t X = moe->X, k = moe->k;

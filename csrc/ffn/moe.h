@@ -71,6 +71,10 @@ void pi2_moe_keep_rows(pi2_ctx *c, int32_t first, int32_t n);
  * when the experts stream (PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID). */
 pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 
+/* The experts route() would select from one row of router logits (its gating, then the same stable descending order,
+ * ties included), into sel[0..k); probs, idx: scratch of n_expert. */
+void pi2_moe_select(const pi2_model_params *hp, const float *logits, float *probs, int32_t *idx, int32_t *sel);
+
 /* moe_stream.c: the expert products of layer il (gate and up, the activation, down into moe->gate/up/down) with the
  * experts read through the context's pipeline, in chunks of at most its expert slots, each expert's gate and up
  * computed as soon as its reads land: the same bits as the mapped products. */

@@ -225,15 +225,7 @@ pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, cons
         for (int64_t i = 0; i < E; i++) moe->sh[i] = x[i] * (L->ffn_norm ? L->ffn_norm[i] : 1.0f);
         pi2_moe_matmul(c, moe->sh, 1, &(pi2_mm){&L->router, moe->logits}, 1);
     }
-    const int32_t X = moe->X, k = moe->k;   /* the k largest logits (gating keeps their order) */
-    uint8_t *taken = moe->stream->ready;
-    memset(taken, 0, (size_t)X);
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < X; e++)
-            if (!taken[e] && (best < 0 || moe->logits[e] > moe->logits[best])) best = e;
-        taken[best] = 1;
-        moe->stream->sub[j] = best;
-    }
-    return pi2_pipeline_experts_ahead(c->pipeline, il, moe->stream->sub, k);
+    /* the experts route() selects from these logits (sigmoid gating saturates: its ties are broken as route's) */
+    pi2_moe_select(&c->m->hp, moe->logits, moe->probs, moe->stream->got, moe->stream->sub);
+    return pi2_pipeline_experts_ahead(c->pipeline, il, moe->stream->sub, moe->k);
 }

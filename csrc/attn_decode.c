@@ -12,6 +12,7 @@
  * AVX-512 (F, BW, VL: 16-bit masked loads) and AVX2 with F16C; other CPUs: 0, ops.c's portable loops.
  * Does not: the softmax, batches of tokens (attn_batch.c), quantized keys (kv_quant.c). */
 #include "ops.h"
+#include "kernels/pack.h"
 
 #include <string.h>
 
@@ -26,9 +27,9 @@ void pi2_test_attention_isa(int32_t level) { isa_cap = level; }
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define T256 __attribute__((target("avx2,fma,f16c")))
 
-int pi2_cpu_avx512_half(void) {
+int pi2_cpu_avx512_half(void) {   /* not when PI2_CPU_VARIANT forces the baseline (kernels/pack.h) */
     return isa_cap < 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+           __builtin_cpu_supports("avx512vl") && pi2_kernels_variant()->allow_ext;
 }
 
 /* s[jb..jb+64) (masked by nb) from the lane sums tl [16][64]: (the halves, halves, (0+2) + (1+3) tree) · scale. */

@@ -110,6 +110,12 @@ static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot
     t[type].vec_dot_impl = impl;
 }
 
+/* F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"). */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 /* The CPU's vendor, family and model from CPUID leaves 0 and 1 (family and model with their extended fields). */
 static void cpu_id(char vendor[13], unsigned *family, unsigned *model) {
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -131,10 +137,16 @@ static void cpu_id(char vendor[13], unsigned *family, unsigned *model) {
  * - Other Intel with AVX-512 VNNI (Ice Lake, Sapphire/Emerald/Granite Rapids): zmm kernels, and software
  *   prefetch 1 KiB ahead: their L2 streamer stops at each 4 KiB page and restarts slowly, and a matrix
  *   task is one long stream crossing a page every ~20 block columns.
- * - Everything else with AVX2: ymm kernels (AVX2, no VNNI). */
-int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
+ * - Everything else with AVX2: ymm kernels (AVX2, no VNNI).
+ * PI2_CPU_VARIANT=avx2 (`want`) gives every CPU with AVX2 the last choice: the base table's kernels, no AVX-512
+ * loop anywhere (a VM that advertises AVX-512 it runs slowly; comparisons with AVX2-only builds). */
+int pi2_kernels_variant_x86(pi2_cpu_variant *v, const char *want) {
     __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())) {
+        if (want) snprintf(v->error, sizeof v->error, "PI2_CPU_VARIANT=%.40s: this CPU has no AVX2 kernels "
+                           "(accepted: auto)", want);
+        return 0;
+    }
     char vendor[13];
     unsigned fam, mod;
     cpu_id(vendor, &fam, &mod);
@@ -143,7 +155,17 @@ int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
     const int amd = !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine"), intel = !strcmp(vendor, "GenuineIntel");
     const char *name, *why;
     v->prefetch = 0;
-    if (vnni && amd) {
+    if (want && strcmp(want, "avx2")) {
+        snprintf(v->error, sizeof v->error, "PI2_CPU_VARIANT=%.40s: not a variant of this CPU (accepted: auto, avx2)",
+                 want);
+        want = NULL;
+    }
+    if (want) {
+        name = "avx2";
+        why = vnni ? "PI2_CPU_VARIANT=avx2: ymm kernels, AVX-512 and VNNI not used"
+                   : "PI2_CPU_VARIANT=avx2: ymm kernels (no AVX-512 VNNI)";
+        v->allow_ext = 0;
+    } else if (vnni && amd) {
         name = fam >= 0x1A ? "zen5-zmm" : "zen4-zmm";
         why = "512-bit ops at full clock: zmm kernels, hardware prefetch";
     } else if (vnni && intel && fam == 6 && mod == 0x55) {
@@ -166,12 +188,6 @@ int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
 static int use_zmm(void) {
     const char *n = pi2_kernels_variant()->name;
     return strstr(n, "zmm") != NULL;
-}
-
-/* F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"). */
-static int has_f16c(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
 uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
@@ -245,8 +261,8 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
 
 #else
 
-int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
-    (void)v;
+int pi2_kernels_variant_x86(pi2_cpu_variant *v, const char *want) {
+    (void)v; (void)want;
     return 0;
 }
 

@@ -120,7 +120,7 @@ static T512 void values_512(const float *p, const pi2_fp16 *v, size_t vd, int32_
     }
 }
 
-static int has_avx2_f16c(void) {   /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler's cpu_supports knows it) */
+int pi2_cpu_avx2_half(void) {   /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler's cpu_supports knows it) */
     static int known = -1;
     if (known < 0) {
         unsigned a, b, c = 0, d;
@@ -221,7 +221,7 @@ int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t 
         scores_512(qf, kT, ld, hd, scale, s, j0, j1, acc);
         return 1;
     }
-    if (!has_avx2_f16c()) return 0;
+    if (!pi2_cpu_avx2_half()) return 0;
     scores_256(qf, kT, ld, hd, scale, s, j0, j1, acc);
     scores_1(qf, kT, ld, hd, scale, s, j1 - (j1 - j0) % 16, j1);
     return 1;
@@ -233,13 +233,14 @@ int pi2_attn_dec_values(const float *p, const pi2_fp16 *v, size_t vd, int32_t hd
         values_512(p, v, vd, hdv, out, j0, j1, acc);
         return 1;
     }
-    if (hdv % 8 || !has_avx2_f16c()) return 0;
+    if (hdv % 8 || !pi2_cpu_avx2_half()) return 0;
     values_256(p, v, vd, hdv, out, j0, j1, acc);
     return 1;
 }
 
 #else
 int pi2_cpu_avx512_half(void) { return 0; }
+int pi2_cpu_avx2_half(void) { return 0; }
 
 int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t hd, float scale, float *s, int32_t j0,
                         int32_t j1, float *acc) {

@@ -46,37 +46,40 @@ static int32_t pk_prefetch;
 #include "x86_q5_1_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
- * pi2_traits fills its tables (once), read after. */
+ * pi2_traits fills its tables (once), read after. The auto table reads slot 0 when PI2_CPU_VARIANT made its
+ * kernels the base ones (pack.h: allow_ext 0), since then both installs wrote slot 0. */
 static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT], dot8x4[2][PI2_T_COUNT];
 /* [allow_ext][type]: vec_dot_batch on eight tokens, likewise. */
 static pi2_vec_dot4_fn batch8[2][PI2_T_COUNT];
 /* [allow_ext][type]: the activation rows dot8x4 reads, made from vec_dot_type rows (NULL: those rows). */
 static pi2_act_prep_fn prep8x4[2][PI2_T_COUNT];
 
+static int slot(int32_t impl) { return impl == PI2_K_IMPL_AUTO && pi2_kernels_variant()->allow_ext; }
+
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;   /* also fills the tables */
-    return dot4x2[impl == PI2_K_IMPL_AUTO][type];
+    return dot4x2[slot(impl)][type];
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot4x4[impl == PI2_K_IMPL_AUTO][type];
+    return dot4x4[slot(impl)][type];
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot8x4[impl == PI2_K_IMPL_AUTO][type];
+    return dot8x4[slot(impl)][type];
 }
 
 pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return batch8[impl == PI2_K_IMPL_AUTO][type];
+    return batch8[slot(impl)][type];
 }
 
 pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes) {
     *block_bytes = 0;
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    const pi2_act_prep_fn f = prep8x4[impl == PI2_K_IMPL_AUTO][type];
+    const pi2_act_prep_fn f = prep8x4[slot(impl)][type];
     if (f) *block_bytes = Q8_0_WIDE_BYTES;
     return f;
 }
@@ -86,14 +89,14 @@ static pi2_vec_dot_rows4_fn dot_rows4[2][PI2_T_COUNT];
 
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot_rows4[impl == PI2_K_IMPL_AUTO][type];
+    return dot_rows4[slot(impl)][type];
 }
 
 static pi2_vec_dot_rows4p_fn dot_rows4p[2][PI2_T_COUNT];
 
 pi2_vec_dot_rows4p_fn pi2_kernels_dot_rows4p(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot_rows4p[impl == PI2_K_IMPL_AUTO][type];
+    return dot_rows4p[slot(impl)][type];
 }
 
 /* [allow_ext][type]: the packed one-token order on up to four tokens (x86_pack_k_gemv_body.h), filled like dot4x2. */
@@ -101,7 +104,7 @@ static pi2_vec_dot_pack4_fn dot_pack_n[2][PI2_T_COUNT];
 
 pi2_vec_dot_pack4_fn pi2_kernels_dot_pack_n(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot_pack_n[impl == PI2_K_IMPL_AUTO][type];
+    return dot_pack_n[slot(impl)][type];
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {

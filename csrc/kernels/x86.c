@@ -214,6 +214,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     } else {
         set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_avx2, NULL, "avx2");
         set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_avx2, q4_1_vec_dot4_avx2, "avx2");
+        dot4x2[allow_ext != 0][PI2_T_Q4_1] = q4_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, q5_0_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, q5_1_vec_dot4_avx2, "avx2");

@@ -1,5 +1,5 @@
 /* attn_batch.c — a prompt batch's causal attention over the F16 cache (halves, flash attention off) on
- * AVX-512 (F, BW, VL; vcvtph2ps converts 16 halves exactly): the (token, head) queries that share a KV head, several tokens at a time, are scored and weighed
+ * AVX-512 (F, BW, VL; vcvtph2ps converts 16 halves exactly; AVX2 with F16C: attn_batch_avx2.c): the (token, head) queries that share a KV head, several tokens at a time, are scored and weighed
  * together, so each key or value vector loaded serves up to PI2_ATTN_ROWS queries; threads take (KV head,
  * head chunk, token block) tasks, the latest tokens (the most keys) first.
  * Numbers: those of ops.c's one-query path (tinyBLAS's order, pi2/reference/forward.py's attention): q.k term i goes
@@ -23,6 +23,7 @@
 typedef struct {
     const pi2_attn *a;
     int32_t g, hpc, n_hc, tpb, n_tb;   /* heads per KV head, per chunk, chunks; tokens per block, blocks */
+    int32_t wide;                      /* 1: the AVX-512 kernels below, 0: attn_batch_avx2.c's */
 } batch_job;
 
 /* The lane pair handled n-th (0..7): lanes PAIR[n] and PAIR[n] + 8. */
@@ -141,7 +142,8 @@ static void batch_task(void *arg, int32_t task, int32_t thread) {
     for (int32_t m = 0; m < M; m++)
         pi2_f16_round_row(qf + (size_t)m * hd, a->q + ((size_t)(t0 + m / nh) * a->n_head + h0 + m % nh) * hd, hd);
     const int32_t jlo = first_key(a, a->pos0 + t0), jhi = a->pos0 + t0 + nt;
-    SCORES[M](qf, hd, a->k + (size_t)hkv * hd * ls, ls, jlo, jhi, s, ls, a->scale);
+    if (b->wide) SCORES[M](qf, hd, a->k + (size_t)hkv * hd * ls, ls, jlo, jhi, s, ls, a->scale);
+    else pi2_attn_batch_scores_avx2(M, qf, hd, a->k + (size_t)hkv * hd * ls, ls, jlo, jhi, s, ls, a->scale);
     for (int32_t m = 0; m < M; m++) {
         float *row = s + (size_t)m * ls;
         const int32_t pos = a->pos0 + t0 + m / nh, j0 = first_key(a, pos);
@@ -149,15 +151,19 @@ static void batch_task(void *arg, int32_t task, int32_t thread) {
         memset(row + jlo, 0, (size_t)(j0 - jlo) * sizeof *row);
         memset(row + pos + 1, 0, (size_t)(jhi - pos - 1) * sizeof *row);
     }
-    WEIGH[M](s, ls, a->v + (size_t)hkv * hdv, (size_t)a->n_head_kv * hdv, hdv, jlo, jhi,
-             a->out + ((size_t)t0 * a->n_head + h0) * hdv, nh, (size_t)a->n_head * hdv);
+    float *out = a->out + ((size_t)t0 * a->n_head + h0) * hdv;
+    if (b->wide) WEIGH[M](s, ls, a->v + (size_t)hkv * hdv, (size_t)a->n_head_kv * hdv, hdv, jlo, jhi, out, nh,
+                          (size_t)a->n_head * hdv);
+    else pi2_attn_batch_weigh_avx2(M, s, ls, a->v + (size_t)hkv * hdv, (size_t)a->n_head_kv * hdv, hdv, jlo, jhi, out,
+                                   nh, (size_t)a->n_head * hdv);
 }
 
 int pi2_attn_batch(pi2_pool *pool, const pi2_attn *a) {
+    const int wide = pi2_cpu_avx512_half();
     if (a->flash || a->kq || a->n_tok < 2 || a->rows < PI2_ATTN_ROWS || a->head_dim % 16 || a->head_dim_v % 16 ||
-        !pi2_cpu_avx512_half())
+        !(wide || (pi2_cpu_avx2_half() && a->head_dim <= 512)))
         return 0;
-    batch_job b = {.a = a, .g = a->n_head / a->n_head_kv};
+    batch_job b = {.a = a, .g = a->n_head / a->n_head_kv, .wide = wide};
     b.hpc = b.g < PI2_ATTN_ROWS ? b.g : PI2_ATTN_ROWS;
     b.n_hc = (b.g + b.hpc - 1) / b.hpc;
     b.tpb = PI2_ATTN_ROWS / b.hpc;

@@ -12,6 +12,7 @@
  * AVX-512 (F, BW, VL: 16-bit masked loads) and AVX2 with F16C; other CPUs: 0, ops.c's portable loops.
  * Does not: the softmax, batches of tokens (attn_batch.c), quantized keys (kv_quant.c). */
 #include "ops.h"
+#include "kernels/pack.h"
 
 #include <string.h>
 
@@ -26,9 +27,9 @@ void pi2_test_attention_isa(int32_t level) { isa_cap = level; }
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define T256 __attribute__((target("avx2,fma,f16c")))
 
-int pi2_cpu_avx512_half(void) {
+int pi2_cpu_avx512_half(void) {   /* not when PI2_CPU_VARIANT forces the baseline (kernels/pack.h) */
     return isa_cap < 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+           __builtin_cpu_supports("avx512vl") && pi2_kernels_variant()->allow_ext;
 }
 
 /* s[jb..jb+64) (masked by nb) from the lane sums tl [16][64]: (the halves, halves, (0+2) + (1+3) tree) · scale. */
@@ -119,7 +120,7 @@ static T512 void values_512(const float *p, const pi2_fp16 *v, size_t vd, int32_
     }
 }
 
-static int has_avx2_f16c(void) {   /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler's cpu_supports knows it) */
+int pi2_cpu_avx2_half(void) {   /* F16C: CPUID leaf 1, ECX bit 29 (not every compiler's cpu_supports knows it) */
     static int known = -1;
     if (known < 0) {
         unsigned a, b, c = 0, d;
@@ -220,7 +221,7 @@ int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t 
         scores_512(qf, kT, ld, hd, scale, s, j0, j1, acc);
         return 1;
     }
-    if (!has_avx2_f16c()) return 0;
+    if (!pi2_cpu_avx2_half()) return 0;
     scores_256(qf, kT, ld, hd, scale, s, j0, j1, acc);
     scores_1(qf, kT, ld, hd, scale, s, j1 - (j1 - j0) % 16, j1);
     return 1;
@@ -232,13 +233,14 @@ int pi2_attn_dec_values(const float *p, const pi2_fp16 *v, size_t vd, int32_t hd
         values_512(p, v, vd, hdv, out, j0, j1, acc);
         return 1;
     }
-    if (hdv % 8 || !has_avx2_f16c()) return 0;
+    if (hdv % 8 || !pi2_cpu_avx2_half()) return 0;
     values_256(p, v, vd, hdv, out, j0, j1, acc);
     return 1;
 }
 
 #else
 int pi2_cpu_avx512_half(void) { return 0; }
+int pi2_cpu_avx2_half(void) { return 0; }
 
 int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t hd, float scale, float *s, int32_t j0,
                         int32_t j1, float *acc) {

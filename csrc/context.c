@@ -9,6 +9,7 @@
 #include "ffn/predicted.h"
 #include "ffn/pwri.h"
 #include "internal.h"
+#include "kernels/pack.h"
 #include "kv_quant.h"
 #include "nnapi/batches.h"
 #include "nnapi/hot_ffn.h"
@@ -114,6 +115,8 @@ static pi2_status check_params(const pi2_ctx_params *p) {
                              "n_keep %d, type_k %d, flash_attn %d, type_v %d", (int)p->n_ctx, (int)p->n_batch,
                              (int)p->impl, (int)p->ctx_shift, (int)p->n_keep, (int)p->type_k, (int)p->flash_attn,
                              (int)p->type_v);
+    if (pi2_kernels_variant()->error[0])   /* a bad PI2_CPU_VARIANT (kernels/pack.h) */
+        return pi2_set_error(PI2_ERR_INVALID, "%s", pi2_kernels_variant()->error);
     return PI2_OK;
 }
 

@@ -108,6 +108,8 @@ int pi2_attn_dec_values(const float *p, const pi2_fp16 *v, size_t vd, int32_t hd
 /* Whether this x86-64 CPU converts halves in AVX-512 with 16-bit masks (AVX512F, BW, VL): attn_batch.c's and
  * ops.c's wide loops need it. */
 int pi2_cpu_avx512_half(void);
+/* Whether this x86-64 CPU has AVX2, FMA and F16C (attn_decode.c's and attn_batch_avx2.c's loops need them). */
+int pi2_cpu_avx2_half(void);
 /* One query's softmax over its visible keys j0..pos of s (scaled scores in, F16-rounded weights out): v_expf of
  * s - max, sums of 16 aligned positions reduced in float and added into a double, weights times 1/sum rounded. */
 void pi2_attn_softmax_row(float *s, int32_t j0, int32_t pos);
@@ -116,6 +118,14 @@ void pi2_f16_round_row(float *y, const float *x, int64_t n);
 /* A prompt batch's attention with F16 keys and values (attn_batch.c) if this CPU and a's shapes allow it and
  * a->rows does: 1 when done, 0 when the caller computes it. */
 int pi2_attn_batch(pi2_pool *pool, const pi2_attn *a);
+/* attn_batch.c's two kernels on AVX2 (attn_batch_avx2.c), the same numbers; 1 when done, 0 when this CPU or the
+ * shapes do not allow it. Scores: s[m·ls + j] = scale · (qf[m] . key j), j in [jlo, jhi), M ≤ PI2_ATTN_ROWS queries
+ * qf [M][hd] (hd a multiple of 16), kT the KV head's transposed keys (rows ld halves apart). Values: for d < hdv (a
+ * multiple of 8), out[(m / nh)·lt + (m % nh)·hdv + d] = sum over j in [jlo, jhi) of p[m·ls + j] · v[j·vd + d]. */
+int pi2_attn_batch_scores_avx2(int32_t M, const float *qf, int32_t hd, const pi2_fp16 *kT, size_t ld, int32_t jlo,
+                               int32_t jhi, float *s, size_t ls, float scale);
+int pi2_attn_batch_weigh_avx2(int32_t M, const float *p, size_t ls, const pi2_fp16 *v, size_t vd, int32_t hdv,
+                              int32_t jlo, int32_t jhi, float *out, int32_t nh, size_t lt);
 /* Floats of accumulator scratch one attention thread needs. */
 int64_t pi2_attn_acc_floats(int32_t head_dim, int32_t head_dim_v);
 

@@ -10,7 +10,8 @@
 #   -p/-n/-pg/-t go to both tools (-t 1 by default; -t 1,2 compares both thread counts), -r is the number
 #   of rounds, --engine (or PI2_ENGINE) picks pi2's engine. llama-bench always runs with -fa off.
 # environment: PI2_LCPP_DIR (default ~/.cache/pi2/lcpp), PYTHON (default python3, with pi2 installed),
-#   LCPP_VERSION (llama-cpp-python sdist version, default 0.3.36), JOBS (build jobs, default 2).
+#   LCPP_VERSION (llama-cpp-python sdist version, default 0.3.36), JOBS (build jobs, default 2); pi2 reads its own
+#   (PI2_CPU_VARIANT=avx2 runs its AVX2 kernels; the report names the variant that ran).
 set -eu
 
 die() { echo "bench_vs_llamacpp: $*" >&2; exit 2; }
@@ -143,7 +144,9 @@ engines = sorted({r.get("pi2_engine", "?") for r in ours.values()})
 print(f"llama.cpp (llama-bench {next(iter(lcpp.values()))['build_commit']}, -fa off):")
 print(report.markdown_rows(list(lcpp.values()), report.markdown_columns()))
 first = next(iter(ours.values()))
+variants = sorted({r.get("pi2_kernel_variant", "?") for r in ours.values()})
 print(f"\npi2 ({first['pi2_version']}, build {first['build_commit']}, engine {', '.join(engines)}, "
+      f"kernels {', '.join(variants)}, "
       f"peak RSS {max(r['pi2_peak_rss'] for r in ours.values()) / 2**20:.1f} MiB):")
 print(report.markdown_rows(list(ours.values()), report.markdown_columns(engine=True)))
 print("\npi2 / llama.cpp (medians of the per-round t/s):")

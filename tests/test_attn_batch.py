@@ -1,7 +1,9 @@
-"""Prompt-batch attention (csrc/attn_batch.c: queries of one KV head scored and weighed together on AVX-512) against
-pi2/reference/forward.py's attention, bit for bit: head groups of 1 to 16 query heads per KV head (chunks of
-PI2_ATTN_ROWS), token blocks cut at odd places, head sizes 16 to 128 (and 24, 40: ops.c's path), sliding windows,
-a cache already holding earlier positions, one and two threads.
+"""Prompt-batch attention (csrc/attn_batch.c: queries of one KV head scored and weighed together on AVX-512, and
+attn_batch_avx2.c's kernels with AVX-512 turned off by pi2_test_attention_isa) against pi2/reference/forward.py's
+attention, bit for bit: head groups of 1 to 16 query heads per KV head (chunks of PI2_ATTN_ROWS, and of 6 on AVX2),
+token blocks cut at odd places, head sizes 16 to 128 (and 24, 40: ops.c's path), sliding windows, a cache already
+holding earlier positions and key ranges ending at the cache's last key (AVX2's zero-padded last block), one and two
+threads.
 Does not: cover quantized caches or flash attention (test_kv_*.py, test_flash_attn.py)."""
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ SHAPES = [   # n_tok, n_head, n_head_kv, hd, hdv, n_ctx
     (7, 16, 1, 32, 48, 23),     # one KV head for 16 query heads: two chunks
     (9, 4, 4, 48, 32, 9),       # no grouping; the cache holds exactly the batch
     (6, 4, 2, 24, 40, 30),      # head sizes not a multiple of 16: ops.c
+    (14, 13, 1, 64, 64, 37),    # 13 query heads per KV head: AVX2 chunks of 5 and 4 (and 1 token x 13 heads)
 ]
 
 
@@ -26,9 +29,17 @@ def pool(request):
         yield p
 
 
+@pytest.fixture(params=[0, 1], ids=["avx512", "avx2"])
+def isa(request):
+    """0: every loop this CPU has; 1: none of AVX-512 (attn_batch_avx2.c where the CPU has AVX2)."""
+    cinternal.lib.pi2_test_attention_isa(request.param)
+    yield request.param
+    cinternal.lib.pi2_test_attention_isa(0)
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("window", [0, 6])
-def test_batch_attention_matches_reference(pool, shape, window):
+def test_batch_attention_matches_reference(pool, shape, window, isa):
     n_tok, n_head, n_head_kv, hd, hdv, n_ctx = shape
     rng = np.random.default_rng(hash((shape, window)) & 0xFFFF)
     q = rng.standard_normal((n_tok, n_head, hd), dtype=np.float32) * 2

@@ -35,6 +35,7 @@ pi2_status pi2_kernel_type_info(int32_t type, int32_t impl, pi2_type_info *out) 
     if (st) return st;
     if (!out) return pi2_set_error(PI2_ERR_INVALID, "NULL output");
     const pi2_cpu_variant *v = pi2_kernels_variant();
+    if (v->error[0]) return pi2_set_error(PI2_ERR_INVALID, "%s", v->error);   /* a bad PI2_CPU_VARIANT */
     *out = (pi2_type_info){t->name, t->block_size, t->type_size, t->vec_dot_type, t->vec_dot != NULL,
                            t->vec_dot_impl, 0, t->vec_dot != NULL && t->vec_dot_pack != NULL, v->name, v->why};
     return PI2_OK;

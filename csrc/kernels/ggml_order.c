@@ -1,6 +1,7 @@
 /* ggml_order.c — the dot products of ggml_order.h, plain C whose loops GCC builds for AVX-512, AVX2 and the baseline
  * (each lane's operations are the same at every width, so all three give the same bits). */
 #include "ggml_order.h"
+#include "pack.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 /* the ifunc symbols target_clones makes keep default visibility: csrc/exports.map hides them */
@@ -190,7 +191,8 @@ __attribute__((target("avx2,fma,f16c,avx512vl,avx512vnni"))) static void q4_0_ro
 #endif
 
 pi2_go_rows8_fn pi2_go_q4_0_rows8(void) {
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && CPU_F16C)
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && CPU_F16C &&
+        pi2_kernels_variant()->allow_ext)   /* PI2_CPU_VARIANT=avx2: not (pack.h) */
         return q4_0_rows8_vnni;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && CPU_F16C ? q4_0_rows8_avx2 : NULL;
 }

@@ -3,6 +3,7 @@
  * integer sums and the same float steps.
  * Twin: pi2_go_dot_q4_0 (ggml_order.c) on the unpacked rows; pi2/reference/fdot.py dot_q4_0_repack. */
 #include "ggml_x8.h"
+#include "pack.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -37,7 +38,8 @@
 
 pi2_go_x8_fn pi2_go_q4_0_x8(void) {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !CPU_F16C) return NULL;
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f"))
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512f") &&
+        pi2_kernels_variant()->allow_ext)   /* PI2_CPU_VARIANT=avx2: not (pack.h) */
         return q4_0_x8_vnni;
     return q4_0_x8_avx2;
 }

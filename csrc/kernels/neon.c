@@ -57,14 +57,22 @@ static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, const char 
 
 /* The variant: SDOT or not (HWCAP), and the core's implementer and part from MIDR_EL1 where the kernel
  * lets user space read it (HWCAP_CPUID), so a report names the core (0x41/0xd0b: Cortex-A76). */
-int pi2_kernels_variant_neon(pi2_cpu_variant *v) {
+/* PI2_CPU_VARIANT=neon (`want`) forces the NEON kernels (no SDOT) on a CPU with dotprod. */
+int pi2_kernels_variant_neon(pi2_cpu_variant *v, const char *want) {
     const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
     unsigned long midr = 0;
     if (hw & HWCAP_CPUID) __asm__("mrs %0, MIDR_EL1" : "=r"(midr));
-    const int dp = (hw & HWCAP_ASIMDDP) != 0;
+    if (want && strcmp(want, "neon")) {
+        snprintf(v->error, sizeof v->error, "PI2_CPU_VARIANT=%.40s: not a variant of this CPU (accepted: auto, neon)",
+                 want);
+        want = NULL;
+    }
+    if (want) v->allow_ext = 0;
+    const int dp = !want && (hw & HWCAP_ASIMDDP) != 0;
     snprintf(v->name, sizeof v->name, "%s", dp ? "neon-dotprod" : "neon");
     snprintf(v->why, sizeof v->why, "implementer %#lx part %#lx%s: %s", (midr >> 24) & 0xFF, (midr >> 4) & 0xFFF,
-             hw2 & HWCAP2_I8MM ? " (i8mm)" : "", dp ? "SDOT kernels, x8 packed rows" : "NEON kernels, x8 packed rows");
+             hw2 & HWCAP2_I8MM ? " (i8mm)" : "", want ? "PI2_CPU_VARIANT=neon: NEON kernels, no SDOT"
+             : dp ? "SDOT kernels, x8 packed rows" : "NEON kernels, x8 packed rows");
     v->prefetch = 0;
     return 1;
 }
@@ -94,8 +102,8 @@ uint32_t pi2_kernels_install_neon(pi2_type_traits *t, int allow_ext) {
 
 #else
 
-int pi2_kernels_variant_neon(pi2_cpu_variant *v) {
-    (void)v;
+int pi2_kernels_variant_neon(pi2_cpu_variant *v, const char *want) {
+    (void)v; (void)want;
     return 0;
 }
 

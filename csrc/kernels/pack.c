@@ -1,11 +1,13 @@
 /* pack.c — the x8 repacked layout of pack.h: pack and unpack, field by field (the scalar twin of
- * pi2/quants.py pack_rows), and the once-filled CPU variant.
+ * pi2/quants.py pack_rows), and the once-filled CPU variant (with PI2_CPU_VARIANT, read once here).
  * Does not: compute or choose kernels. */
 #include "pack.h"
 #include "traits.h"
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 int pi2_pack_fields(int32_t type, int32_t f[4]) {
     switch (type) {
@@ -78,9 +80,15 @@ static pi2_cpu_variant variant;
 static pthread_once_t variant_once = PTHREAD_ONCE_INIT;
 
 static void variant_init(void) {
-    if (!pi2_kernels_variant_x86(&variant) && !pi2_kernels_variant_neon(&variant)) {
+    const char *want = getenv("PI2_CPU_VARIANT");
+    if (want && (!*want || !strcmp(want, "auto"))) want = NULL;
+    variant.allow_ext = 1;
+    if (!pi2_kernels_variant_x86(&variant, want) && !pi2_kernels_variant_neon(&variant, want)) {
         snprintf(variant.name, sizeof variant.name, "ref");
         snprintf(variant.why, sizeof variant.why, "no SIMD kernels for this CPU: scalar reference");
+        if (want)
+            snprintf(variant.error, sizeof variant.error, "PI2_CPU_VARIANT=%.40s: this CPU has only the scalar "
+                     "kernels (accepted: auto)", want);
     }
 }
 

@@ -1,9 +1,11 @@
 /* traits.c — the dispatch tables: filled once from CPU features, then read-only.
  * Does: hold the reference, baseline-SIMD and auto tables, fill them on first use
  *       (pthread_once), answer pi2_traits(type, impl).
- * Does not: contain kernels (ref.c, x86.c, neon.c, axpy.c, axpy_i8.c, axpy_qx1.c) or read the environment; tests select the
+ * Does not: contain kernels (ref.c, x86.c, neon.c, axpy.c, axpy_i8.c, axpy_qx1.c) or read the environment (the CPU
+ *       variant does, pack.c: PI2_CPU_VARIANT may cap the auto table at the base one); tests select the
  *       reference by passing impl = PI2_K_IMPL_REF, never through a global switch. */
 #include "traits.h"
+#include "pack.h"
 
 #include <pthread.h>
 
@@ -20,11 +22,12 @@ static void init_once(void) {
     memcpy(tables[PI2_K_IMPL_AUTO], tables[PI2_K_IMPL_REF], sizeof tables[0]);
     const uint32_t base_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_BASE], 0)
                             | pi2_kernels_install_neon(tables[PI2_K_IMPL_BASE], 0);
-    auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], 1)
-             | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], 1);
+    const int ext = pi2_kernels_variant()->allow_ext;   /* 0: PI2_CPU_VARIANT forces the baseline (pack.h) */
+    auto_isa = pi2_kernels_install_x86(tables[PI2_K_IMPL_AUTO], ext)
+             | pi2_kernels_install_neon(tables[PI2_K_IMPL_AUTO], ext);
     if (base_isa & PI2_K_AVX2) {   /* the AVX2 grouped row sums need what the AVX2 vec_dots need */
         pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_BASE], 0);
-        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO], 1);
+        pi2_kernels_install_axpy_x86(tables[PI2_K_IMPL_AUTO], ext);
     }
     pi2_kernels_install_axpy_i8(tables[PI2_K_IMPL_BASE], base_isa);
     pi2_kernels_install_axpy_i8(tables[PI2_K_IMPL_AUTO], auto_isa);

@@ -46,37 +46,40 @@ static int32_t pk_prefetch;
 #include "x86_q5_1_body.h"
 
 /* [allow_ext][type]: the base table's and the auto table's two-row kernels; written only while
- * pi2_traits fills its tables (once), read after. */
+ * pi2_traits fills its tables (once), read after. The auto table reads slot 0 when PI2_CPU_VARIANT made its
+ * kernels the base ones (pack.h: allow_ext 0), since then both installs wrote slot 0. */
 static pi2_vec_dot4x2_fn dot4x2[2][PI2_T_COUNT], dot4x4[2][PI2_T_COUNT], dot8x4[2][PI2_T_COUNT];
 /* [allow_ext][type]: vec_dot_batch on eight tokens, likewise. */
 static pi2_vec_dot4_fn batch8[2][PI2_T_COUNT];
 /* [allow_ext][type]: the activation rows dot8x4 reads, made from vec_dot_type rows (NULL: those rows). */
 static pi2_act_prep_fn prep8x4[2][PI2_T_COUNT];
 
+static int slot(int32_t impl) { return impl == PI2_K_IMPL_AUTO && pi2_kernels_variant()->allow_ext; }
+
 pi2_vec_dot4x2_fn pi2_kernels_dot4x2(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;   /* also fills the tables */
-    return dot4x2[impl == PI2_K_IMPL_AUTO][type];
+    return dot4x2[slot(impl)][type];
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot4x4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot4x4[impl == PI2_K_IMPL_AUTO][type];
+    return dot4x4[slot(impl)][type];
 }
 
 pi2_vec_dot4x2_fn pi2_kernels_dot8x4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot8x4[impl == PI2_K_IMPL_AUTO][type];
+    return dot8x4[slot(impl)][type];
 }
 
 pi2_vec_dot4_fn pi2_kernels_batch8(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return batch8[impl == PI2_K_IMPL_AUTO][type];
+    return batch8[slot(impl)][type];
 }
 
 pi2_act_prep_fn pi2_kernels_dot8x4_prep(int32_t type, int32_t impl, int32_t *block_bytes) {
     *block_bytes = 0;
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    const pi2_act_prep_fn f = prep8x4[impl == PI2_K_IMPL_AUTO][type];
+    const pi2_act_prep_fn f = prep8x4[slot(impl)][type];
     if (f) *block_bytes = Q8_0_WIDE_BYTES;
     return f;
 }
@@ -86,14 +89,14 @@ static pi2_vec_dot_rows4_fn dot_rows4[2][PI2_T_COUNT];
 
 pi2_vec_dot_rows4_fn pi2_kernels_dot_rows4(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot_rows4[impl == PI2_K_IMPL_AUTO][type];
+    return dot_rows4[slot(impl)][type];
 }
 
 static pi2_vec_dot_rows4p_fn dot_rows4p[2][PI2_T_COUNT];
 
 pi2_vec_dot_rows4p_fn pi2_kernels_dot_rows4p(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot_rows4p[impl == PI2_K_IMPL_AUTO][type];
+    return dot_rows4p[slot(impl)][type];
 }
 
 /* [allow_ext][type]: the packed one-token order on up to four tokens (x86_pack_k_gemv_body.h), filled like dot4x2. */
@@ -101,13 +104,19 @@ static pi2_vec_dot_pack4_fn dot_pack_n[2][PI2_T_COUNT];
 
 pi2_vec_dot_pack4_fn pi2_kernels_dot_pack_n(int32_t type, int32_t impl) {
     if (!pi2_traits(type, impl) || impl == PI2_K_IMPL_REF) return NULL;
-    return dot_pack_n[impl == PI2_K_IMPL_AUTO][type];
+    return dot_pack_n[slot(impl)][type];
 }
 
 static void set_dot(pi2_type_traits *t, int type, pi2_vec_dot_fn fn, pi2_vec_dot4_fn fn4, const char *impl) {
     t[type].vec_dot = fn;
     t[type].vec_dot4 = fn4;
     t[type].vec_dot_impl = impl;
+}
+
+/* F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"). */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
 /* The CPU's vendor, family and model from CPUID leaves 0 and 1 (family and model with their extended fields). */
@@ -131,10 +140,16 @@ static void cpu_id(char vendor[13], unsigned *family, unsigned *model) {
  * - Other Intel with AVX-512 VNNI (Ice Lake, Sapphire/Emerald/Granite Rapids): zmm kernels, and software
  *   prefetch 1 KiB ahead: their L2 streamer stops at each 4 KiB page and restarts slowly, and a matrix
  *   task is one long stream crossing a page every ~20 block columns.
- * - Everything else with AVX2: ymm kernels (AVX2, no VNNI). */
-int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
+ * - Everything else with AVX2: ymm kernels (AVX2, no VNNI).
+ * PI2_CPU_VARIANT=avx2 (`want`) gives every CPU with AVX2 the last choice: the base table's kernels, no AVX-512
+ * loop anywhere (a VM that advertises AVX-512 it runs slowly; comparisons with AVX2-only builds). */
+int pi2_kernels_variant_x86(pi2_cpu_variant *v, const char *want) {
     __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())) {
+        if (want) snprintf(v->error, sizeof v->error, "PI2_CPU_VARIANT=%.40s: this CPU has no AVX2 kernels "
+                           "(accepted: auto)", want);
+        return 0;
+    }
     char vendor[13];
     unsigned fam, mod;
     cpu_id(vendor, &fam, &mod);
@@ -143,7 +158,17 @@ int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
     const int amd = !strcmp(vendor, "AuthenticAMD") || !strcmp(vendor, "HygonGenuine"), intel = !strcmp(vendor, "GenuineIntel");
     const char *name, *why;
     v->prefetch = 0;
-    if (vnni && amd) {
+    if (want && strcmp(want, "avx2")) {
+        snprintf(v->error, sizeof v->error, "PI2_CPU_VARIANT=%.40s: not a variant of this CPU (accepted: auto, avx2)",
+                 want);
+        want = NULL;
+    }
+    if (want) {
+        name = "avx2";
+        why = vnni ? "PI2_CPU_VARIANT=avx2: ymm kernels, AVX-512 and VNNI not used"
+                   : "PI2_CPU_VARIANT=avx2: ymm kernels (no AVX-512 VNNI)";
+        v->allow_ext = 0;
+    } else if (vnni && amd) {
         name = fam >= 0x1A ? "zen5-zmm" : "zen4-zmm";
         why = "512-bit ops at full clock: zmm kernels, hardware prefetch";
     } else if (vnni && intel && fam == 6 && mod == 0x55) {
@@ -168,12 +193,6 @@ static int use_zmm(void) {
     return strstr(n, "zmm") != NULL;
 }
 
-/* F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"). */
-static int has_f16c(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-}
-
 uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     __builtin_cpu_init();
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()))
@@ -195,6 +214,7 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     } else {
         set_dot(t, PI2_T_Q4_0, q4_0_vec_dot_avx2, NULL, "avx2");
         set_dot(t, PI2_T_Q4_1, q4_1_vec_dot_avx2, q4_1_vec_dot4_avx2, "avx2");
+        dot4x2[allow_ext != 0][PI2_T_Q4_1] = q4_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, q5_0_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, q5_1_vec_dot4_avx2, "avx2");
@@ -245,8 +265,8 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
 
 #else
 
-int pi2_kernels_variant_x86(pi2_cpu_variant *v) {
-    (void)v;
+int pi2_kernels_variant_x86(pi2_cpu_variant *v, const char *want) {
+    (void)v; (void)want;
     return 0;
 }
 

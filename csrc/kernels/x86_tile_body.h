@@ -224,6 +224,36 @@ static X86_TARGET void X86_FN(q4_1_vec_dot4)(int64_t n, float *s, size_t s_strid
     for (int t = 0; t < 4; t++) s[t * s_stride] = X86_FN(hsum)(acc[t]) + summs[t];
 }
 
+#if !X86_VNNI
+/* twin: q4_1_vec_dot in ref.c (x86 order: q4_1_vec_dot in x86_body.h), two rows x four tokens (AVX2): each
+ * activation block and its two scales are loaded and converted once for both rows; output (k, t) keeps its own
+ * accumulator, its own sum of m·s and the one-token float order. */
+static X86_TARGET void X86_FN(q4_1_vec_dot4x2)(int64_t n, float *s, size_t s_stride, const void *w,
+                                               size_t w_stride, const void *xq, size_t xq_stride) {
+    const blk_q4_1 *x0 = w, *x1 = (const blk_q4_1 *)((const uint8_t *)w + w_stride);
+    __m256 acc0[4] = X86_ZERO4, acc1[4] = X86_ZERO4;
+    float sm0[4] = {0, 0, 0, 0}, sm1[4] = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i q0 = X86_FN(nibbles)(x0[i].qs), q1 = X86_FN(nibbles)(x1[i].qs);
+        const float d0 = X86_FN(h2f)(x0[i].d), m0 = X86_FN(h2f)(x0[i].m);
+        const float d1 = X86_FN(h2f)(x1[i].d), m1 = X86_FN(h2f)(x1[i].m);
+        for (int t = 0; t < 4; t++) {
+            const blk_q8_1 *y = X86_ACT(blk_q8_1, t, i);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)y->qs);
+            const float dy = X86_FN(h2f)(y->d), sy = X86_FN(h2f)(y->s);
+            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q0, v)), acc0[t]);
+            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q1, v)), acc1[t]);
+            sm0[t] += m0 * sy;
+            sm1[t] += m1 * sy;
+        }
+    }
+    for (int t = 0; t < 4; t++) {
+        s[t * s_stride] = X86_FN(hsum)(acc0[t]) + sm0[t];
+        s[t * s_stride + 1] = X86_FN(hsum)(acc1[t]) + sm1[t];
+    }
+}
+#endif
+
 /* twin: q4_K_gemm_dot in ref_k.h, NT (4 or 8) tokens at once: the weight block is unpacked once, and
  * each token's FMA chain runs in one lane of a 4-float vector per group of four tokens (lane t: the same
  * operations, same order). */

@@ -32,7 +32,7 @@ typedef enum {
 
 /* Bumped whenever a declaration in this header changes; pi2/engine compares the value compiled into its module
  * with its own at import (a constant, not a function: the API's functions are the engine's calls). */
-enum { PI2_ABI_VERSION = 14 };
+enum { PI2_ABI_VERSION = 15 };
 
 /* The last error on the calling thread. */
 typedef struct {

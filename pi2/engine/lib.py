@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pi2.errors import EngineError, FlashIOError, ModelFormatError, UnsupportedError
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 
 try:
     from pi2._pi2 import ffi, lib

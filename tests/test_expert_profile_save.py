@@ -15,7 +15,7 @@ from clirun import cli
 from moe_files import loaded_moe
 from servefix import LiveServer
 
-import pi2.plan.experts as experts
+import pi2.plan.expert_profile as experts
 
 _files: dict = {}
 ARGS = ("-c", "256", "--memory-budget", "1G", "-t", "1")

@@ -263,7 +263,7 @@ def test_run_adds_its_routing_to_the_profile(tmp_path_factory, tmp_path, monkeyp
     """A run whose experts stream adds its routing to the file's routing profile (the next plan then keeps hot
     experts resident and its run gives the same text); a short run, --no-expert-profile and a profile that cannot
     be written leave the old profile whole (a note, not a traceback)."""
-    import pi2.plan.experts as experts
+    import pi2.plan.expert_profile as experts
     monkeypatch.setenv("HOME", str(tmp_path))
     fixed_runtime(monkeypatch)
     path, m, cm = loaded(tmp_path_factory, "qwen2moe", "Q4_K_M")

@@ -7,18 +7,15 @@ decoded token's misses in two phases (gate rows, then the bundle clusters with a
 
 Owns: `expert_gap` (why a file cannot stream its experts), `make_expert_plan`, ExpertPlan (its lines for `pi2 plan`,
 its stream_args for CContext.set_stream), the expected hit rate and flash bytes per token, and the routing profile
-(`pi2 profile-experts` writes it, a streamed run adds its routing to it: `add_to_profile`; read from
-~/.cache/pi2/experts/ when present; written whole or not at all).
+(`pi2 profile-experts` runs it; kept in ~/.cache/pi2/experts/ by expert_profile.py, which a streamed run's
+routing is added to).
 Does not: read weights or time anything; the neuron cache of pi2 files (budget.py).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -29,13 +26,13 @@ from pi2.engine.expert_clusters import CLUSTER
 from pi2.model import expert_bundles
 from pi2.model.gguf_file import GGML_TYPES
 from pi2.plan.budget import MARGIN, QUEUE_DEPTH, context_bytes, fmt, runtime_bounds
-from pi2.plan.profile import cached_throughput, default_cache_dir
+from pi2.plan.expert_profile import load_profile, save_profile
+from pi2.plan.profile import cached_throughput
 
 ALIGN = 4096
 SLICES = ("gate", "up", "down")
 STREAMED = re.compile(r"\.ffn_(gate|up|down|bundle)_exps\.")   # read into slots; a converted file's scales stay mapped
 MIN_COLD_PER_K = 2      # cold slots kept at least 2·k when hot experts are chosen: a token's misses and the next's
-MIN_RUN_TOKENS = 64     # a run adds its routing to the profile from this many tokens on (fewer say little)
 PRE_OPEN = 0.5          # two phases: leading clusters a token opens at least this often are read with the gate rows
 
 
@@ -157,65 +154,6 @@ def fixed_region(model, n_ctx: int) -> int:
             n = min(n, n_ctx * (-(-(n // t.ne[1]) // ALIGN) + 1) * ALIGN)
         total += n
     return total
-
-
-def profile_path(model) -> Path:
-    """Where `pi2 profile-experts` keeps a file's routing counts (by name and size)."""
-    st = os.stat(model.path)
-    return default_cache_dir() / "experts" / f"{os.path.basename(model.path)}.{st.st_size}.json"
-
-
-def _read_profile(model) -> tuple:
-    """(counts [n_layer][n_expert] as float64, tokens) of the file's routing profile, or (None, 0)."""
-    try:
-        d = json.loads(profile_path(model).read_text())
-        counts, tokens = np.asarray(d["expert_rows"], np.float64), int(d.get("tokens", 0))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, 0
-    c = model.config
-    ok = counts.shape == (c.n_layer, c.n_expert) and bool(np.all(counts >= 0))
-    return (counts, tokens) if ok else (None, 0)
-
-
-def load_profile(model) -> np.ndarray | None:
-    """[n_layer][n_expert] routed rows per expert from the file's routing profile, or None."""
-    return _read_profile(model)[0]
-
-
-def save_profile(model, counts: np.ndarray, tokens: int) -> Path:
-    """Write the profile whole or not at all: a temporary file in the same directory, synced, renamed over it."""
-    p = profile_path(model)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"tokens": int(tokens), "expert_rows": np.asarray(counts).astype(np.int64).tolist()})
-    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return p
-
-
-def add_to_profile(model, counts: np.ndarray) -> tuple:
-    """Add a run's routed rows (ctx.expert_counts) to the file's routing profile, so the next run's plan starts with
-    hot experts; (path, tokens the run routed), path None when the run routed fewer than MIN_RUN_TOKENS tokens.
-    OSError when the profile cannot be written (the old one is then left as it was)."""
-    c = model.config
-    counts = np.asarray(counts, np.int64)
-    per_layer = counts.sum(axis=1)
-    tokens = int(per_layer.max() // max(c.n_expert_used, 1)) if counts.size else 0
-    if tokens < MIN_RUN_TOKENS or counts.shape != (c.n_layer, c.n_expert):
-        return None, tokens
-    old, old_tokens = _read_profile(model)
-    total = counts + (old.astype(np.int64) if old is not None else 0)
-    return save_profile(model, total, old_tokens + tokens), tokens
 
 
 def profile_experts(model, calib=None, n_tokens: int = 2048, n_threads: int = 0) -> tuple:

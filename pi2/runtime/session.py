@@ -19,7 +19,7 @@ from pi2.errors import UsageError
 from pi2.engine import CContext, kernel_info
 from pi2.model.loader import Model, load_model
 from pi2.plan.budget import Plan
-from pi2.plan.experts import add_to_profile
+from pi2.plan.expert_profile import add_to_profile
 from pi2.reference.forward import ReferenceContext
 from pi2.reference.moe import MoEContext
 from pi2.runtime import npu
@@ -124,7 +124,7 @@ def open_session(model: Model, cfg: RunConfig | RunPlan) -> Session:
 def keep_routing(*sessions: Session) -> Path | None:
     """At the end of a run whose MoE experts streamed (unless --no-expert-profile): add its routing to the file's
     routing profile, so the next run's plan starts with the hot experts this one learned; the profile's path, or None
-    (not such a run, or too short to say much: pi2/plan/experts.add_to_profile). Several sessions of one model (pi2
+    (not such a run, or too short to say much: pi2/plan/expert_profile.add_to_profile). Several sessions of one model (pi2
     serve's slots) add their routing together, once. A profile that cannot be written is a note on stderr and the
     old one stays whole."""
     kept = [s for s in sessions if getattr(s.cache, "kind", "") == "experts" and s.plan.cfg.expert_profile

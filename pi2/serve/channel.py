@@ -20,6 +20,11 @@ _MARK = "\u0001pi2-text\u0001"
 FINAL = ("done", "error")      # the kinds that end a request's events
 
 
+def _settle(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class Channel:
     """Events (kind, value) from the engine thread to one request's coroutine. The loop is woken only while the
     coroutine waits in get(), once for whatever arrives meanwhile; events that come while it is busy or pausing
@@ -29,7 +34,7 @@ class Channel:
     def __init__(self, loop: asyncio.AbstractEventLoop, final_only: bool = False):
         self._loop, self._final_only = loop, final_only
         self._items: collections.deque = collections.deque()
-        self._ready = asyncio.Event()
+        self._fut: Optional[asyncio.Future] = None     # what the waiting coroutine awaits
         self._lock = threading.Lock()
         self._waiting: Optional[str] = None     # "all" / "final": what the coroutine waits for (None: it does not)
         self._armed = False         # a wake-up is scheduled on the loop and has not run yet
@@ -46,23 +51,30 @@ class Channel:
     def _wake(self) -> None:
         with self._lock:
             self._armed = False
-        self._ready.set()
+            fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def _has(self, final: bool) -> bool:
         return bool(self._items) and (not final or self._items[-1][0] in FINAL)
 
     async def _wait(self, final: bool, timeout: Optional[float]) -> None:
-        self._ready.clear()
+        """Until an event it waits for arrives, or timeout seconds pass. A bare future and one timer: asyncio.wait_for
+        made a task, a timer and an Event's waiter each time, the event loop's largest cost a write (pause's)."""
+        fut = self._loop.create_future()
         with self._lock:
-            self._waiting = "final" if final else "all"
+            self._waiting, self._fut = "final" if final else "all", fut
+        timer = None
         try:
             if not self._has(final):
-                await asyncio.wait_for(self._ready.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+                if timeout is not None:
+                    timer = self._loop.call_later(timeout, _settle, fut)
+                await fut
         finally:
+            if timer is not None:
+                timer.cancel()
             with self._lock:
-                self._waiting = None
+                self._waiting, self._fut = None, None
 
     async def get(self, pause: float = 0.0) -> list:
         """Every event that arrived since the last get(), at least one. pause: first let events gather for up to

@@ -84,6 +84,13 @@ typedef struct {
     const char *variant_why;   /* the CPU it saw and the reason */
 } pi2_type_info;
 
+/* Ask for CPU variant `want` before anything chooses kernels: NULL, "" or "auto" = the CPU's own choice; the
+ * baseline's name (`avx2` on x86-64, `neon` on aarch64) forces its kernels on a CPU with more (no AVX-512 / dotprod
+ * loop then runs anywhere). A name that is no variant of this CPU leaves the CPU's own choice and makes
+ * pi2_kernel_info and context creation fail with why. PI2_ERR_INVALID: the variant was already chosen (a first
+ * kernel call or context came before this one) and `want` differs from it. */
+PI2_API pi2_status pi2_cpu_variant_request(const char *want);
+
 /* Facts about ggml type `type` under implementation `impl` (a pi2_impl), and the CPU's kernels.
  * PI2_ERR_UNSUPPORTED: unknown type; PI2_ERR_INVALID: bad impl or NULL out. */
 PI2_API pi2_status pi2_kernel_info(int32_t type, int32_t impl, pi2_type_info *out);

@@ -3,8 +3,9 @@
 
 Checks: `pi2 devices --json` names the forced variant and its reason and reports only the baseline ISA; `auto`
 and an empty value keep the CPU's own choice; a value that is no variant of this CPU is a one-line error from
-`pi2 devices` and from `pi2 run`; the logits of tiny models of every 32-value block type and of real K-quant
-models (prompt batch, then single tokens) are bit for bit those of the CPU's own variant.
+`pi2 devices` and from `pi2 run`; a request after the variant was chosen is refused unless it agrees; the logits
+of tiny models of every 32-value block type and of real K-quant models (prompt batch, then single tokens) are bit
+for bit those of the CPU's own variant.
 """
 import json
 import os
@@ -16,6 +17,9 @@ import pytest
 
 from conftest import model_file
 from fixtures import write_model
+
+from pi2.engine.kernels import kernel_info
+from pi2.engine.lib import ffi, last_error, lib
 
 BASELINE = {"x86_64": "avx2", "aarch64": "neon"}.get(platform.machine())
 pytestmark = pytest.mark.skipif(BASELINE is None, reason="no SIMD baseline variant on this architecture")
@@ -86,3 +90,15 @@ def test_logits_are_those_of_the_cpus_own_variant(wtype, tmp_path):
 def test_real_model_logits_are_those_of_the_cpus_own_variant(key):
     path = model_file(key)
     assert logits(path, BASELINE, 2) == logits(path, None, 2)
+
+
+def test_a_request_after_the_variant_was_chosen_is_refused_unless_it_agrees():
+    """The core takes the variant as a parameter asked for before its first kernel call (lib.py passes the variable
+    at import); once chosen, asking for another is an error and asking for the same one is not."""
+    kernel_info()                                             # the variant is chosen by now
+    asked = os.environ.get("PI2_CPU_VARIANT", "").encode()
+    assert lib.pi2_cpu_variant_request(asked) == 0
+    assert lib.pi2_cpu_variant_request(ffi.NULL if not asked else asked) == 0
+    other = b"no-such-variant"
+    assert lib.pi2_cpu_variant_request(other) == lib.PI2_ERR_INVALID
+    assert "already chosen" in last_error()[1]

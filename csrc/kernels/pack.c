@@ -1,12 +1,13 @@
 /* pack.c — the x8 repacked layout of pack.h: pack and unpack, field by field (the scalar twin of
- * pi2/quants.py pack_rows), and the once-filled CPU variant (with PI2_CPU_VARIANT, read once here).
+ * pi2/quants.py pack_rows), and the once-filled CPU variant (the one pi2_cpu_variant_request asked for).
  * Does not: compute or choose kernels. */
 #include "pack.h"
+#include "../internal.h"
 #include "traits.h"
 
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
+#include <stdatomic.h>
 #include <string.h>
 
 int pi2_pack_fields(int32_t type, int32_t f[4]) {
@@ -78,10 +79,12 @@ void pi2_unpack_group(int32_t type, const uint8_t *group, int64_t n_blocks, uint
 
 static pi2_cpu_variant variant;
 static pthread_once_t variant_once = PTHREAD_ONCE_INIT;
+static char requested[48];          /* pi2_cpu_variant_request's name ("": the CPU's own choice) */
+static atomic_int chosen;           /* 1 once variant_init ran */
 
 static void variant_init(void) {
-    const char *want = getenv("PI2_CPU_VARIANT");
-    if (want && (!*want || !strcmp(want, "auto"))) want = NULL;
+    const char *want = requested[0] ? requested : NULL;
+    atomic_store(&chosen, 1);
     variant.allow_ext = 1;
     if (!pi2_kernels_variant_x86(&variant, want) && !pi2_kernels_variant_neon(&variant, want)) {
         snprintf(variant.name, sizeof variant.name, "ref");
@@ -95,4 +98,15 @@ static void variant_init(void) {
 const pi2_cpu_variant *pi2_kernels_variant(void) {
     pthread_once(&variant_once, variant_init);
     return &variant;
+}
+
+pi2_status pi2_cpu_variant_request(const char *want) {
+    if (want && (!*want || !strcmp(want, "auto"))) want = NULL;
+    if (atomic_load(&chosen)) {
+        if (!strcmp(want ? want : "", requested)) return PI2_OK;
+        return pi2_set_error(PI2_ERR_INVALID, "the CPU variant was already chosen (%s): ask before the first "
+                             "kernel call", variant.name);
+    }
+    snprintf(requested, sizeof requested, "%s", want ? want : "");
+    return PI2_OK;
 }

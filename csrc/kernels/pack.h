@@ -32,11 +32,11 @@ void pi2_unpack_k_group(int32_t type, const uint8_t *group, int64_t n_blocks, ui
 
 /* The CPU variant the auto table was built for (x86.c / neon.c): a short name ("zen4-zmm", "intel-zmm",
  * "intel-ymm", "avx2", "dotprod", ...) and a reason line for `pi2 devices`; software prefetch distance in bytes
- * of the packed kernels (0: none); allow_ext 0 when the environment variable PI2_CPU_VARIANT names the baseline
- * (`avx2` on x86-64, `neon` on aarch64): the auto table then holds the base table's kernels and no AVX-512 /
- * dotprod loop runs anywhere; error non-empty when that variable names no variant of this CPU (the auto choice
- * stands, and the kernel info and model loading fail with it). Filled once, before the tables, from the
- * variable as it was then. */
+ * of the packed kernels (0: none); allow_ext 0 when pi2_cpu_variant_request (pi2.h; Python passes the environment
+ * variable PI2_CPU_VARIANT) named the baseline (`avx2` on x86-64, `neon` on aarch64): the auto table then holds the
+ * base table's kernels and no AVX-512 / dotprod loop runs anywhere; error non-empty when that name is no variant of
+ * this CPU (the auto choice stands, and the kernel info and model loading fail with it). Filled once, before the
+ * tables, from the request as it was then. */
 typedef struct {
     char name[32];
     char why[192];
@@ -46,7 +46,7 @@ typedef struct {
 } pi2_cpu_variant;
 const pi2_cpu_variant *pi2_kernels_variant(void);
 /* Fill v for this CPU (x86.c; neon.c on aarch64); 0 when the file's architecture is not this one. `want` is
- * PI2_CPU_VARIANT (NULL when unset or "auto"): the baseline's name forces it (allow_ext 0), anything else sets
+ * the requested name (NULL when none or "auto"): the baseline's name forces it (allow_ext 0), anything else sets
  * v->error. */
 int pi2_kernels_variant_x86(pi2_cpu_variant *v, const char *want);
 int pi2_kernels_variant_neon(pi2_cpu_variant *v, const char *want);

@@ -1,10 +1,13 @@
 """engine/lib.py — the only module that imports the compiled extension pi2._pi2.
 
-Owns: loading the extension, the ABI check, turning C status codes and the C error record into Pi2 exceptions
-(check, raise_last), and the enum values the rest of the binding names (read from the module, never restated).
+Owns: loading the extension, the ABI check, passing PI2_CPU_VARIANT to the core, turning C status codes and the C
+error record into Pi2 exceptions (check, raise_last), and the enum values the rest of the binding names (read from
+the module, never restated).
 Does not: wrap any C object (model.py, context.py, kernels.py, nnapi.py, flash_io.py do).
 """
 from __future__ import annotations
+
+import os
 
 from pi2.errors import EngineError, FlashIOError, ModelFormatError, UnsupportedError
 
@@ -18,6 +21,9 @@ except ImportError as e:  # pragma: no cover - depends on the install
 if lib.PI2_ABI_VERSION != ABI_VERSION:  # pragma: no cover
     raise ImportError(f"pi2's compiled core has ABI {lib.PI2_ABI_VERSION}, expected {ABI_VERSION}: "
                       "a stale build; reinstall with `pip install .`")
+
+# PI2_CPU_VARIANT=avx2 (neon on aarch64) runs the baseline kernels on a CPU with more; asked before any kernel runs
+lib.pi2_cpu_variant_request(os.environ.get("PI2_CPU_VARIANT", "").encode())
 
 _ERRORS = {lib.PI2_ERR_FORMAT: ModelFormatError, lib.PI2_ERR_UNSUPPORTED: UnsupportedError}
 

@@ -47,20 +47,9 @@ static X86_TARGET void X86_FN(q5_1_vec_dot4x2)(int64_t n, float *s, size_t s_str
         const __m256i q0 = X86_FN(q5_1_codes)(x0[i].qs, x0[i].qh), q1 = X86_FN(q5_1_codes)(x1[i].qs, x1[i].qh);
         const float d0 = X86_FN(h2f)(x0[i].d), d1 = X86_FN(h2f)(x1[i].d);
         const float m0 = X86_FN(h2f)(x0[i].m), m1 = X86_FN(h2f)(x1[i].m);
-        for (int t = 0; t < 4; t++) {
-            const blk_q8_1 *y = Q51_ACT(t, i);
-            const __m256i yv = _mm256_loadu_si256((const __m256i *)y->qs);
-            const float dy = X86_FN(h2f)(y->d), sy = X86_FN(h2f)(y->s);
-            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q0, yv)), acc0[t]);
-            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q1, yv)), acc1[t]);
-            sm0[t] += m0 * sy;
-            sm1[t] += m1 * sy;
-        }
+        X86_FN(x1_step4x2)(q0, q1, d0, m0, d1, m1, xq, xq_stride, i, acc0, acc1, sm0, sm1);
     }
-    for (int t = 0; t < 4; t++) {
-        s[t * s_stride] = X86_FN(hsum)(acc0[t]) + sm0[t];
-        s[t * s_stride + 1] = X86_FN(hsum)(acc1[t]) + sm1[t];
-    }
+    X86_FN(x1_store4x2)(s, s_stride, acc0, acc1, sm0, sm1);
 }
 #endif
 

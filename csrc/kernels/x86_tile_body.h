@@ -225,6 +225,32 @@ static X86_TARGET void X86_FN(q4_1_vec_dot4)(int64_t n, float *s, size_t s_strid
 }
 
 #if !X86_VNNI
+/* Block column i of a two-row x four-token dot of rows with a minimum (Q4_1, Q5_1 in x86_q5_1_body.h): the rows'
+ * codes q0, q1 (unsigned) with their d and m, the tokens' Q8_1 blocks at xq + t·xq_stride; output (k, t) keeps its
+ * own accumulator and its own sum of m·s, in the one-token float order. */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(x1_step4x2)(
+        __m256i q0, __m256i q1, float d0, float m0, float d1, float m1, const void *xq, size_t xq_stride, int64_t i,
+        __m256 acc0[4], __m256 acc1[4], float sm0[4], float sm1[4]) {
+    for (int t = 0; t < 4; t++) {
+        const blk_q8_1 *y = X86_ACT(blk_q8_1, t, i);
+        const __m256i v = _mm256_loadu_si256((const __m256i *)y->qs);
+        const float dy = X86_FN(h2f)(y->d), sy = X86_FN(h2f)(y->s);
+        acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q0, v)), acc0[t]);
+        acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q1, v)), acc1[t]);
+        sm0[t] += m0 * sy;
+        sm1[t] += m1 * sy;
+    }
+}
+
+/* s[t·s_stride + k] of x1_step4x2's sums. */
+static inline __attribute__((always_inline)) X86_TARGET void X86_FN(x1_store4x2)(
+        float *s, size_t s_stride, const __m256 acc0[4], const __m256 acc1[4], const float sm0[4], const float sm1[4]) {
+    for (int t = 0; t < 4; t++) {
+        s[t * s_stride] = X86_FN(hsum)(acc0[t]) + sm0[t];
+        s[t * s_stride + 1] = X86_FN(hsum)(acc1[t]) + sm1[t];
+    }
+}
+
 /* twin: q4_1_vec_dot in ref.c (x86 order: q4_1_vec_dot in x86_body.h), two rows x four tokens (AVX2): each
  * activation block and its two scales are loaded and converted once for both rows; output (k, t) keeps its own
  * accumulator, its own sum of m·s and the one-token float order. */
@@ -237,20 +263,9 @@ static X86_TARGET void X86_FN(q4_1_vec_dot4x2)(int64_t n, float *s, size_t s_str
         const __m256i q0 = X86_FN(nibbles)(x0[i].qs), q1 = X86_FN(nibbles)(x1[i].qs);
         const float d0 = X86_FN(h2f)(x0[i].d), m0 = X86_FN(h2f)(x0[i].m);
         const float d1 = X86_FN(h2f)(x1[i].d), m1 = X86_FN(h2f)(x1[i].m);
-        for (int t = 0; t < 4; t++) {
-            const blk_q8_1 *y = X86_ACT(blk_q8_1, t, i);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)y->qs);
-            const float dy = X86_FN(h2f)(y->d), sy = X86_FN(h2f)(y->s);
-            acc0[t] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q0, v)), acc0[t]);
-            acc1[t] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(X86_FN(dot_u8s8)(q1, v)), acc1[t]);
-            sm0[t] += m0 * sy;
-            sm1[t] += m1 * sy;
-        }
+        X86_FN(x1_step4x2)(q0, q1, d0, m0, d1, m1, xq, xq_stride, i, acc0, acc1, sm0, sm1);
     }
-    for (int t = 0; t < 4; t++) {
-        s[t * s_stride] = X86_FN(hsum)(acc0[t]) + sm0[t];
-        s[t * s_stride + 1] = X86_FN(hsum)(acc1[t]) + sm1[t];
-    }
+    X86_FN(x1_store4x2)(s, s_stride, acc0, acc1, sm0, sm1);
 }
 #endif
 

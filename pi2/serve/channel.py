@@ -21,6 +21,7 @@ FINAL = ("done", "error")      # the kinds that end a request's events
 
 
 def _settle(fut: asyncio.Future) -> None:
+    """End a wait (a wake-up or its timer, whichever comes first)."""
     if not fut.done():
         fut.set_result(None)
 
@@ -52,8 +53,8 @@ class Channel:
         with self._lock:
             self._armed = False
             fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        if fut is not None:
+            _settle(fut)
 
     def _has(self, final: bool) -> bool:
         return bool(self._items) and (not final or self._items[-1][0] in FINAL)

@@ -61,6 +61,18 @@ struct pi2_model {
     int64_t packed_bytes;        /* the size of all these copies */
 };
 
+/* model_check.c: GGUF's name of each tensor role; whether a role is per layer; the ggml shape (ne0, ne1) a role must
+ * have (0: any) and whether the architecture reads it; the checks pi2_model_load makes (PI2_OK, or the error set). */
+extern const char *const MODEL_ROLE_NAMES[PI2_TENSOR_COUNT];
+int model_per_layer(int32_t role);
+int model_expected(const pi2_model_params *p, int32_t role, int64_t *ne0, int64_t *ne1);
+pi2_status model_check_params(const pi2_model_params *p);
+pi2_status model_check_desc(const pi2_model *m, const pi2_tensor_desc *d, int32_t i);
+pi2_status model_check_present(const pi2_model_params *params, const uint8_t *seen);
+pi2_status model_check_layer(const pi2_layer *L, int32_t il);
+/* model_map.c: the n parts of a model at bases[k] of m->map (or, n == 1, one file, read into memory when no_mmap),
+ * each under the SIGBUS guard; sets map, map_size, n_parts and the guards. */
+pi2_status model_map_parts(pi2_model *m, const char *const *paths, const uint64_t *bases, int32_t n, int no_mmap);
 /* Whether every mapped file of m is still whole (io_map_guard_check of each part). */
 pi2_status model_check_maps(const pi2_model *m);
 

@@ -112,24 +112,30 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5kz_tokens)
 
 #define Q5KZ_MAX_TOK 32   /* most tokens per call: the decoded column (4 KiB) serves them all from L1 */
 
+/* The body of a zmm K-quant prompt kernel, this file's and x86_q6k_z_body.h's, over the kernel's parameters (n, s,
+ * s_stride, grp, xq, xq_stride, n_tok): per block column (COL_BYTES of each of the two groups) the codes are decoded
+ * once (DECODE) into registers' spill area (col, a COL_T), then every token runs its dpbusd chains on them (TOKENS:
+ * 8, 4, then 1 token at a time); the float sums stay per token in acc, copied to s at the end. n_tok <= MAX_TOK. */
+#define KZ_PACK16_BODY(COL_T, COL_BYTES, MAX_TOK, DECODE, TOKENS)                                            \
+    const uint8_t *g = grp, *x = xq;                                                                        \
+    const size_t gs = (size_t)(n / QK_K) * (COL_BYTES);   /* bytes of one group */                           \
+    COL_T col;                                                                                               \
+    __attribute__((aligned(64))) float acc[(MAX_TOK) * 16];                                                  \
+    memset(acc, 0, sizeof(float) * 16 * (size_t)n_tok);                                                      \
+    for (int64_t i = 0; i < n / QK_K; i++) {                                                                 \
+        DECODE(g + (size_t)i * (COL_BYTES), gs, &col);                                                       \
+        const blk_q8_K *y[MAX_TOK];                                                                          \
+        for (int32_t t = 0; t < n_tok; t++) y[t] = (const blk_q8_K *)(x + (size_t)t * xq_stride) + i;        \
+        int32_t t = 0;                                                                                       \
+        for (; t + 8 <= n_tok; t += 8) TOKENS(&col, y + t, acc + 16 * t, 8);                                 \
+        for (; t + 4 <= n_tok; t += 4) TOKENS(&col, y + t, acc + 16 * t, 4);                                 \
+        for (; t < n_tok; t++) TOKENS(&col, y + t, acc + 16 * t, 1);                                         \
+    }                                                                                                        \
+    for (int32_t t = 0; t < n_tok; t++) memcpy(s + (size_t)t * s_stride, acc + 16 * t, 16 * sizeof(float))
+
 /* twin: q5_K_tiled_dot (ref.c), 16 rows (two consecutive packed groups at grp) x up to Q5KZ_MAX_TOK tokens:
- * s[t·s_stride + r], r < 16. Per block column the codes are decoded once into registers' spill area (col),
- * then every token runs its dpbusd chains on them; the float sums stay per token in acc. */
+ * s[t·s_stride + r], r < 16. */
 static X86_TARGET void X86_FN(q5_K_tiled_pack16)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                  size_t xq_stride, int32_t n_tok) {
-    const uint8_t *g = grp, *x = xq;
-    const size_t gs = (size_t)(n / QK_K) * PKK_Q5K_COL;   /* bytes of one group */
-    q5kz_col col;
-    __attribute__((aligned(64))) float acc[Q5KZ_MAX_TOK * 16];
-    memset(acc, 0, sizeof(float) * 16 * (size_t)n_tok);
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        X86_FN(q5kz_decode)(g + (size_t)i * PKK_Q5K_COL, gs, &col);
-        const blk_q8_K *y[Q5KZ_MAX_TOK];
-        for (int32_t t = 0; t < n_tok; t++) y[t] = (const blk_q8_K *)(x + (size_t)t * xq_stride) + i;
-        int32_t t = 0;
-        for (; t + 8 <= n_tok; t += 8) X86_FN(q5kz_tokens)(&col, y + t, acc + 16 * t, 8);
-        for (; t + 4 <= n_tok; t += 4) X86_FN(q5kz_tokens)(&col, y + t, acc + 16 * t, 4);
-        for (; t < n_tok; t++) X86_FN(q5kz_tokens)(&col, y + t, acc + 16 * t, 1);
-    }
-    for (int32_t t = 0; t < n_tok; t++) memcpy(s + (size_t)t * s_stride, acc + 16 * t, 16 * sizeof(float));
+    KZ_PACK16_BODY(q5kz_col, PKK_Q5K_COL, Q5KZ_MAX_TOK, X86_FN(q5kz_decode), X86_FN(q5kz_tokens));
 }

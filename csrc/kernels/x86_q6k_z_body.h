@@ -6,7 +6,7 @@
  * the -32 of every code is -32·Σ_m sc_m·bsum_m (vpdpwssd on scale pairs). Then ref_k.h's one float step per
  * block: acc = ((float)isum·d)·y.d + acc (an FMA).
  * Included by x86.c in the AVX-512 VNNI pass only, after x86_pack_k_body.h (PKK_Q6K_COL, pkk_ld32) and
- * x86_q5k_z_body.h (q5kz_ld2). Chosen for the zmm variants. */
+ * x86_q5k_z_body.h (q5kz_ld2, KZ_PACK16_BODY). Chosen for the zmm variants. */
 
 /* One block column of 16 rows: q[h][k][c] the codes of values 128h + 32k + 4c..+3 of every row; sc[m] sub-block
  * m's scale per row (int32); sp[p] scale pairs (int16) of sub-blocks (4a + e, 4a + e + 2), p = 2a + e; xd = d. */
@@ -85,19 +85,5 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6kz_tokens)
  * s[t·s_stride + r], r < 16. */
 static X86_TARGET void X86_FN(q6_K_tiled_pack16)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                  size_t xq_stride, int32_t n_tok) {
-    const uint8_t *g = grp, *x = xq;
-    const size_t gs = (size_t)(n / QK_K) * PKK_Q6K_COL;   /* bytes of one group */
-    q6kz_col col;
-    __attribute__((aligned(64))) float acc[Q6KZ_MAX_TOK * 16];
-    memset(acc, 0, sizeof(float) * 16 * (size_t)n_tok);
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        X86_FN(q6kz_decode)(g + (size_t)i * PKK_Q6K_COL, gs, &col);
-        const blk_q8_K *y[Q6KZ_MAX_TOK];
-        for (int32_t t = 0; t < n_tok; t++) y[t] = (const blk_q8_K *)(x + (size_t)t * xq_stride) + i;
-        int32_t t = 0;
-        for (; t + 8 <= n_tok; t += 8) X86_FN(q6kz_tokens)(&col, y + t, acc + 16 * t, 8);
-        for (; t + 4 <= n_tok; t += 4) X86_FN(q6kz_tokens)(&col, y + t, acc + 16 * t, 4);
-        for (; t < n_tok; t++) X86_FN(q6kz_tokens)(&col, y + t, acc + 16 * t, 1);
-    }
-    for (int32_t t = 0; t < n_tok; t++) memcpy(s + (size_t)t * s_stride, acc + 16 * t, 16 * sizeof(float));
+    KZ_PACK16_BODY(q6kz_col, PKK_Q6K_COL, Q6KZ_MAX_TOK, X86_FN(q6kz_decode), X86_FN(q6kz_tokens));
 }

@@ -21,14 +21,7 @@ static pi2_status step_multi(pi2_ctx *const *cs, const int32_t *tokens, int32_t 
     mm.single_order = 1;   /* and so must the CPU's: vec_dot's order, not the batch kernels' */
 
     embed(c, tokens, n);
-    float *local = c->rope + (size_t)c->p.n_batch * hp->n_rot;
-    for (int32_t t = 0; t < n; t++) {
-        pi2_rope_cache(c->rope + (size_t)t * hp->n_rot, cs[t]->n_past, hp->n_rot, hp->rope_base, hp->rope_freq_scale,
-                       m->rope_freqs);
-        if (hp->rope_base_local > 0)
-            pi2_rope_cache(local + (size_t)t * hp->n_rot, cs[t]->n_past, hp->n_rot, hp->rope_base_local,
-                           hp->rope_freq_scale, m->rope_freqs);
-    }
+    for (int32_t t = 0; t < n; t++) rope_table_row(c, t, cs[t]->n_past);
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const pi2_layer *L = &m->layers[il];
         for (int32_t t = 0; t < n; t++)
@@ -51,20 +44,8 @@ static pi2_status step_multi(pi2_ctx *const *cs, const int32_t *tokens, int32_t 
         if (c->k_rot) pi2_kv_fwht(c->q, n * QD, c->k_rot);
         for (int32_t t = 0; t < n; t++) {    /* each token into its own cache, then attention over it */
             pi2_ctx *d = cs[t];
-            const size_t n_ctx = (size_t)d->p.n_ctx, pos = (size_t)d->n_past, cells = (size_t)il * n_ctx * hp->n_head_kv;
-            store_kv(d, il, pos, c->k + t * KD, c->v + t * VD);
-            pi2_attn a = {
-                .q = c->q + t * QD, .k = d->k_cache + cells * hp->head_dim, .v = d->v_cache + cells * hp->head_dim_v,
-                .out = c->att + t * VO, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = 1,
-                .pos0 = d->n_past, .n_ctx = d->p.n_ctx, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
-                .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v, .window = L->swa ? hp->sliding_window : 0,
-                .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
-            if (d->k_blocks) {
-                a.kq = d->k_blocks + (size_t)il * n_ctx * d->k_cell_bytes;
-                a.k_cell_bytes = d->k_cell_bytes;
-                a.kt = d->kt;
-            }
-            set_flash(d, il, &a);
+            store_kv(d, il, (size_t)d->n_past, c->k + t * KD, c->v + t * VD);
+            pi2_attn a = attn_over(c, d, L, il, c->q + t * QD, c->att + t * VO, 1, d->n_past);
             pi2_attention(c->pool, &a);
         }
         if (c->v_rot) pi2_kv_fwht(c->att, (int64_t)n * VO, c->v_rot);

@@ -37,20 +37,8 @@ static void keep_rows(pi2_ctx *c, int32_t first, int32_t n) {
 }
 
 static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
-    const pi2_model_params *hp = &c->m->hp;
-    const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
-    pi2_attn a = {
-        .q = c->q, .k = c->k_cache + cells * hp->head_dim, .v = c->v_cache + cells * hp->head_dim_v,
-        .out = c->att, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
-        .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
-        .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale,
-        .rows = pi2_attn_rows(c->p.n_batch)};
-    if (c->k_blocks) {
-        a.kq = c->k_blocks + (size_t)il * c->p.n_ctx * c->k_cell_bytes;
-        a.k_cell_bytes = c->k_cell_bytes;
-        a.kt = c->kt;
-    }
-    set_flash(c, il, &a);
+    pi2_attn a = attn_over(c, c, L, il, c->q, c->att, n, pos0);
+    a.rows = pi2_attn_rows(c->p.n_batch);
     pi2_attention(c->pool, &a);
 }
 

@@ -40,7 +40,8 @@ static inline void scale(float *x, int64_t n, float s) {
 
 /* x[t] = row tokens[t] of token_embd, times embd_scale. */
 void embed(pi2_ctx *c, const int32_t *tokens, int32_t n);
-/* cos/sin tables of positions pos0.. for both RoPE bases. */
+/* Row t of the cos/sin tables for both RoPE bases: position pos; rope_tables: rows 0..n-1, positions pos0... */
+void rope_table_row(pi2_ctx *c, int32_t t, int32_t pos);
 void rope_tables(pi2_ctx *c, int32_t pos0, int32_t n);
 /* rows_job rows: token t's query and key heads rotated in place; token t's k and v stored at position n_past + t
  * of layer j->il; token t's FFN activation (gate = act(gate) * up). */
@@ -49,8 +50,10 @@ void store_kv_row(const rows_job *j, int64_t t);
 void activate_row(const rows_job *j, int64_t t);
 /* One token's k and v at cell pos of layer il of c's cache. */
 void store_kv(pi2_ctx *c, int32_t il, size_t pos, const float *kr, const float *vr);
-/* Flash attention and a quantized V cache of context c's layer il into a. */
-void set_flash(const pi2_ctx *c, int32_t il, pi2_attn *a);
+/* The attention of n_tok queries q at positions pos0.. over layer il of context d's cache (F16 or quantized K, flash
+ * attention and its V as d has them) into out, with c's scratch: d is c but in a multi-context step. .rows unset. */
+pi2_attn attn_over(const pi2_ctx *c, const pi2_ctx *d, const pi2_layer *L, int32_t il, const float *q, float *out,
+                   int32_t n_tok, int32_t pos0);
 
 /* kv_shift.c: llama.cpp's context shift, positions n_keep .. n_keep+n_discard-1 dropped. */
 void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard);

@@ -34,15 +34,17 @@ void embed(pi2_ctx *c, const int32_t *tokens, int32_t n) {
     if (c->m->hp.embd_scale != 1.0f) scale(c->x, (int64_t)n * e->n_in, c->m->hp.embd_scale);
 }
 
-void rope_tables(pi2_ctx *c, int32_t pos0, int32_t n) {
+void rope_table_row(pi2_ctx *c, int32_t t, int32_t pos) {
     const pi2_model_params *hp = &c->m->hp;
     float *local = c->rope + (size_t)c->p.n_batch * hp->n_rot;
-    for (int32_t t = 0; t < n; t++) {
-        pi2_rope_cache(c->rope + (size_t)t * hp->n_rot, pos0 + t, hp->n_rot, hp->rope_base, hp->rope_freq_scale, c->m->rope_freqs);
-        if (hp->rope_base_local > 0)
-            pi2_rope_cache(local + (size_t)t * hp->n_rot, pos0 + t, hp->n_rot, hp->rope_base_local,
-                           hp->rope_freq_scale, c->m->rope_freqs);
-    }
+    pi2_rope_cache(c->rope + (size_t)t * hp->n_rot, pos, hp->n_rot, hp->rope_base, hp->rope_freq_scale, c->m->rope_freqs);
+    if (hp->rope_base_local > 0)
+        pi2_rope_cache(local + (size_t)t * hp->n_rot, pos, hp->n_rot, hp->rope_base_local, hp->rope_freq_scale,
+                       c->m->rope_freqs);
+}
+
+void rope_tables(pi2_ctx *c, int32_t pos0, int32_t n) {
+    for (int32_t t = 0; t < n; t++) rope_table_row(c, t, pos0 + t);
 }
 
 /* Token t's query and key heads rotated in place. */
@@ -88,11 +90,30 @@ void activate_row(const rows_job *j, int64_t t) {
     pi2_ffn_activate(c->gate + t * n_ff, c->up + t * n_ff, n_ff, c->m->hp.ffn_act, c->m->gelu_table);
 }
 
-void set_flash(const pi2_ctx *c, int32_t il, pi2_attn *a) {
+/* Flash attention and a quantized V cache of context c's layer il into a. */
+static void set_flash(const pi2_ctx *c, int32_t il, pi2_attn *a) {
     a->flash = c->p.flash_attn;
     if (c->v_blocks) {
         a->vq = c->v_blocks + (size_t)il * c->p.n_ctx * c->v_cell_bytes;
         a->v_cell_bytes = c->v_cell_bytes;
         a->vt = c->vt;
     }
+}
+
+pi2_attn attn_over(const pi2_ctx *c, const pi2_ctx *d, const pi2_layer *L, int32_t il, const float *q, float *out,
+                   int32_t n_tok, int32_t pos0) {
+    const pi2_model_params *hp = &c->m->hp;
+    const size_t cells = (size_t)il * d->p.n_ctx * hp->n_head_kv;
+    pi2_attn a = {
+        .q = q, .k = d->k_cache + cells * hp->head_dim, .v = d->v_cache + cells * hp->head_dim_v,
+        .out = out, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = n_tok, .pos0 = pos0, .n_ctx = d->p.n_ctx,
+        .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
+        .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
+    if (d->k_blocks) {
+        a.kq = d->k_blocks + (size_t)il * d->p.n_ctx * d->k_cell_bytes;
+        a.k_cell_bytes = d->k_cell_bytes;
+        a.kt = d->kt;
+    }
+    set_flash(d, il, &a);
+    return a;
 }

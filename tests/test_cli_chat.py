@@ -85,8 +85,8 @@ def test_single_turn_answers_p_and_exits(bpe):
 
 
 def test_banner_says_how_to_quit(bpe, monkeypatch):
-    import pi2.cli.commands as commands
-    monkeypatch.setattr(commands, "_interactive", lambda: True)     # as at a terminal
+    import pi2.cli.run_chat as run_chat
+    monkeypatch.setattr(run_chat, "_interactive", lambda: True)     # as at a terminal
     res = cli("run", bpe, "-cnv", "-n", "2", stdin="")
     assert "Ctrl-C stops a reply" in res.err and "/exit" in res.err and "/regen" in res.err
 

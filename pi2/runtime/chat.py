@@ -7,7 +7,7 @@ architecture and vocabulary imply; else ChatML, as llama.cpp falls back), the ca
 template rewrote history, a reply was interrupted), /clear and /regen, and when the context is full (with
 --context-shift never while a shift makes room: the engine drops half of what follows the kept tokens before a decode
 that would fill it, as llama-completion does, and the conversation goes on). Does not: read input or print
-(pi2/cli/commands.py), or decode and sample (the sequence's stream).
+(pi2/cli/run_chat.py), or decode and sample (the sequence's stream).
 """
 from __future__ import annotations
 

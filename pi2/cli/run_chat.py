@@ -54,14 +54,21 @@ def _check(opts: RunOptions) -> None:
                          "tokens of margin and the reply must fit)")
 
 
-def _open_api(opts: RunOptions):
-    """-i and -cnv: the model through the Python API, its default sequence, and one sampler for the whole session
-    (as llama.cpp keeps one: its random state and penalty window run on across turns)."""
+def _open(opts: RunOptions) -> tuple:
+    """The model through the Python API and its default sequence, -c checked and --mlock applied, and the timings
+    (begun before loading: the load time runs to the end of the first decode)."""
     _check(opts)
-    timings = Timings()     # begun before loading: the load time runs to the end of the first decode
+    timings = Timings()
     model = Model(opts.model, opts.run, opts.sampling)
     seq = model.default_sequence
     _mlock(opts, seq.session)
+    return model, seq, timings
+
+
+def _open_api(opts: RunOptions):
+    """-i and -cnv: _open's, and one sampler for the whole session (as llama.cpp keeps one: its random state and
+    penalty window run on across turns)."""
+    model, seq, timings = _open(opts)
     sampler = Sampler(opts.sampling, model.n_vocab, seq.n_ctx, tokenizer=model.tokenizer)
     return model, seq, sampler, timings
 
@@ -98,11 +105,7 @@ def run(opts: RunOptions) -> None:
     one JSON object)."""
     if opts.prompt is None:
         raise UsageError("no prompt given", hint="pass -p TEXT or -f FILE (or -cnv to chat)")
-    _check(opts)
-    timings = Timings()     # begun before loading: the load time runs to the end of the first decode
-    model = Model(opts.model, opts.run, opts.sampling)
-    seq = model.default_sequence
-    _mlock(opts, seq.session)
+    model, seq, timings = _open(opts)
     prompt_tokens = model.tokenize(opts.prompt)
     check_prompt(prompt_tokens, seq.n_ctx)
     try:                            # from the prompt's echo on: a signal once output began prints the timings

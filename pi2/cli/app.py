@@ -2,8 +2,8 @@
 runtime's objects (RunConfig, SamplerParams) and calls one function of pi2/cli/commands.py, which does the work and
 the printing. This module imports only Typer and pi2's light modules: commands.py (numpy, the engine) is imported
 when a command runs, so `pi2 --help` stays fast. main() is in pi2/cli/main.py.
-Just over 400 lines: each command's flag list is one signature, and the shared flags are defined once here;
-the server and hub commands are already in pi2/cli/net.py.
+The flags several commands share are defined once in pi2/cli/options.py (pi2/cli/net.py takes them from here too);
+the server and hub commands are in pi2/cli/net.py.
 """
 from __future__ import annotations
 
@@ -13,96 +13,22 @@ from typing import List, Optional
 import typer
 
 from pi2.cli.load_flags import LoadModeOpt, NoMmapOpt, load_notes
+from pi2.cli.options import (RUN, SAMPLE, BudgetOpt, CacheKOpt, CacheVOpt, DenseOpt, EngineOpt, FlashOpt, HfOpt,
+                             IoOpt, KeepOpt, ModelArg, ModelOpt, NnapiLibOpt, NpuGbpsOpt, NpuOpt, PredOpt, ThreadsOpt,
+                             VerboseOpt, _model_path, _verbose)
 from pi2.cli.prompt import read_prompt
 from pi2.errors import FileError, UsageError
-from pi2.hub import pull as hub_pull
 from pi2.runtime.config import RunConfig, SamplerParams
-
-RUN, SAMPLE = RunConfig(), SamplerParams()     # the defaults, held by the runtime's objects
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="pi2: LLM inference that computes only the neurons a token activates.")
 
 
-class CliState:
-    """What the whole command line asked for beyond one command: --verbose (tracebacks and extra figures)."""
-    verbose: bool = False
-
-
-def _set_verbose(ctx: typer.Context, value: bool) -> bool:
-    if value and isinstance(ctx.find_root().obj, CliState):
-        ctx.find_root().obj.verbose = True
-    return value
-
-
-def _verbose(ctx: typer.Context) -> bool:
-    state = ctx.find_root().obj
-    return isinstance(state, CliState) and state.verbose
-
-
 def _commands():
     """pi2/cli/commands.py, imported when a command runs (it loads numpy and the compiled engine)."""
     from pi2.cli import commands     # the import graph test allows this one: --help must not load numpy
     return commands
-
-
-VerboseOpt = typer.Option(False, "-v", "--verbose", "--log-verbose", callback=_set_verbose,
-                          help="show tracebacks, why NNAPI was not used, and the neuron cache's figures")
-ModelArg = typer.Argument(None, metavar="[MODEL]", help="GGUF model file", show_default=False)
-ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as the positional MODEL)")
-KeepOpt = typer.Option(None, "--keep", help="pi2's own: model-wide mean fraction of FFN neurons computed per token "
-                       "(default: the pi2 file's, else 1.0 = dense); not llama.cpp's --keep N, which is pi2's "
-                       "--keep-tokens N", show_default=False)
-DenseOpt = typer.Option(RUN.dense, "--dense", help="compute every FFN neuron (no sparsity; ReLU experts: up rows of "
-                        "closed gates too)")
-NpuOpt = typer.Option(RUN.npu, "--npu", envvar="PI2_NPU", help="NNAPI for dense prompt batches (plain files) or "
-                      "decode's hot prefix (pi2 files): auto (only with a GPU/accelerator device and, for pi2 files, "
-                      "a predicted gain) | nnapi (any NNAPI device) | off")
-BudgetOpt = typer.Option(None, "--memory-budget", envvar="PI2_MEMORY_BUDGET",
-                         help="memory the process may hold, e.g. 500M or 1.5G (pi2 files): FFN bundles are streamed "
-                              "from flash into a neuron cache sized to fit (default: everything mapped)")
-IoOpt = typer.Option(RUN.io, "--io", envvar="PI2_IO",
-                     help="reads of streamed bundles: auto | uring | aio | pread | mmap")
-NnapiLibOpt = typer.Option(None, "--nnapi-lib", envvar="PI2_NNAPI_LIB",
-                           help="libneuralnetworks.so to open (default: the system's)", show_default=False)
-NpuGbpsOpt = typer.Option(None, "--npu-gbps", envvar="PI2_NPU_GBPS",
-                          help="the NPU's throughput in GB/s of F16 weights for the hot-prefix decision "
-                               "(default: measured on the NNAPI device)", show_default=False)
-PredOpt = typer.Option(RUN.predictor, "--predictor/--no-predictor",
-                       help="use a pi2 file's own predictor (gate rows of predicted neurons only); off by default: "
-                            "with the gate rows in memory it reads and costs more than the gate it skips; with "
-                            "--memory-budget the gate rows leave memory and the predicted ones are read")
-EngineOpt = typer.Option(RUN.engine, "--engine", envvar="PI2_ENGINE", help="auto | c | reference")
-ThreadsOpt = typer.Option(RUN.n_threads, "-t", "--threads", help="threads (<= 0: all cores)")
-
-
-HfOpt = typer.Option(None, "-hf", "-hfr", "--hf-repo", envvar="PI2_HF_REPO", show_default=False,
-                     help="Hugging Face repository REPO[:QUANT] (or REPO/FILE.gguf): downloaded into the hub's cache "
-                          "when missing, then used as the model (as llama.cpp's -hf)")
-
-
-def _model_path(pos: Optional[Path], opt: Optional[Path], hf: Optional[str] = None) -> Path:
-    if hf:      # -hf: the file pi2/hub.py resolves (and downloads when missing)
-        if pos or opt:
-            raise UsageError("give the model once (MODEL, -m or -hf)")
-        return Path(hub_pull(hf))
-    if pos and opt and pos != opt:
-        raise UsageError("give the model once (positional MODEL or -m)")
-    path = pos or opt
-    if path is None:
-        raise UsageError("no model given", hint="pi2 run MODEL.gguf -p 'text'")
-    return path
-
-
-CacheKOpt = typer.Option("f16", "-ctk", "--cache-type-k",
-                         help="K cache type: f16, q8_0, q4_0, q4_1, q5_0 or q5_1 (llama.cpp's numerics with -fa off: "
-                              "Hadamard-rotated quantized keys)")
-CacheVOpt = typer.Option("f16", "-ctv", "--cache-type-v",
-                         help="V cache type: f16, or with flash attention q8_0, q4_0, q4_1, q5_0, q5_1")
-FlashOpt = typer.Option("auto", "-fa", "--flash-attn",
-                        help="flash attention: on (llama.cpp's CPU default numbers), off, auto (off unless -ctv is "
-                             "quantized)")
 
 
 @app.command()

@@ -14,8 +14,9 @@ import typer
 
 from pi2 import __version__
 from pi2.cli import net  # noqa: F401 — registers pi2 serve and pi2 pull on the app
-from pi2.cli.app import CliState, app
+from pi2.cli.app import app
 from pi2.cli.llama_flags import rewrite
+from pi2.cli.options import CliState
 from pi2.errors import Pi2Error
 
 try:        # recent Typer vendors click as typer._click, with its own Abort and Exit; older Typer uses click's

@@ -140,6 +140,11 @@ def _take_hot(items: list, left: int, n_layer: int) -> tuple:
     return hot, left
 
 
+def _predicted_rule(rule) -> bool:
+    """Whether the run's rule is the file's predictor (`predicted`): its gate rows stream too (two-phase loading)."""
+    return rule is not None and rule.rule == "predicted"
+
+
 def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = "auto", n_batch: int = 512,
               cluster: int | None = None, runtime: int | None = None, npu=None, rule=None, type_k: int = 1,
               type_v: int = 1) -> Plan:
@@ -161,7 +166,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
     shown = need + up - runtime     # the minimum as printed: with the RSS rounded up
     if budget < need:
         kv = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)[0]
-        gate = rule is not None and rule.rule == "predicted"
+        gate = _predicted_rule(rule)
         raise UsageError(f"--memory-budget {fmt(budget)} is below the minimum of {fmt(shown)} for this model at a "
                          f"context of {n_ctx}" + (" with the predictor's gate streaming" if gate else ""),
                          hint=f"give at least {(shown + MiB - 1) // MiB}M" + (" or a smaller -c" if kv > need // 4 else ""))
@@ -171,7 +176,7 @@ def make_plan(model, cmodel, budget: int, n_ctx: int, n_threads: int, io: str = 
         try:
             return _plan(*args, c, type_k=type_k, type_v=type_v)
         except UsageError as e:   # below the floor with the gate rows mapped: stream them too, whole, if they can
-            if (rule is not None and rule.rule == "predicted") or not stream_sizes(cmodel, c, 0, 0)["gate_slot_bytes"]:
+            if _predicted_rule(rule) or not stream_sizes(cmodel, c, 0, 0)["gate_slot_bytes"]:
                 return None
             try:
                 return _plan(*args, c, gate_whole=True, floor_mapped=getattr(e, "floor", 0), type_k=type_k,
@@ -206,7 +211,7 @@ def min_budget(model, cmodel, n_ctx: int, n_threads: int, io: str = "auto", n_ba
     `--memory-budget` names it: one figure, whatever budget was asked for."""
     runtime = measured_runtime(model) if runtime is None else runtime
     args = (model, cmodel, 1 << 62, n_ctx, n_threads, io, n_batch, runtime, npu, rule)
-    gate_whole = (False,) if (rule is not None and rule.rule == "predicted") or \
+    gate_whole = (False,) if _predicted_rule(rule) or \
         not stream_sizes(cmodel, 64, 0, 0)["gate_slot_bytes"] else (False, True)
     clusters = (cluster,) if cluster else \
         tuple(dict.fromkeys([cluster_for(stream_sizes(cmodel, 64, 0, 0)["bundle_bytes"]), *CLUSTERS]))
@@ -236,7 +241,7 @@ def _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     npu = npu if npu is not None and npu.use else None
     cfg = model.config
     L, F = cfg.n_layer, cfg.n_ff
-    gate = rule is not None and rule.rule == "predicted"
+    gate = _predicted_rule(rule)
     streams_gate = gate or gate_whole
     sizes = [stream_sizes(cmodel, cluster, il, 0) for il in range(L)]
     kv, scratch = context_bytes(cmodel, n_ctx, n_threads, n_batch, type_k, type_v)
@@ -263,9 +268,7 @@ def _plan(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, ru
     p, sizes, kv = _base(model, cmodel, budget, n_ctx, n_threads, io, n_batch, runtime, npu, rule, cluster,
                          gate_whole, floor_mapped, type_k, type_v)
     npu = npu if npu is not None and npu.use else None
-    cfg = model.config
-    L, F = cfg.n_layer, cfg.n_ff
-    gate = rule is not None and rule.rule == "predicted"
+    L, F, gate = len(p.n_hot), p.n_ff, p.gate      # as _base set them
     streams_gate = gate or gate_whole
     if budget < p.floor:
         e = UsageError(f"--memory-budget {fmt(budget)} is below the minimum for this model at a context of {n_ctx}"

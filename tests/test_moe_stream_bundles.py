@@ -246,3 +246,38 @@ def test_leading_clusters_read_with_the_gate_rows(tmp_path_factory):
         res[lead is None] = c.cache_stats()
     assert all(np.array_equal(a, b) for a, b in zip(logits[True], logits[False]))
     assert res[False]["expert_cl_found"] > res[True]["expert_cl_found"] == 0
+
+
+def test_capped_slots_evict_the_least_routed_expert(tmp_path_factory):
+    """Under a cap, the pages that go are those of the least routed expert (decayed counts), not the least recently
+    used one's: on tokens drawn from a skewed distribution the cache hits more often than a plain LRU of as many
+    experts as it held at most (a simulation on the same routing, which the LRU engine matched exactly), same logits
+    as in memory. Fails if eviction goes back to recency alone."""
+    m, cm = converted(tmp_path_factory, "Q4_0", closed=True)
+    X, k, L = m.config.n_expert, m.config.n_expert_used, m.config.n_layer
+    slot = plan_experts.slot_bytes(m)
+    ids = [int(t) % 500 for t in np.random.default_rng(5).zipf(1.3, 120)]
+    ref = CContext(cm, 256, 2)
+    ref.set_ffn(FFNRule("relu"))
+    want = [ref.decode([t]) for t in ids]
+    c = CContext(cm, 256, 2)
+    c.set_ffn(FFNRule("relu"))
+    c.set_stream(cluster=8, n_slots=0, io="pread", n_expert_slots=L * X, expert_cold_bytes=4 * slot)
+    prev, routes, most = c.expert_counts.copy(), [], 0
+    for i, t in enumerate(ids):
+        assert np.array_equal(c.decode([t]), want[i]), f"token {i} differs"
+        cur = c.expert_counts.copy()
+        routes.append([(il, int(e)) for il in range(L) for e in np.nonzero(cur[il] - prev[il])[0]])
+        prev = cur
+        most = max(most, c.cache_stats()["expert_slots_held"])
+    lru, lru_hits = {}, 0   # insertion-ordered dict: the least recently used first
+    for step in routes:
+        for key in step:
+            lru_hits += key in lru
+            lru.pop(key, None)
+            lru[key] = 1
+            while len(lru) > most:
+                del lru[next(iter(lru))]
+    st = c.cache_stats()
+    assert st["expert_hits"] + st["expert_misses"] == len(ids) * L * k
+    assert st["expert_hits"] > 1.5 * lru_hits + 20, (st["expert_hits"], lru_hits, most)

@@ -1,5 +1,6 @@
 /* cache/experts_held.c — the bytes the expert cache's cold slots hold (experts.h): which 4 KiB pages of each slot
- *       reads have filled, a cap on their sum, and the least recently used slots' pages given back to keep it, so a
+ *       reads have filled, a cap on their sum, and the pages of the least routed experts' slots (the least recently
+ *       used of equals) given back to keep it, so a
  *       converted file's slots — gate rows and only the clusters tokens opened — hold as many experts as their read
  *       bytes allow instead of as many as whole slots fit.
  * Does not: decide what to read (csrc/pipeline/experts.c) or choose the cap (pi2/plan/experts.py).
@@ -33,6 +34,26 @@ void pi2_expert_set_cap(pi2_expert_cache *ec, int64_t cap) {
 #endif
 }
 
+/* The slot whose pages go first: of the LRU's slots with pages not in use, the one whose expert was routed least
+ * (decayed counts: experts_learn.c), the least recently used of equals; a slot holding no expert first; -1: none.
+ * An LRU alone forgets an expert routed often but not in the last few tokens before one routed once. */
+static int32_t victim(const pi2_expert_cache *ec) {
+    const pi2_slots *slots = &ec->slots;
+    int32_t pick = -1;
+    float best = 0.0f;
+    for (int32_t s = slots->tail, i = 0; s >= 0 && i < slots->n_slots; s = slots->prev[s], i++) {
+        if (!ec->held[s] || (slots->s_layer[s] >= 0 && ec->mark[s] >= ec->epoch)) continue;   /* no pages, in use */
+        const float score = slots->s_layer[s] < 0 ? -1.0f
+                          : ec->score ? ec->score[(size_t)slots->s_layer[s] * ec->n_expert + slots->s_cl[s]] : 0.0f;
+        if (pick < 0 || score < best) {
+            pick = s;
+            best = score;
+            if (!ec->score || score < 0) break;
+        }
+    }
+    return pick;
+}
+
 int32_t pi2_expert_take(pi2_expert_cache *ec, int32_t il, int32_t e) {
     pi2_slots *slots = &ec->slots;
     /* a slot without pages while the slots with pages hold room for one more of their average, else one with pages */
@@ -49,6 +70,10 @@ int32_t pi2_expert_take(pi2_expert_cache *ec, int32_t il, int32_t e) {
         if (!ec->held[s] && slots->s_layer[s] < 0) pi2_slots_to_front(slots, s);   /* unused: out of the scans' way */
     }
     if (pick < 0) pick = any;
+    if (ec->cap && pick >= 0 && ec->held[pick]) {   /* reusing a slot's pages: the least routed expert's */
+        const int32_t v = victim(ec);
+        if (v >= 0) pick = v;
+    }
     if (pick >= 0) pi2_slots_to_tail(slots, pick);
     ec->evicted += slots->tail >= 0 && slots->s_layer[slots->tail] >= 0;   /* its expert replaced */
     return pi2_slots_take(slots, il, e);
@@ -78,11 +103,7 @@ void pi2_expert_charge(pi2_expert_cache *ec, int32_t slot, const uint8_t *dest, 
     ec->held_total += fresh * PI2_IO_ALIGN;
     if (!ec->cap || ec->held_total <= ec->cap) return;
     pi2_slots *slots = &ec->slots;
-    for (int32_t s = slots->tail; s >= 0 && ec->held_total > ec->cap;) {   /* the LRU from its tail */
-        const int32_t prev = slots->prev[s];
-        if (ec->held[s] && (slots->s_layer[s] < 0 || ec->mark[s] < ec->epoch)) drop(ec, s);
-        s = prev;
-    }
+    for (int32_t s; ec->held_total > ec->cap && (s = victim(ec)) >= 0;) drop(ec, s);   /* the least routed first */
     for (int32_t s = 0; s < slots->n_slots && ec->held_total > ec->cap; s++)   /* then learned hot experts */
         if (slots->pinned[s] && ec->mark[s] < ec->epoch) drop(ec, s);
 }

@@ -278,7 +278,7 @@ class ExpertPlan:
                    " (no routing profile: `pi2 profile-experts MODEL` makes one)" if not self.profiled else ""),
                 (f"expert cache       {fmt(self.cap)} of slots sized to what is read: about {self.n_effective} "
                  f"experts of {fmt(int(self.held_each))} (gate rows + the clusters tokens opened; whole "
-                 f"{fmt(self.slot_bytes)}), LRU shared by all layers "
+                 f"{fmt(self.slot_bytes)}), shared by all layers, the least routed evicted first "
                  f"({(self.n_effective + self.n_hot) / max(total, 1):.1%} of the experts held; {self.n_slots} slots)"
                  if self.cap else
                  f"expert cache       {self.n_slots} slots of {self.slot_bytes // 1024} KiB = {fmt(self.cold_bytes)}, "
@@ -310,8 +310,9 @@ class ExpertPlan:
 
 
 def _hit_rate(freq: np.ndarray, hot: np.ndarray, n_slots: int, k: int) -> float:
-    """Expected share of needed experts hot or in the LRU: hot ones by their routing share; the LRU (shared by all
-    layers) holds about the most recent n_slots cold experts, modelled as the n_slots most frequent cold ones."""
+    """Expected share of needed experts hot or in the cold slots: hot ones by their routing share; the cold slots
+    (shared by all layers) hold about n_slots cold experts, modelled as the n_slots most frequent cold ones (what
+    slots sized to what is read keep, as they evict the least routed expert; an LRU keeps the most recent)."""
     rows = freq.sum(axis=1, keepdims=True)
     p = np.where(rows > 0, freq / np.maximum(rows, 1e-300), 0.0)       # per layer: share of routed rows
     layers = int((rows[:, 0] > 0).sum()) or 1

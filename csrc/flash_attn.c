@@ -7,10 +7,11 @@
  * ggml_v_expf summed in groups of 16 into a double, then an FMA chain over the tile.
  * Every (token, head) row is one task whose numbers depend on nothing else: any thread count gives the same result.
  * The F16 cache holds halves (ops.h), converted exactly where they are read.
- * Does not: store the cache (forward.c, kv_quant.c) or attention with flash attention off (ops.c). */
+ * Does not: store the cache (forward.c, kv_quant.c) or attention with flash attention off (attn.c). */
 #include "ops.h"
 
 #include "kv_quant.h"
+#include "ops_lanes.h"
 
 #include <math.h>
 #include <string.h>
@@ -18,31 +19,14 @@
 #define FA_TILE_Q 64    /* GGML_FA_TILE_Q: batches of this many tokens or more take the tiled loop */
 #define FA_TILE_KV 64   /* GGML_FA_TILE_KV */
 
-static inline float fma32(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
 static inline float r16(float x) { return pi2_fp16_to_f32(pi2_f32_to_fp16(x)); }
 
-/* _mm512_reduce_add_ps as GCC expands it (ggml_order.reduce16). */
-static float reduce16(const float *v) {
-    float r8[8], r4[4];
-    for (int i = 0; i < 8; i++) r8[i] = v[8 + i] + v[i];
-    for (int i = 0; i < 4; i++) r4[i] = r8[4 + i] + r8[i];
-    return (r4[0] + r4[2]) + (r4[1] + r4[3]);
-}
-
-/* The loops below are plain float (or exact double) operations, equal per element at any vector width: on x86-64
- * GCC builds them also for AVX2 and AVX-512 and picks at load (as ops.c). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define WIDE_CLONES
-#endif
-
-/* p[t] = the FMA chain over d of kT[d·n_ctx + t]·q[d] for t in [t0, t1) (simd_gemm's order), times scale. */
-WIDE_CLONES static void score_tile(float *p, const pi2_fp16 *kT, int32_t n_ctx, const float *q, int32_t hd, int32_t t0,
+/* p[t] = the FMA chain over d of kT[d·ld + t]·q[d] for t in [t0, t1) (simd_gemm's order), times scale. */
+WIDE_CLONES static void score_tile(float *p, const pi2_fp16 *kT, int32_t ld, const float *q, int32_t hd, int32_t t0,
                                    int32_t t1, float scale) {
     for (int32_t t = t0; t < t1; t++) p[t] = 0.0f;
     for (int32_t d = 0; d < hd; d++) {
-        const pi2_fp16 *kr = kT + (size_t)d * n_ctx;
+        const pi2_fp16 *kr = kT + (size_t)d * ld;
         const float qd = q[d];
         for (int32_t t = t0; t < t1; t++) p[t] = fma32(pi2_kv_h2f(kr[t]), qd, p[t]);
     }

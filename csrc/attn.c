@@ -54,7 +54,7 @@ WIDE_CLONES static void score_keys(const pi2_attn *a, const float *q, const pi2_
         memset(acc, 0, (size_t)(vec ? 64 : 16) * nb * sizeof *acc);
         for (int32_t i = 0; i < a->head_dim; i++) {
             float *row = acc + (size_t)(ACC(vec, i) * 16 + (i & 15)) * nb;
-            const pi2_fp16 *kr = kT + (size_t)i * a->n_ctx + jb;
+            const pi2_fp16 *kr = kT + (size_t)i * a->k_ld + jb;
             const float qi = q[i];
             for (int32_t k = 0; k < nb; k++) row[k] += qi * pi2_kv_h2f(kr[k]);
         }
@@ -111,7 +111,7 @@ static T512 void score_keys_512(const pi2_attn *a, const float *q, const pi2_fp1
             for (int k = 0; k < 16; k++)
                 if (i0 + k < hd)
                     l[k] = _mm512_fmadd_ps(_mm512_set1_ps(q[i0 + k]),
-                                           load_h16(m, kT + (size_t)(i0 + k) * a->n_ctx + jb), l[k]);
+                                           load_h16(m, kT + (size_t)(i0 + k) * a->k_ld + jb), l[k]);
         }
         _mm512_mask_storeu_ps(s + jb, m, _mm512_mul_ps(reduce_lanes16(l), _mm512_set1_ps(a->scale)));
     }
@@ -219,7 +219,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
 #if ATTN512
     const int wide = !vec && pi2_cpu_avx512_half();
 #endif
-    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->n_ctx, *v = a->v + (size_t)hkv * hdv;
+    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->k_ld, *v = a->v + (size_t)hkv * hdv;
     float *out = a->out + ((size_t)t * a->n_head + h) * hdv;
     if (a->kq)   /* quantized keys: the query quantized to their dot product's format (qf as scratch) */
         pi2_kv_scores(a->kt, a->kq, a->k_cell_bytes, hkv, hd, q, a->scale, s, j0, pos + 1, qf);
@@ -229,7 +229,7 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
         if (wide) score_keys_512(a, qf, kT, s, j0, pos + 1);
         else
 #endif
-        if (!vec || !pi2_attn_dec_scores(qf, kT, (size_t)a->n_ctx, hd, a->scale, s, j0, pos + 1, acc))
+        if (!vec || !pi2_attn_dec_scores(qf, kT, (size_t)a->k_ld, hd, a->scale, s, j0, pos + 1, acc))
             score_keys(a, qf, kT, s, j0, pos + 1, acc, vec);
     }
     pi2_attn_softmax_row(s, j0, pos);
@@ -248,6 +248,6 @@ void pi2_attention(pi2_pool *pool, pi2_attn *a) {
 
 void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const pi2_fp16 *kT, float *s, int32_t j0, int32_t j1,
                          float *acc) {
-    if (!pi2_attn_dec_scores(qf, kT, (size_t)a->n_ctx, a->head_dim, a->scale, s, j0, j1, acc))
+    if (!pi2_attn_dec_scores(qf, kT, (size_t)a->k_ld, a->head_dim, a->scale, s, j0, j1, acc))
         score_keys(a, qf, kT, s, j0, j1, acc, 1);
 }

@@ -85,13 +85,13 @@ static void tiled_row(const pi2_attn *a, int32_t hkv, const float *q, int32_t j0
                       float *acc) {
     const int32_t hd = a->head_dim, hdv = a->head_dim_v;
     const size_t vd = (size_t)a->n_head_kv * hdv;
-    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->n_ctx, *v = a->v + (size_t)hkv * hdv;
+    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->k_ld, *v = a->v + (size_t)hkv * hdv;
     float *p = acc + hdv, M = -INFINITY, S = 0.0f;
     memset(acc, 0, (size_t)hdv * sizeof *acc);
     for (int32_t ic = j0 / FA_TILE_KV * FA_TILE_KV; ic < j1; ic += FA_TILE_KV) {
         const int32_t lo = ic > j0 ? ic : j0, hi = ic + FA_TILE_KV < j1 ? ic + FA_TILE_KV : j1;
         float tmax = -INFINITY;
-        score_tile(p, kT + ic, a->n_ctx, q, hd, lo - ic, hi - ic, a->scale);
+        score_tile(p, kT + ic, a->k_ld, q, hd, lo - ic, hi - ic, a->scale);
         for (int32_t t = 0; t < FA_TILE_KV; t++) {
             const int32_t j = ic + t;
             if (j < lo || j >= hi) p[t] = -INFINITY;
@@ -131,7 +131,7 @@ static void flash_task(void *arg, int32_t task, int32_t thread) {
         pi2_kv_scores(a->kt, a->kq, a->k_cell_bytes, hkv, hd, q, a->scale, s, j0, pos + 1, qf);
     else {
         for (int32_t d = 0; d < hd; d++) qf[d] = r16(q[d]);
-        pi2_attn_scores_vec(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc);
+        pi2_attn_scores_vec(a, qf, a->k + (size_t)hkv * hd * a->k_ld, s, j0, pos + 1, acc);
     }
     one_row(a, hkv, s, j0, pos + 1, out, acc);
 }

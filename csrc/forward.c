@@ -111,11 +111,11 @@ static void rope_row(const rows_job *j, int64_t t) {
 static void store_kv(pi2_ctx *c, int32_t il, size_t pos, const float *kr, const float *vr) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
-    const size_t n_ctx = (size_t)c->p.n_ctx;
+    const size_t n_ctx = (size_t)c->p.n_ctx, ld = (size_t)c->k_ld;
     if (c->k_blocks) pi2_kv_store_k(c, il, pos, kr);
     else {
-        pi2_fp16 *k = c->k_cache + (size_t)il * n_ctx * kd + pos;
-        for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_f32_to_fp16(kr[i]);
+        pi2_fp16 *k = c->k_cache + (size_t)il * kd * ld + pos;
+        for (size_t i = 0; i < kd; i++) k[i * ld] = pi2_f32_to_fp16(kr[i]);
     }
     if (c->v_blocks) {
         pi2_kv_store_v(c, il, pos, vr);
@@ -167,10 +167,11 @@ static void set_flash(const pi2_ctx *c, int32_t il, pi2_attn *a) {
 
 static void attention(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t pos0, int32_t n) {
     const pi2_model_params *hp = &c->m->hp;
-    const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv;
+    const size_t cells = (size_t)il * c->p.n_ctx * hp->n_head_kv, rows = (size_t)il * hp->n_head_kv * hp->head_dim;
     pi2_attn a = {
-        .q = c->q, .k = c->k_cache + cells * hp->head_dim, .v = c->v_cache + cells * hp->head_dim_v,
+        .q = c->q, .k = c->k_cache + rows * (size_t)c->k_ld, .v = c->v_cache + cells * hp->head_dim_v,
         .out = c->att, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = n, .pos0 = pos0, .n_ctx = c->p.n_ctx,
+        .k_ld = c->k_ld,
         .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
         .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale,
         .rows = pi2_attn_rows(c->p.n_batch)};
@@ -338,7 +339,7 @@ static pi2_status step(pi2_ctx *c, const int32_t *tokens, int32_t n, float *logi
  * cache). pi2/reference/forward.py (ReferenceContext.shift) is the specification. */
 static void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard) {
     const pi2_model_params *hp = &c->m->hp;
-    const size_t C = (size_t)c->p.n_ctx, kd = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t C = (size_t)c->p.n_ctx, ld = (size_t)c->k_ld, kd = (size_t)hp->n_head_kv * hp->head_dim;
     const size_t vd = (size_t)hp->n_head_kv * hp->head_dim_v;
     const int32_t m = c->n_past - n_keep - n_discard;
     float *cs = c->rope, *row = c->k;     /* scratch: the rope tables and one token's keys (rebuilt every step) */
@@ -346,14 +347,14 @@ static void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard) {
         const int local = c->m->layers[il].rope_local && hp->rope_base_local > 0;
         pi2_rope_cache(cs, -n_discard, hp->n_rot, local ? hp->rope_base_local : hp->rope_base, hp->rope_freq_scale,
                        c->m->rope_freqs);
-        pi2_fp16 *K = c->k_cache + (size_t)il * C * kd, *V = c->v_cache + (size_t)il * C * vd;
+        pi2_fp16 *K = c->k_cache + (size_t)il * kd * ld, *V = c->v_cache + (size_t)il * C * vd;
         if (c->k_blocks) pi2_kv_shift_k(c, il, n_keep, n_discard, m, cs, row);   /* through floats (kv_quant.c) */
         for (int32_t t = 0; t < m; t++) {
             const size_t from = (size_t)(n_keep + n_discard + t), to = (size_t)(n_keep + t);
             if (!c->k_blocks) {
-                for (size_t i = 0; i < kd; i++) row[i] = pi2_fp16_to_f32(K[i * C + from]);
+                for (size_t i = 0; i < kd; i++) row[i] = pi2_fp16_to_f32(K[i * ld + from]);
                 pi2_rope(row, hp->n_head_kv, hp->head_dim, hp->n_rot, cs, hp->rope_neox);
-                for (size_t i = 0; i < kd; i++) K[i * C + to] = pi2_f32_to_fp16(row[i]);
+                for (size_t i = 0; i < kd; i++) K[i * ld + to] = pi2_f32_to_fp16(row[i]);
             }
             if (c->v_blocks) {
                 uint8_t *VB = c->v_blocks + (size_t)il * C * c->v_cell_bytes;
@@ -453,10 +454,11 @@ static pi2_status step_multi(pi2_ctx *const *cs, const int32_t *tokens, int32_t 
             const size_t n_ctx = (size_t)d->p.n_ctx, pos = (size_t)d->n_past, cells = (size_t)il * n_ctx * hp->n_head_kv;
             store_kv(d, il, pos, c->k + t * KD, c->v + t * VD);
             pi2_attn a = {
-                .q = c->q + t * QD, .k = d->k_cache + cells * hp->head_dim, .v = d->v_cache + cells * hp->head_dim_v,
+                .q = c->q + t * QD, .k = d->k_cache + (size_t)il * KD * (size_t)d->k_ld,
+                .v = d->v_cache + cells * hp->head_dim_v,
                 .out = c->att + t * VO, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = 1,
-                .pos0 = d->n_past, .n_ctx = d->p.n_ctx, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
-                .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v, .window = L->swa ? hp->sliding_window : 0,
+                .pos0 = d->n_past, .n_ctx = d->p.n_ctx, .k_ld = d->k_ld, .n_head = hp->n_head,
+                .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v, .window = L->swa ? hp->sliding_window : 0,
                 .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
             if (d->k_blocks) {
                 a.kq = d->k_blocks + (size_t)il * n_ctx * d->k_cell_bytes;

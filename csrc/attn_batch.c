@@ -2,14 +2,14 @@
  * AVX-512 (F, BW, VL; vcvtph2ps converts 16 halves exactly; AVX2 with F16C: attn_batch_avx2.c): the (token, head) queries that share a KV head, several tokens at a time, are scored and weighed
  * together, so each key or value vector loaded serves up to PI2_ATTN_ROWS queries; threads take (KV head,
  * head chunk, token block) tasks, the latest tokens (the most keys) first.
- * Numbers: those of ops.c's one-query path (tinyBLAS's order, pi2/reference/forward.py's attention): q.k term i goes
+ * Numbers: those of attn.c's one-query path (tinyBLAS's order, pi2/reference/forward.py's attention): q.k term i goes
  * to lane i % 16 and p.V term j to lane j % 16 (absolute position), each lane summed in term order from zero, the
  * 16 lanes reduced as _mm512_reduce_add_ps (l8[i] = l[i] + l[8+i], l4[i] = l8[i] + l8[4+i], (l4[0] + l4[2]) +
  * (l4[1] + l4[3])). Here lanes l and l + 8 of every query run in registers at a time, and the tree's pending sums
  * wait in memory: lane pairs in the order 0, 4, 2, 6, 1, 5, 3, 7 meet their partners as a binary counter carries.
  * Products of F16 values are exact in float, so the FMA rounds as the product then the sum; a query's weights
  * outside its visible keys are +0 (adding +0 to a lane sum that starts at +0 changes nothing).
- * Does not: quantized K or V, flash attention, one-token steps, head sizes not a multiple of 16 (ops.c does). */
+ * Does not: quantized K or V, flash attention, one-token steps, head sizes not a multiple of 16 (attn.c does). */
 #include "ops.h"
 
 #include <string.h>
@@ -142,8 +142,9 @@ static void batch_task(void *arg, int32_t task, int32_t thread) {
     for (int32_t m = 0; m < M; m++)
         pi2_f16_round_row(qf + (size_t)m * hd, a->q + ((size_t)(t0 + m / nh) * a->n_head + h0 + m % nh) * hd, hd);
     const int32_t jlo = first_key(a, a->pos0 + t0), jhi = a->pos0 + t0 + nt;
-    if (b->wide) SCORES[M](qf, hd, a->k + (size_t)hkv * hd * ls, ls, jlo, jhi, s, ls, a->scale);
-    else pi2_attn_batch_scores_avx2(M, qf, hd, a->k + (size_t)hkv * hd * ls, ls, jlo, jhi, s, ls, a->scale);
+    const size_t ld = (size_t)a->k_ld;
+    if (b->wide) SCORES[M](qf, hd, a->k + (size_t)hkv * hd * ld, ld, jlo, jhi, s, ls, a->scale);
+    else pi2_attn_batch_scores_avx2(M, qf, hd, a->k + (size_t)hkv * hd * ld, ld, jlo, jhi, s, ls, a->scale);
     for (int32_t m = 0; m < M; m++) {
         float *row = s + (size_t)m * ls;
         const int32_t pos = a->pos0 + t0 + m / nh, j0 = first_key(a, pos);

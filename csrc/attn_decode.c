@@ -1,7 +1,7 @@
 /* attn_decode.c — a single token's attention loops over the F16 cache (2-byte halves) with the CPU's half
- * conversion: q.k over the transposed keys and p.V over the value rows, for ops.c's one-token path (and flash
+ * conversion: q.k over the transposed keys and p.V over the value rows, for attn.c's one-token path (and flash
  * attention's one-row scores).
- * Numbers: those of ops.c's score_keys / weigh_values with vec (ggml_vec_dot_f16, pi2/reference/forward.py): term i
+ * Numbers: those of attn.c's score_keys / weigh_values with vec (ggml_vec_dot_f16, pi2/reference/forward.py): term i
  * of a dot product goes to lane i % 16 of accumulator (i % 64) / 16, each summed in term order from +0, then
  * (acc0 + acc2) + (acc1 + acc3) per lane and the 16 lanes reduced as _mm512_reduce_add_ps (halves, halves,
  * (0+2) + (1+3)). The terms are products of F16 values, exact in float, so an FMA rounds as the product then the sum.
@@ -9,7 +9,7 @@
  *   combined sum goes to scratch, then the 16 lanes are reduced; the next 64 keys' rows are prefetched.
  * - p.V: position j adds into scratch row j % 64 (that lane and accumulator) over the head's values, in order; the
  *   first 64 positions start their rows from +0, then the rows are combined and reduced as above.
- * AVX-512 (F, BW, VL: 16-bit masked loads) and AVX2 with F16C; other CPUs: 0, ops.c's portable loops.
+ * AVX-512 (F, BW, VL: 16-bit masked loads) and AVX2 with F16C; other CPUs: 0, attn.c's portable loops.
  * Does not: the softmax, batches of tokens (attn_batch.c), quantized keys (kv_quant.c). */
 #include "ops.h"
 #include "kernels/pack.h"

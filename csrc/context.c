@@ -10,6 +10,7 @@
 #include "ffn/pwri.h"
 #include "internal.h"
 #include "kernels/pack.h"
+#include "kv_mem.h"
 #include "kv_quant.h"
 #include "nnapi/batches.h"
 #include "nnapi/hot_ffn.h"
@@ -89,15 +90,23 @@ static void ffn_buffers(pi2_ctx *c, const pi2_model *m, const pi2_ctx_params *p,
     memcpy(out, list, sizeof list);
 }
 
-/* Allocate n buffers (zeroed; ffn_part of a model without down rows stays NULL); 0 and every field NULL again when
- * one fails. */
-static int allocate(const pi2_ctx *c, ctx_buffer *list, int32_t n) {
+/* Whether list entry ptr is the KV cache's (kv_mem.c's mappings, c->kv_mapped[0] and [1]). */
+static int kv_index(pi2_ctx *c, void **ptr) {
+    return ptr == (void **)&c->k_cache ? 0 : ptr == (void **)&c->v_cache ? 1 : -1;
+}
+
+/* Allocate n buffers (zeroed; ffn_part of a model without down rows stays NULL; the KV cache on huge pages); 0 and
+ * every field NULL again when one fails. */
+static int allocate(pi2_ctx *c, ctx_buffer *list, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
-        const int none = list[i].ptr == (void **)&c->ffn_part && !list[i].bytes;
-        *list[i].ptr = none ? NULL : calloc(list[i].bytes ? list[i].bytes : 1, 1);
+        const int none = list[i].ptr == (void **)&c->ffn_part && !list[i].bytes, kv = kv_index(c, list[i].ptr);
+        if (kv >= 0) *list[i].ptr = pi2_kv_alloc(list[i].bytes ? list[i].bytes : 1, &c->kv_mapped[kv]);
+        else *list[i].ptr = none ? NULL : calloc(list[i].bytes ? list[i].bytes : 1, 1);
         if (!none && !*list[i].ptr) {
             for (int32_t k = 0; k <= i; k++) {
-                free(*list[k].ptr);
+                const int kk = kv_index(c, list[k].ptr);
+                if (kk >= 0) pi2_kv_release(*list[k].ptr, c->kv_mapped[kk]);
+                else free(*list[k].ptr);
                 *list[k].ptr = NULL;
             }
             return 0;
@@ -178,6 +187,7 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->mm.pool = c->pool;
     c->mm.impl = c->p.impl;
     c->embd = pi2_traits(m->token_embd.type, c->p.impl);
+    c->k_ld = pi2_kv_k_ld(c->p.n_ctx);
     if (c->p.type_k != PI2_T_F16) {   /* quantized keys (kv_quant.c) */
         c->k_blocks = (uint8_t *)c->k_cache;
         c->kt = pi2_traits(c->p.type_k, c->p.impl);
@@ -212,8 +222,10 @@ void pi2_ctx_free(pi2_ctx *c) {
     pi2_ffn_pwri_free(c->ffn_pwri);
     pi2_moe_free(c->moe);
     pi2_pool_free(c->pool);
+    pi2_kv_release(c->k_cache, c->kv_mapped[0]);
+    pi2_kv_release(c->v_cache, c->kv_mapped[1]);
     void *bufs[N_CTX_BUFFERS + N_FFN_BUFFERS] = {   /* ctx_buffers' and ffn_buffers' fields (the model may be gone) */
-        c->k_cache, c->v_cache, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up, c->rope, c->scores, c->qf,
+        NULL, NULL, c->x, c->xn, c->q, c->k, c->v, c->att, c->o, c->gate, c->up, c->rope, c->scores, c->qf,
         c->acc, c->mm.xq, c->ffn_thresholds, c->ffn_score, c->ffn_idx, c->ffn_n_active, c->ffn_xq, c->ffn_active,
         c->ffn_group_start, c->ffn_part};
     for (int32_t i = 0; i < N_CTX_BUFFERS + N_FFN_BUFFERS; i++) free(bufs[i]);

@@ -20,8 +20,10 @@ struct pi2_ctx {
     _Atomic int32_t busy;        /* a decode is running (a second concurrent one is refused) */
     pi2_trace_fn trace;
     void *trace_user;
-    pi2_fp16 *k_cache;           /* F16 keys: [n_layer][n_head_kv * head_dim][n_ctx] (transposed) halves;
-                                    quantized keys: k_blocks, the same buffer (kv_quant.c) */
+    pi2_fp16 *k_cache;           /* F16 keys: [n_layer][n_head_kv * head_dim][k_ld] (transposed) halves, positions
+                                    0..n_ctx-1 of each row used; quantized keys: k_blocks, the same buffer
+                                    (kv_quant.c) */
+    int32_t k_ld;                /* F16 keys: halves from one row of k_cache to the next (pi2_kv_k_ld(n_ctx)) */
     uint8_t *k_blocks;           /* Q8_0 keys: [n_layer][n_ctx][k_cell_bytes], rotated by k_rot; NULL for F16 */
     const pi2_type_traits *kt;   /* the Q8_0 keys' traits (quantize_act, vec_dot, to_float) */
     size_t k_cell_bytes;         /* bytes of one cell's keys in k_blocks */
@@ -33,6 +35,7 @@ struct pi2_ctx {
     int32_t v_rot;               /* Hadamard size of the value/output rotation (64 for a quantized V whose head_dim_v
                                     64 divides, as llama.cpp's attn_rot_v), 0: none */
     pi2_fp16 *v_cache;           /* [n_layer][n_ctx][n_head_kv * head_dim_v] F16 values (halves) */
+    size_t kv_mapped[2];         /* k_cache's and v_cache's mappings (kv_mem.c) */
     float *x;                    /* [B][n_embd] residual stream */
     float *xn;                   /* [B][n_embd] normed block input */
     float *q;                    /* [B][n_head * head_dim] */

@@ -7,10 +7,11 @@
  * ggml_v_expf summed in groups of 16 into a double, then an FMA chain over the tile.
  * Every (token, head) row is one task whose numbers depend on nothing else: any thread count gives the same result.
  * The F16 cache holds halves (ops.h), converted exactly where they are read.
- * Does not: store the cache (forward.c, kv_quant.c) or attention with flash attention off (ops.c). */
+ * Does not: store the cache (forward.c, kv_quant.c) or attention with flash attention off (attn.c). */
 #include "ops.h"
 
 #include "kv_quant.h"
+#include "ops_lanes.h"
 
 #include <math.h>
 #include <string.h>
@@ -18,31 +19,14 @@
 #define FA_TILE_Q 64    /* GGML_FA_TILE_Q: batches of this many tokens or more take the tiled loop */
 #define FA_TILE_KV 64   /* GGML_FA_TILE_KV */
 
-static inline float fma32(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
 static inline float r16(float x) { return pi2_fp16_to_f32(pi2_f32_to_fp16(x)); }
 
-/* _mm512_reduce_add_ps as GCC expands it (ggml_order.reduce16). */
-static float reduce16(const float *v) {
-    float r8[8], r4[4];
-    for (int i = 0; i < 8; i++) r8[i] = v[8 + i] + v[i];
-    for (int i = 0; i < 4; i++) r4[i] = r8[4 + i] + r8[i];
-    return (r4[0] + r4[2]) + (r4[1] + r4[3]);
-}
-
-/* The loops below are plain float (or exact double) operations, equal per element at any vector width: on x86-64
- * GCC builds them also for AVX2 and AVX-512 and picks at load (as ops.c). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define WIDE_CLONES
-#endif
-
-/* p[t] = the FMA chain over d of kT[d·n_ctx + t]·q[d] for t in [t0, t1) (simd_gemm's order), times scale. */
-WIDE_CLONES static void score_tile(float *p, const pi2_fp16 *kT, int32_t n_ctx, const float *q, int32_t hd, int32_t t0,
+/* p[t] = the FMA chain over d of kT[d·ld + t]·q[d] for t in [t0, t1) (simd_gemm's order), times scale. */
+WIDE_CLONES static void score_tile(float *p, const pi2_fp16 *kT, int32_t ld, const float *q, int32_t hd, int32_t t0,
                                    int32_t t1, float scale) {
     for (int32_t t = t0; t < t1; t++) p[t] = 0.0f;
     for (int32_t d = 0; d < hd; d++) {
-        const pi2_fp16 *kr = kT + (size_t)d * n_ctx;
+        const pi2_fp16 *kr = kT + (size_t)d * ld;
         const float qd = q[d];
         for (int32_t t = t0; t < t1; t++) p[t] = fma32(pi2_kv_h2f(kr[t]), qd, p[t]);
     }
@@ -101,13 +85,13 @@ static void tiled_row(const pi2_attn *a, int32_t hkv, const float *q, int32_t j0
                       float *acc) {
     const int32_t hd = a->head_dim, hdv = a->head_dim_v;
     const size_t vd = (size_t)a->n_head_kv * hdv;
-    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->n_ctx, *v = a->v + (size_t)hkv * hdv;
+    const pi2_fp16 *kT = a->k + (size_t)hkv * hd * a->k_ld, *v = a->v + (size_t)hkv * hdv;
     float *p = acc + hdv, M = -INFINITY, S = 0.0f;
     memset(acc, 0, (size_t)hdv * sizeof *acc);
     for (int32_t ic = j0 / FA_TILE_KV * FA_TILE_KV; ic < j1; ic += FA_TILE_KV) {
         const int32_t lo = ic > j0 ? ic : j0, hi = ic + FA_TILE_KV < j1 ? ic + FA_TILE_KV : j1;
         float tmax = -INFINITY;
-        score_tile(p, kT + ic, a->n_ctx, q, hd, lo - ic, hi - ic, a->scale);
+        score_tile(p, kT + ic, a->k_ld, q, hd, lo - ic, hi - ic, a->scale);
         for (int32_t t = 0; t < FA_TILE_KV; t++) {
             const int32_t j = ic + t;
             if (j < lo || j >= hi) p[t] = -INFINITY;
@@ -147,7 +131,7 @@ static void flash_task(void *arg, int32_t task, int32_t thread) {
         pi2_kv_scores(a->kt, a->kq, a->k_cell_bytes, hkv, hd, q, a->scale, s, j0, pos + 1, qf);
     else {
         for (int32_t d = 0; d < hd; d++) qf[d] = r16(q[d]);
-        pi2_attn_scores_vec(a, qf, a->k + (size_t)hkv * hd * a->n_ctx, s, j0, pos + 1, acc);
+        pi2_attn_scores_vec(a, qf, a->k + (size_t)hkv * hd * a->k_ld, s, j0, pos + 1, acc);
     }
     one_row(a, hkv, s, j0, pos + 1, out, acc);
 }

@@ -61,11 +61,11 @@ void rope_row(const rows_job *j, int64_t t) {
 void store_kv(pi2_ctx *c, int32_t il, size_t pos, const float *kr, const float *vr) {
     const pi2_model_params *hp = &c->m->hp;
     const size_t kd = (size_t)hp->n_head_kv * hp->head_dim, vd = (size_t)hp->n_head_kv * hp->head_dim_v;
-    const size_t n_ctx = (size_t)c->p.n_ctx;
+    const size_t n_ctx = (size_t)c->p.n_ctx, ld = (size_t)c->k_ld;
     if (c->k_blocks) pi2_kv_store_k(c, il, pos, kr);
     else {
-        pi2_fp16 *k = c->k_cache + (size_t)il * n_ctx * kd + pos;
-        for (size_t i = 0; i < kd; i++) k[i * n_ctx] = pi2_f32_to_fp16(kr[i]);
+        pi2_fp16 *k = c->k_cache + (size_t)il * kd * ld + pos;
+        for (size_t i = 0; i < kd; i++) k[i * ld] = pi2_f32_to_fp16(kr[i]);
     }
     if (c->v_blocks) {
         pi2_kv_store_v(c, il, pos, vr);
@@ -103,10 +103,11 @@ static void set_flash(const pi2_ctx *c, int32_t il, pi2_attn *a) {
 pi2_attn attn_over(const pi2_ctx *c, const pi2_ctx *d, const pi2_layer *L, int32_t il, const float *q, float *out,
                    int32_t n_tok, int32_t pos0) {
     const pi2_model_params *hp = &c->m->hp;
-    const size_t cells = (size_t)il * d->p.n_ctx * hp->n_head_kv;
+    const size_t cells = (size_t)il * d->p.n_ctx * hp->n_head_kv, rows = (size_t)il * hp->n_head_kv * hp->head_dim;
     pi2_attn a = {
-        .q = q, .k = d->k_cache + cells * hp->head_dim, .v = d->v_cache + cells * hp->head_dim_v,
+        .q = q, .k = d->k_cache + rows * (size_t)d->k_ld, .v = d->v_cache + cells * hp->head_dim_v,
         .out = out, .scores = c->scores, .qf = c->qf, .acc = c->acc, .n_tok = n_tok, .pos0 = pos0, .n_ctx = d->p.n_ctx,
+        .k_ld = d->k_ld,
         .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .head_dim_v = hp->head_dim_v,
         .window = L->swa ? hp->sliding_window : 0, .scale = hp->q_prescale ? 1.0f : hp->attn_scale};
     if (d->k_blocks) {

@@ -3,7 +3,7 @@
  * by the CPU type traits' from_float (quantize_row_q8_0; the scalar reference quantizers of the 4- and 5-bit types,
  * which ggml_set_rows calls), K·Q by the type's vec_dot on the query quantized to its vec_dot type (Q8_0, or Q8_1 for
  * Q4_1 and Q5_1), and the context shift through floats. pi2/reference/kv_cache.py is the specification.
- * Does not: the softmax or the product with V (ops.c), decide when to shift (forward.c), allocate (context.c). */
+ * Does not: the softmax or the product with V (attn.c), decide when to shift (forward.c), allocate (context.c). */
 #include "kv_quant.h"
 
 #include <math.h>
@@ -110,8 +110,13 @@ void pi2_kv_store_v(pi2_ctx *c, int32_t il, size_t pos, const float *v) {
     quantize_rows(c->p.type_v, c->vt, v, cell, (int64_t)hp->n_head_kv * hp->head_dim_v);
 }
 
+int32_t pi2_kv_k_ld(int32_t n_ctx) {
+    return (n_ctx + 31) / 32 * 32;   /* whole 64-byte lines of halves */
+}
+
 size_t pi2_kv_k_bytes(const pi2_model_params *hp, int32_t type_k, int32_t n_ctx) {
-    return (size_t)hp->n_layer * (size_t)n_ctx * pi2_kv_k_cell_bytes(hp, type_k);
+    const int32_t cells = type_k == PI2_T_F16 ? pi2_kv_k_ld(n_ctx) : n_ctx;
+    return (size_t)hp->n_layer * (size_t)cells * pi2_kv_k_cell_bytes(hp, type_k);
 }
 
 int32_t pi2_kv_rot_size(int32_t head_dim, int32_t type_k) {

@@ -48,13 +48,14 @@ void pi2_exp_shifted(float *s, int64_t n, float max);
  * scalar bit tricks), so the sums see the same float values whatever the CPU. */
 typedef struct {
     const float *q;            /* [n_tok][n_head][head_dim], the queries at positions pos0.. */
-    const pi2_fp16 *k;         /* [n_head_kv][head_dim][n_ctx] (transposed) halves, positions 0..pos0+n_tok-1 filled */
+    const pi2_fp16 *k;         /* [n_head_kv][head_dim][k_ld] (transposed) halves, positions 0..pos0+n_tok-1 filled */
     const pi2_fp16 *v;         /* [n_ctx][n_head_kv][head_dim_v] halves */
     float *out;                /* [n_tok][n_head][head_dim_v] */
     float *scores;             /* scratch [n_threads][n_ctx]: q.k, then the F16-rounded weights */
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
     float *acc;                /* scratch [n_threads][pi2_attn_acc_floats()] lane accumulators */
     int32_t n_tok, pos0, n_ctx;
+    int32_t k_ld;              /* halves from one row of k to the next, >= n_ctx (the cache's pi2_kv_k_ld) */
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */
     float scale;               /* applied to q.k before the softmax */
@@ -97,7 +98,7 @@ int pi2_flash_tiled(const pi2_attn *a);
  * transposed keys; acc: scratch of pi2_attn_acc_floats. */
 void pi2_attn_scores_vec(const pi2_attn *a, const float *qf, const pi2_fp16 *kT, float *s, int32_t j0, int32_t j1,
                          float *acc);
-/* The one-token loops of ops.c's attention on this CPU's half conversions (attn_decode.c), the same sums in the same
+/* The one-token loops of attn.c's attention on this CPU's half conversions (attn_decode.c), the same sums in the same
  * order: s[j] = scale · (qf · key j) for j in [j0, j1) (kT: the KV head's keys, rows ld halves apart), and out[d] =
  * sum over j in [j0, j1) of p[j] · v[j·vd + d] for d < hdv. 1 when done, 0 when this CPU has no such loop (the caller
  * computes it). acc: scratch of pi2_attn_acc_floats. */
@@ -106,7 +107,7 @@ int pi2_attn_dec_scores(const float *qf, const pi2_fp16 *kT, size_t ld, int32_t 
 int pi2_attn_dec_values(const float *p, const pi2_fp16 *v, size_t vd, int32_t hdv, float *out, int32_t j0, int32_t j1,
                         float *acc);
 /* Whether this x86-64 CPU converts halves in AVX-512 with 16-bit masks (AVX512F, BW, VL): attn_batch.c's and
- * ops.c's wide loops need it. */
+ * attn.c's wide loops need it. */
 int pi2_cpu_avx512_half(void);
 /* Whether this x86-64 CPU has AVX2, FMA and F16C (attn_decode.c's and attn_batch_avx2.c's loops need them). */
 int pi2_cpu_avx2_half(void);

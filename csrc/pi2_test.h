@@ -48,7 +48,8 @@ void pi2_ffn_activate(float *gate, const float *up, int64_t n, int32_t act, cons
 pi2_status pi2_pool_create(int32_t n_threads, pi2_pool **out);
 void pi2_pool_free(pi2_pool *pool);
 /* pi2_attention on q [n_tok][n_head][head_dim] at positions pos0.., the F16 cache k [n_head_kv][head_dim][n_ctx]
- * (transposed) and v [n_ctx][n_head_kv][head_dim_v] (F16 values given as floats, stored as the cache's halves here),
+ * (transposed; stored here as the cache's halves in rows of pi2_kv_k_ld(n_ctx), as a context has them) and v
+ * [n_ctx][n_head_kv][head_dim_v] (F16 values given as floats, stored as the cache's halves here),
  * into out [n_tok][n_head][head_dim_v]; scratch allocated here. PI2_ERR_NOMEM. */
 pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, const float *v, float *out,
                               int32_t n_tok, int32_t pos0, int32_t n_ctx, int32_t n_head, int32_t n_head_kv,
@@ -56,6 +57,8 @@ pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, co
 /* Which attention loops over the F16 cache run from now on (every context, for tests of the loops this CPU would
  * not take): 0 the best this CPU has, 1 none of the AVX-512 ones, 2 the portable C loops only. */
 void pi2_test_attention_isa(int32_t level);
+/* The F16 K cache's leading dimension: halves between rows of a context of n_ctx positions (kv_quant.h). */
+int32_t pi2_kv_k_ld(int32_t n_ctx);
 /* out [n_tok][n_out] = x [n_tok][n_in] times the n_out rows of w (row_bytes apart, ggml type `type`) by pi2_matmul
  * with `impl`'s kernels; scratch allocated here. PI2_ERR_NOMEM. */
 pi2_status pi2_test_matmul(pi2_pool *pool, const void *w, int32_t type, int64_t n_in, int64_t n_out, size_t row_bytes,

@@ -7,6 +7,7 @@
 
 #include "cache/slots.h"
 #include "internal.h"
+#include "kv_quant.h"
 #include "matmul.h"
 #include "ops.h"
 #include "threadpool.h"
@@ -20,15 +21,18 @@ pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, co
     float *scores = malloc(threads * PI2_ATTN_ROWS * (size_t)n_ctx * sizeof(float));
     float *qf = malloc(threads * PI2_ATTN_ROWS * (size_t)head_dim * sizeof(float));
     float *acc = malloc(threads * (size_t)pi2_attn_acc_floats(head_dim, head_dim_v) * sizeof(float));
-    const size_t nk = (size_t)n_head_kv * head_dim * n_ctx, nv = (size_t)n_ctx * n_head_kv * head_dim_v;
-    pi2_fp16 *kh = malloc(nk * sizeof *kh), *vh = malloc(nv * sizeof *vh);   /* the cache's halves */
+    const size_t rows = (size_t)n_head_kv * head_dim, ld = (size_t)pi2_kv_k_ld(n_ctx);
+    const size_t nv = (size_t)n_ctx * n_head_kv * head_dim_v;
+    pi2_fp16 *kh = calloc(rows * ld, sizeof *kh), *vh = malloc(nv * sizeof *vh);   /* the cache's halves */
     pi2_status s = PI2_OK;
     if (scores && qf && acc && kh && vh) {
-        for (size_t i = 0; i < nk; i++) kh[i] = pi2_f32_to_fp16(k[i]);
+        for (size_t r = 0; r < rows; r++)   /* rows of the context's leading dimension, as the cache has them */
+            for (size_t j = 0; j < (size_t)n_ctx; j++) kh[r * ld + j] = pi2_f32_to_fp16(k[r * (size_t)n_ctx + j]);
         for (size_t i = 0; i < nv; i++) vh[i] = pi2_f32_to_fp16(v[i]);
         pi2_attn a = {.q = q, .k = kh, .v = vh, .out = out, .scores = scores, .qf = qf, .acc = acc, .n_tok = n_tok,
-                      .pos0 = pos0, .n_ctx = n_ctx, .n_head = n_head, .n_head_kv = n_head_kv, .head_dim = head_dim,
-                      .head_dim_v = head_dim_v, .window = window, .scale = scale, .rows = PI2_ATTN_ROWS};
+                      .pos0 = pos0, .n_ctx = n_ctx, .k_ld = (int32_t)ld, .n_head = n_head, .n_head_kv = n_head_kv,
+                      .head_dim = head_dim, .head_dim_v = head_dim_v, .window = window, .scale = scale,
+                      .rows = PI2_ATTN_ROWS};
         pi2_attention(pool, &a);
     } else {
         s = pi2_set_error(PI2_ERR_NOMEM, "out of memory for attention scratch");

@@ -1,7 +1,7 @@
 """test_attn_half_loops.py — the F16 K/V cache as 2-byte halves: its size as the engine and the CLI report it (2 bytes
 per value, llama.cpp's), and every attention loop over it bit for bit against pi2/reference/forward.py, also the
 loops this CPU would not take (pi2_test_attention_isa: without AVX-512 — AVX2 with F16C where the CPU has it — and
-the portable C loops): one token (csrc/attn_decode.c, ops.c), prompt batches (ops.c without attn_batch.c), and
+the portable C loops): one token (csrc/attn_decode.c, attn.c), prompt batches (attn.c without attn_batch.c), and
 whole decodes with flash attention off and on against the best loops' logits.
 Does not: cover quantized caches (test_kv_*.py) or repeat the shapes of test_attn_decode.py / test_attn_batch.py."""
 import re
@@ -44,9 +44,10 @@ def test_f16_cache_takes_two_bytes_per_value(small):
     path, m, cm = small
     cfg = m.config
     kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
-    kv, scratch = ctx_sizes(cm, 1000, 1)
-    assert kv == cfg.n_layer * 1000 * (kd + vd) * 2          # 4 bytes per value was the cache before
-    assert ctx_sizes(cm, 2000, 1)[0] == 2 * kv
+    for n_ctx in (1000, 2000):     # keys: rows of pi2_kv_k_ld(n_ctx) halves (test_kv_leading_dim.py)
+        kv, scratch = ctx_sizes(cm, n_ctx, 1)
+        ld = cinternal.lib.pi2_kv_k_ld(n_ctx)
+        assert kv == cfg.n_layer * (kd * ld + vd * n_ctx) * 2     # 4 bytes per value was the cache before
 
 
 def test_the_cli_counts_two_bytes_per_value(small, monkeypatch):
@@ -59,7 +60,8 @@ def test_the_cli_counts_two_bytes_per_value(small, monkeypatch):
     need = re.search(r"needs ([0-9.]+ [KMG]iB) for its KV cache", line)[1]
     kv, scratch = ctx_sizes(cm, n_ctx, 1)
     assert need == fmt(kv + scratch)
-    assert kv == cfg.n_layer * n_ctx * cfg.n_head_kv * (cfg.head_dim + cfg.head_dim_v) * 2
+    ld = cinternal.lib.pi2_kv_k_ld(n_ctx)
+    assert kv == cfg.n_layer * cfg.n_head_kv * (cfg.head_dim * ld + cfg.head_dim_v * n_ctx) * 2
 
 
 SHAPES = [   # n_head, n_head_kv, hd, hdv, n_ctx

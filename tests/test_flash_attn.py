@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cinternal
 from clirun import cli
 from pi2.engine import CContext, ctx_sizes
 from pi2.engine.multi import decode_multi
@@ -94,7 +95,8 @@ def test_values_memory_and_refusals(tmp_path_factory):
     kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     f16, s16 = ctx_sizes(cm, 256, 1)
     q8, s8 = ctx_sizes(cm, 256, 1, type_k=Q8_0, type_v=Q8_0)
-    assert f16 == cfg.n_layer * 256 * (kd + vd) * 2           # F16: 2 bytes per value (IEEE halves)
+    ld = cinternal.lib.pi2_kv_k_ld(256)                        # the F16 keys' rows (test_kv_leading_dim.py)
+    assert f16 == cfg.n_layer * (kd * ld + vd * 256) * 2       # F16: 2 bytes per value (IEEE halves)
     assert q8 == cfg.n_layer * 256 * (kd + vd) // 32 * 34 and s16 == s8
     with pytest.raises(EngineError, match="type_v 8"):
         CContext(cm, 64, 1, type_v=Q8_0)                     # a quantized V without flash attention

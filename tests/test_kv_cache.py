@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cinternal
 from clirun import cli
 from fixtures import write_model
 from pi2.engine import CContext, CModel, ctx_sizes
@@ -96,7 +97,8 @@ def test_kv_bytes_follow_the_type(tmp_path_factory):
     kd, vd = cfg.n_head_kv * cfg.head_dim, cfg.n_head_kv * cfg.head_dim_v
     f16, s16 = ctx_sizes(cm, 256, 1, type_k=F16)
     q8, s8 = ctx_sizes(cm, 256, 1, type_k=Q8_0)
-    assert f16 == cfg.n_layer * 256 * (kd + vd) * 2          # F16 values as IEEE halves, 2 bytes each
+    ld = cinternal.lib.pi2_kv_k_ld(256)                       # the F16 keys' rows (test_kv_leading_dim.py)
+    assert f16 == cfg.n_layer * (kd * ld + vd * 256) * 2      # F16 values as IEEE halves, 2 bytes each
     assert q8 == cfg.n_layer * 256 * (kd // 32 * 34 + vd * 2)
     assert s16 == s8
 

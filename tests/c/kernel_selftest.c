@@ -675,7 +675,7 @@ static void test_attention(pi2_pool *pool, int size, int n_tok) {
     float *scores = malloc(sizeof(float) * nt * PI2_ATTN_ROWS * n_ctx), *qf = malloc(sizeof(float) * nt * PI2_ATTN_ROWS * HD);
     float *acc = malloc(sizeof(float) * nt * pi2_attn_acc_floats(HD, HD));
     pi2_attn a = {.q = q, .k = kh, .v = vh, .out = out, .scores = scores, .qf = qf, .acc = acc, .n_tok = n_tok,
-                  .pos0 = pos0, .n_ctx = n_ctx, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .head_dim_v = HD,
+                  .pos0 = pos0, .n_ctx = n_ctx, .k_ld = n_ctx, .n_head = NH, .n_head_kv = NKV, .head_dim = HD, .head_dim_v = HD,
                   .window = 0, .scale = 0.125f, .rows = PI2_ATTN_ROWS};   /* batches: attn_batch.c on AVX-512 */
     pi2_attention(pool, &a);
     double *want = calloc((size_t)n_tok * NH * HD, sizeof(double)), *p = malloc(sizeof(double) * n_ctx);

@@ -26,6 +26,7 @@ static int32_t pk_prefetch;
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
 #include "x86_q5k_body.h"
+#include "x86_q6k_y16_body.h"
 #include "x86_q5_1_body.h"
 #undef X86_TARGET
 #undef X86_FN
@@ -233,8 +234,9 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q4_K].vec_dot_pack_batch = vnni ? q4_K_gemm_pack_vnni : q4_K_gemm_pack_avx2;
     t[PI2_T_Q6_K].vec_dot_pack = vnni ? q6_K_dot_pack_vnni : q6_K_dot_pack_avx2;
     t[PI2_T_Q6_K].vec_dot_pack_batch = vnni ? q6_K_tiled_pack_vnni : q6_K_tiled_pack_avx2;
-    t[PI2_T_Q6_K].vec_dot_pack_batch16 = zmm ? q6_K_tiled_pack16_vnni : NULL;   /* x86_q6k_z_body.h */
-    t[PI2_T_Q6_K].pack_batch_tok = zmm ? Q6KZ_MAX_TOK : 4;
+    /* 16 rows: x86_q6k_z_body.h on zmm, x86_q6k_y16_body.h on AVX2 (the ymm VNNI variant keeps 8 rows) */
+    t[PI2_T_Q6_K].vec_dot_pack_batch16 = zmm ? q6_K_tiled_pack16_vnni : vnni ? NULL : q6_K_tiled_pack16_avx2;
+    t[PI2_T_Q6_K].pack_batch_tok = zmm ? Q6KZ_MAX_TOK : vnni ? 4 : Q6KY_MAX_TOK;
     /* K-quants scale int16 pair sums: VNNI's vpdpwssd fuses the batch kernels' madd + add, and AVX-512BW
      * halves the instructions of the one-token kernels (x86_rows_body.h). */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");

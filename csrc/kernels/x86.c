@@ -22,6 +22,7 @@ static int32_t pk_prefetch;
 #define X86_VNNI 0
 #include "x86_body.h"
 #include "x86_tile_body.h"
+#include "x86_q5_0_avx2_body.h"
 #include "x86_pack_body.h"
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
@@ -218,6 +219,9 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         dot4x2[allow_ext != 0][PI2_T_Q4_1] = q4_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, q5_0_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_avx2;
+        dot4x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x4_avx2;   /* x86_q5_0_avx2_body.h */
+        dot8x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot8x4_avx2;
+        prep8x4[allow_ext != 0][PI2_T_Q5_0] = q8_0_wide_avx2;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, q5_1_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_1] = q5_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");

@@ -97,12 +97,15 @@ def test_packed_batches_are_bit_identical(pool, qtype, impl):
         assert np.array_equal(got.view(np.uint32), ql(x).view(np.uint32)), n_tok
 
 
+@pytest.mark.parametrize("impl", ["auto", "base"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("n_rows", [200, 264])
-def test_q6k_sixteen_row_batches_are_bit_identical(threads, n_rows):
-    """Tasks of 16 to 40 rows: the 16-row zmm kernel (x86_q6k_z_body.h, up to 32 tokens per call) with and without
-    an 8-row tail, token counts around its 8/4/1-token passes, against numpy and the plain rows."""
-    if not has_packed(Q6_K, "auto"):
+def test_q6k_sixteen_row_batches_are_bit_identical(threads, n_rows, impl):
+    """Tasks of 16 to 40 rows: the 16-row kernels (zmm: x86_q6k_z_body.h; AVX2, the base table on an AVX-512 CPU:
+    x86_q6k_y16_body.h; up to 32 tokens per call) with and without an 8-row tail, token counts around their
+    8/4/1-token passes, against numpy and the plain rows; every row and token distinct, so a swapped lane, group or
+    token fails."""
+    if not has_packed(Q6_K, impl):
         pytest.skip("no packed K-quant kernels on this CPU")
     n_blocks = 3
     n = 256 * n_blocks
@@ -114,7 +117,7 @@ def test_q6k_sixteen_row_batches_are_bit_identical(threads, n_rows):
         for n_tok in (8, 9, 12, 15, 31, 32, 33, 45, 70):
             x = rng.standard_normal((n_tok, n), dtype=np.float32)
             x[0, :256] = np.where(np.arange(256) % 2, 1e3, -1e3)    # q8 at ±127: the largest integer sums
-            got = cinternal.matmul_packed(pool, raw, packed, Q6_K, n, x, "auto")
+            got = cinternal.matmul_packed(pool, raw, packed, Q6_K, n, x, impl)
             assert np.array_equal(got.view(np.uint32), ql(x).view(np.uint32)), n_tok
-            plain = cinternal.matmul(pool, raw, Q6_K, n, x, "auto")
+            plain = cinternal.matmul(pool, raw, Q6_K, n, x, impl)
             assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), n_tok

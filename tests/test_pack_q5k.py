@@ -85,8 +85,9 @@ def test_one_token_is_bit_identical(n_blocks, impl):
 @pytest.mark.parametrize("impl", ["auto", "base"])
 @pytest.mark.parametrize("n_rows", [24, 200, 264])
 def test_batches_are_bit_identical(threads, impl, n_rows):
-    """24 rows: tasks of 8 rows (the 8-row kernels only); 200 and 264: tasks of 16 to 40 rows, so the 16-row zmm
-    kernel runs with and without an 8-row tail in a task."""
+    """24 rows: tasks of 8 rows (the 8-row kernels only); 200 and 264: tasks of 16 to 40 rows, so the 16-row kernel
+    (zmm: x86_q5k_z_body.h; AVX2, the base table on an AVX-512 CPU: x86_q5k_y16_body.h) runs with and without an
+    8-row tail in a task."""
     n_blocks = 3
     n = 256 * n_blocks
     raw = q5k_rows(n_rows, n_blocks, 7)

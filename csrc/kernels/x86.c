@@ -22,10 +22,13 @@ static int32_t pk_prefetch;
 #define X86_VNNI 0
 #include "x86_body.h"
 #include "x86_tile_body.h"
+#include "x86_q5_0_avx2_body.h"
 #include "x86_pack_body.h"
 #include "x86_pack_k_body.h"
 #include "x86_pack_k_gemv_body.h"
 #include "x86_q5k_body.h"
+#include "x86_q6k_y16_body.h"
+#include "x86_q5k_y16_body.h"
 #include "x86_q5_1_body.h"
 #undef X86_TARGET
 #undef X86_FN
@@ -217,6 +220,9 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
         dot4x2[allow_ext != 0][PI2_T_Q4_1] = q4_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q5_0, q5_0_vec_dot_avx2, q5_0_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x2_avx2;
+        dot4x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot4x4_avx2;   /* x86_q5_0_avx2_body.h */
+        dot8x4[allow_ext != 0][PI2_T_Q5_0] = q5_0_vec_dot8x4_avx2;
+        prep8x4[allow_ext != 0][PI2_T_Q5_0] = q8_0_wide_avx2;
         set_dot(t, PI2_T_Q5_1, q5_1_vec_dot_avx2, q5_1_vec_dot4_avx2, "avx2");
         dot4x2[allow_ext != 0][PI2_T_Q5_1] = q5_1_vec_dot4x2_avx2;
         set_dot(t, PI2_T_Q8_0, q8_0_vec_dot_avx2, q8_0_vec_dot4_avx2, "avx2");
@@ -233,8 +239,9 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q4_K].vec_dot_pack_batch = vnni ? q4_K_gemm_pack_vnni : q4_K_gemm_pack_avx2;
     t[PI2_T_Q6_K].vec_dot_pack = vnni ? q6_K_dot_pack_vnni : q6_K_dot_pack_avx2;
     t[PI2_T_Q6_K].vec_dot_pack_batch = vnni ? q6_K_tiled_pack_vnni : q6_K_tiled_pack_avx2;
-    t[PI2_T_Q6_K].vec_dot_pack_batch16 = zmm ? q6_K_tiled_pack16_vnni : NULL;   /* x86_q6k_z_body.h */
-    t[PI2_T_Q6_K].pack_batch_tok = zmm ? Q6KZ_MAX_TOK : 4;
+    /* 16 rows: x86_q6k_z_body.h on zmm, x86_q6k_y16_body.h on AVX2 (the ymm VNNI variant keeps 8 rows) */
+    t[PI2_T_Q6_K].vec_dot_pack_batch16 = zmm ? q6_K_tiled_pack16_vnni : vnni ? NULL : q6_K_tiled_pack16_avx2;
+    t[PI2_T_Q6_K].pack_batch_tok = zmm ? Q6KZ_MAX_TOK : vnni ? 4 : Q6KY_MAX_TOK;
     /* K-quants scale int16 pair sums: VNNI's vpdpwssd fuses the batch kernels' madd + add, and AVX-512BW
      * halves the instructions of the one-token kernels (x86_rows_body.h). */
     set_dot(t, PI2_T_Q4_K, q4_K_vec_dot_avx2, NULL, "avx2");
@@ -254,10 +261,10 @@ uint32_t pi2_kernels_install_x86(pi2_type_traits *t, int allow_ext) {
     t[PI2_T_Q5_K].vec_dot_batch = vnni ? q5_K_tiled_dot_vnni : q5_K_tiled_dot_avx2;
     t[PI2_T_Q5_K].vec_dot_pack = vnni ? q5_K_dot_pack_vnni : q5_K_dot_pack_avx2;
     t[PI2_T_Q5_K].vec_dot_pack_batch = vnni ? q5_K_tiled_pack_vnni : q5_K_tiled_pack_avx2;
-    t[PI2_T_Q5_K].vec_dot_pack_batch16 = zmm ? q5_K_tiled_pack16_vnni : NULL;   /* x86_q5k_z_body.h */
-    /* eight per pass with VNNI (x86_q5k_body.h), two passes of four on AVX2; the 16-row zmm kernel decodes a
-     * block column once for up to 32 tokens */
-    t[PI2_T_Q5_K].pack_batch_tok = zmm ? Q5KZ_MAX_TOK : 8;
+    /* 16 rows: x86_q5k_z_body.h on zmm, x86_q5k_y16_body.h on AVX2 (the ymm VNNI variant keeps 8 rows) */
+    t[PI2_T_Q5_K].vec_dot_pack_batch16 = zmm ? q5_K_tiled_pack16_vnni : vnni ? NULL : q5_K_tiled_pack16_avx2;
+    /* eight per pass with VNNI (x86_q5k_body.h); the 16-row kernels decode a block column once for up to 32 tokens */
+    t[PI2_T_Q5_K].pack_batch_tok = zmm ? Q5KZ_MAX_TOK : vnni ? 8 : Q5KY_MAX_TOK;
     set_dot(t, PI2_T_F32, f32_vec_dot_avx2, NULL, "avx2");
     set_dot(t, PI2_T_F16, f16_vec_dot_avx2, NULL, "avx2");
     return PI2_K_AVX2 | (vnni ? PI2_K_AVX512VNNI : 0);

@@ -24,15 +24,6 @@
 static inline int32_t pkk_ld32(const void *p) { int32_t v; memcpy(&v, p, 4); return v; }
 #endif
 
-/* acc + per lane Σ of its 4 u8 codes × 4 s8 bytes of y (exact). */
-static inline X86_TARGET __m256i X86_FN(pkk_dot)(__m256i acc, __m256i w, __m256i y) {
-#if X86_VNNI
-    return _mm256_dpbusd_epi32(acc, w, y);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)));
-#endif
-}
-
 /* acc + per lane p.lo·s.lo + p.hi·s.hi of int16 pairs (exact). */
 static inline X86_TARGET __m256i X86_FN(pkk_wsum)(__m256i acc, __m256i p, __m256i s) {
 #if X86_VNNI
@@ -71,7 +62,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_pack_ro
         const int GEMM) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i pick[4], pair[2];
-    for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, 0);
+    for (int j = 0; j < 4; j++) pick[j] = X86_FN(pkk_pick)(j, X86_VNNI ? 0 : -1);
     for (int k = 0; k < 2; k++) {   /* bytes 2k, 2k+1 of a lane -> int16 pair */
         uint8_t c[32];
         for (int l = 0; l < 8; l++) {
@@ -88,7 +79,7 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_pack_ro
         __m256i sm[4];
         X86_FN(pkk_scales_mins)(b, sm);
         const __m256i s_lo = sm[0], s_hi = sm[1], m_lo = sm[2], m_hi = sm[3];
-        __m256i sc[8], mp[4];
+        __m256i sc[8], mp[4];   /* VNNI: scale as an int32 per lane; AVX2: as an int16 pair */
         for (int j = 0; j < 4; j++) {
             sc[j] = _mm256_shuffle_epi8(s_lo, pick[j]);
             sc[j + 4] = _mm256_shuffle_epi8(s_hi, pick[j]);
@@ -113,12 +104,23 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q4_K_pack_ro
                 const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * (8 * k + c)));
                 const __m256i wl = _mm256_and_si256(w, m4), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
                 for (int t = 0; t < NT; t++) {
-                    lo[t] = X86_FN(pkk_dot)(lo[t], wl, _mm256_set1_epi32(pkk_ld32(y[t]->qs + 64 * k + 4 * c)));
-                    hi[t] = X86_FN(pkk_dot)(hi[t], wh, _mm256_set1_epi32(pkk_ld32(y[t]->qs + 64 * k + 32 + 4 * c)));
+                    const __m256i y0 = _mm256_set1_epi32(pkk_ld32(y[t]->qs + 64 * k + 4 * c));
+                    const __m256i y1 = _mm256_set1_epi32(pkk_ld32(y[t]->qs + 64 * k + 32 + 4 * c));
+#if X86_VNNI
+                    lo[t] = _mm256_dpbusd_epi32(lo[t], wl, y0);
+                    hi[t] = _mm256_dpbusd_epi32(hi[t], wh, y1);
+#else   /* the sub-block's pair sums in int16: |Σ| ≤ 8·2·15·128 < 2^15, exact; one madd by the scale after */
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_maddubs_epi16(wl, y0));
+                    hi[t] = _mm256_add_epi16(hi[t], _mm256_maddubs_epi16(wh, y1));
+#endif
                 }
             }
             for (int t = 0; t < NT; t++) {
+#if X86_VNNI
                 const __m256i is = _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sc[2 * k]), _mm256_mullo_epi32(hi[t], sc[2 * k + 1]));
+#else
+                const __m256i is = _mm256_add_epi32(_mm256_madd_epi16(lo[t], sc[2 * k]), _mm256_madd_epi16(hi[t], sc[2 * k + 1]));
+#endif
                 const int16_t *bs = y[t]->bsums + 4 * k;
                 const uint32_t bp = (uint16_t)(int16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(int16_t)(bs[2] + bs[3]) << 16;
                 const __m256i ms = _mm256_madd_epi16(mp[k], _mm256_set1_epi32((int32_t)bp));

@@ -43,6 +43,7 @@ static const int SIZES[] = {1, 7, 31, 32, 33, 255, 256, 4096 + 32};
 static void test_axpy(int type, int size);
 static void test_lowbit(int bits, int size);
 static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out);
+static void test_tiles_distinct(int type, int n_blocks);
 static float *rand_floats(int64_t n, float scale);
 #define N_SIZES (int)(sizeof SIZES / sizeof SIZES[0])
 #define K_MAX_BLOCKS 256          /* 256-value block types: at most 256 blocks (65536 values) per row */
@@ -774,6 +775,11 @@ int main(void) {
     for (size_t i = 0; i < sizeof packed_k / sizeof packed_k[0]; i++)
         for (int nb = 1; nb <= 7; nb += 3) test_packed(packed_k[i], pool, nb, nb < 4 ? 8 : 24);
     pi2_pool_free(pool);
+    for (int nb = 1; nb <= 9; nb += 4) {   /* every token and row its own: a swapped lane, row or token fails */
+        test_tiles_distinct(PI2_T_Q5_0, 8 * nb - 1);
+        test_tiles_distinct(PI2_T_Q5_K, nb);
+        test_tiles_distinct(PI2_T_Q6_K, nb);
+    }
     for (int s = 0; s < N_SIZES; s++) {
         test_axpy_qx1p(PI2_T_Q4_1, SIZES[s]);
         test_axpy_qx1p(PI2_T_Q5_1, SIZES[s]);
@@ -863,4 +869,53 @@ static void test_packed(int type, pi2_pool *pool, int n_blocks, int n_out) {
         }
     }
     free(w); free(pk); free(back); free(xq); free(x); free(a); free(b);
+}
+
+/* The multi-row x multi-token kernels on distinct rows and distinct tokens, in both fast tables, against their
+ * one-output twins bit for bit: Q5_0's four-row kernels (dot4x4 on four tokens, dot8x4 on eight tokens of its own
+ * activation rows) against vec_dot; the 16-row packed kernels (vec_dot_pack_batch16, 1 to pack_batch_tok tokens)
+ * against vec_dot_batch on the plain rows. */
+static void test_tiles_distinct(int type, int n_blocks) {
+    enum { ROWS = 16, TOK = 33 };
+    const pi2_type_traits *ref = pi2_traits(type, PI2_K_IMPL_REF);
+    const int64_t n = (int64_t)n_blocks * ref->block_size;
+    const size_t rb = (size_t)n_blocks * ref->type_size, xrow = act_bytes(ref, n);
+    uint8_t *w = malloc(rb * ROWS), *pk = malloc(rb * ROWS), *xq = malloc(xrow * TOK);
+    float *x = malloc(sizeof(float) * n), got[TOK * ROWS], want[TOK * ROWS];
+    fill_weights(type, w, (int64_t)n_blocks * ROWS, ref->type_size);
+    for (int t = 0; t < TOK; t++) {
+        for (int64_t i = 0; i < n; i++) x[i] = next_f() * (float)(t + 1);
+        ref->quantize_act(x, xq + t * xrow, n);
+    }
+    pi2_pack_rows(type, w, ROWS, n_blocks, pk);
+    for (int impl = PI2_K_IMPL_AUTO; impl <= PI2_K_IMPL_BASE; impl += 2) {
+        const pi2_type_traits *t = pi2_traits(type, impl);
+        const pi2_vec_dot4x2_fn d44 = pi2_kernels_dot4x4(type, impl), d84 = pi2_kernels_dot8x4(type, impl);
+        int32_t wb = 0;
+        const pi2_act_prep_fn prep = pi2_kernels_dot8x4_prep(type, impl, &wb);
+        for (int tok = 0; tok < TOK; tok++)
+            for (int r = 0; r < 4; r++) t->vec_dot(n, &want[tok * 4 + r], w + r * rb, xq + tok * xrow);
+        if (d44) {
+            d44(n, got, 4, w, rb, xq, xrow);
+            check(same_bits(got, want, 16), "dot4x4-distinct", ref->name, t->vec_dot_impl, n_blocks, nmse(got, want, 16));
+        }
+        if (d84) {
+            const size_t wrow = prep ? (size_t)(n / 32) * (size_t)wb : xrow;
+            uint8_t *xw = prep ? malloc(8 * wrow) : NULL;
+            for (int tok = 0; prep && tok < 8; tok++) prep(xq + tok * xrow, xw + tok * wrow, n);
+            d84(n, got, 4, w, rb, prep ? xw : xq, wrow);
+            check(same_bits(got, want, 32), "dot8x4-distinct", ref->name, t->vec_dot_impl, n_blocks, nmse(got, want, 32));
+            free(xw);
+        }
+        if (!t->vec_dot_pack_batch16) continue;
+        const int max_tok = t->pack_batch_tok ? t->pack_batch_tok : 4;
+        for (int nt = 1; nt <= max_tok && nt <= TOK; nt += nt < 8 ? 1 : 5) {
+            for (int tok = 0; tok < nt; tok++)
+                for (int r = 0; r < ROWS; r++) t->vec_dot_batch(n, &want[tok * ROWS + r], w + r * rb, xq + tok * xrow);
+            t->vec_dot_pack_batch16(n, got, ROWS, pk, xq, xrow, nt);
+            check(same_bits(got, want, (int64_t)nt * ROWS), "pack16-distinct", ref->name, t->vec_dot_impl, nt,
+                  nmse(got, want, (int64_t)nt * ROWS));
+        }
+    }
+    free(w); free(pk); free(xq); free(x);
 }

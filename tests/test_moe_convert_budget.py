@@ -15,6 +15,7 @@ from fixtures import write_model
 from moe_files import write_moe
 
 from pi2.convert import convert, moe, moe_budget
+from pi2.plan import budget as budget_mod
 from pi2.model.loader import load_model
 from pi2.plan import devices
 from pi2.runtime.config import RunConfig
@@ -33,6 +34,15 @@ def source(tmp_path_factory):
         assert rep.budget is None
         _files["src"] = (src, open(rep.output, "rb").read())
     return _files["src"]
+
+
+@pytest.fixture(autouse=True)
+def steady_runtime(monkeypatch):
+    """The planner's runtime (this process's RSS) held at its value when the test starts: the budgets below sit a MiB
+    above the floor, and a test run's RSS may grow more than that between planning a budget and converting under it
+    (the earlier tests' heap), which would refuse the budget the test means to use."""
+    rss = budget_mod.runtime_rss()
+    monkeypatch.setattr(budget_mod, "runtime_rss", lambda model=None: rss)
 
 
 def plan_at(src, budget):

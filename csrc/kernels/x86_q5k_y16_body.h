@@ -99,18 +99,5 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q5ky_tokens)
  * s[t·s_stride + r], r < 16. */
 static X86_TARGET void X86_FN(q5_K_tiled_pack16)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                  size_t xq_stride, int32_t n_tok) {
-    const uint8_t *g = grp, *x = xq;
-    const size_t gs = (size_t)(n / QK_K) * PKK_Q5K_COL;   /* bytes of one group */
-    q5ky_col col;
-    __attribute__((aligned(32))) float acc[Q5KY_MAX_TOK * 16];
-    memset(acc, 0, sizeof(float) * 16 * (size_t)n_tok);
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        X86_FN(q5ky_decode)(g + (size_t)i * PKK_Q5K_COL, gs, &col);
-        const blk_q8_K *y[Q5KY_MAX_TOK];
-        for (int32_t t = 0; t < n_tok; t++) y[t] = (const blk_q8_K *)(x + (size_t)t * xq_stride) + i;
-        int32_t t = 0;
-        for (; t + 4 <= n_tok; t += 4) X86_FN(q5ky_tokens)(&col, y + t, acc + 16 * t, 4);
-        for (; t < n_tok; t++) X86_FN(q5ky_tokens)(&col, y + t, acc + 16 * t, 1);
-    }
-    for (int32_t t = 0; t < n_tok; t++) memcpy(s + (size_t)t * s_stride, acc + 16 * t, 16 * sizeof(float));
+    KY_PACK16_BODY(q5ky_col, PKK_Q5K_COL, Q5KY_MAX_TOK, X86_FN(q5ky_decode), X86_FN(q5ky_tokens));
 }

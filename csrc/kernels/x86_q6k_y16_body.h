@@ -94,24 +94,29 @@ static inline __attribute__((always_inline)) X86_TARGET void X86_FN(q6ky_tokens)
                                              _mm256_set1_ps(y[t]->d), _mm256_loadu_ps(acc + 16 * t + 8 * g)));
 }
 
+/* The 16-row call of both AVX2 K-quant kernels (Q5_K uses it too): each block column decoded once into COL_T, then
+ * every token of the call on it, four at a time; the float sums in acc, copied out at the end. */
+#define KY_PACK16_BODY(COL_T, COL_BYTES, MAX_TOK, DECODE, TOKENS)                                            \
+    const uint8_t *g = grp, *x = xq;                                                                        \
+    const size_t gs = (size_t)(n / QK_K) * (COL_BYTES);   /* bytes of one group */                           \
+    COL_T col;                                                                                               \
+    __attribute__((aligned(32))) float acc[(MAX_TOK) * 16];                                                  \
+    memset(acc, 0, sizeof(float) * 16 * (size_t)n_tok);                                                      \
+    for (int64_t i = 0; i < n / QK_K; i++) {                                                                 \
+        DECODE(g + (size_t)i * (COL_BYTES), gs, &col);                                                       \
+        const blk_q8_K *y[MAX_TOK];                                                                          \
+        for (int32_t t = 0; t < n_tok; t++) y[t] = (const blk_q8_K *)(x + (size_t)t * xq_stride) + i;        \
+        int32_t t = 0;                                                                                       \
+        for (; t + 4 <= n_tok; t += 4) TOKENS(&col, y + t, acc + 16 * t, 4);                                 \
+        for (; t < n_tok; t++) TOKENS(&col, y + t, acc + 16 * t, 1);                                         \
+    }                                                                                                        \
+    for (int32_t t = 0; t < n_tok; t++) memcpy(s + (size_t)t * s_stride, acc + 16 * t, 16 * sizeof(float))
+
 #define Q6KY_MAX_TOK 32   /* most tokens per call: the decoded column (5.1 KiB) serves them all from L1 */
 
 /* twin: q6_K_tiled_dot (ref_k.h), 16 rows (two consecutive packed groups at grp) x up to Q6KY_MAX_TOK tokens:
  * s[t·s_stride + r], r < 16. */
 static X86_TARGET void X86_FN(q6_K_tiled_pack16)(int64_t n, float *s, size_t s_stride, const void *grp, const void *xq,
                                                  size_t xq_stride, int32_t n_tok) {
-    const uint8_t *g = grp, *x = xq;
-    const size_t gs = (size_t)(n / QK_K) * PKK_Q6K_COL;   /* bytes of one group */
-    q6ky_col col;
-    __attribute__((aligned(32))) float acc[Q6KY_MAX_TOK * 16];
-    memset(acc, 0, sizeof(float) * 16 * (size_t)n_tok);
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        X86_FN(q6ky_decode)(g + (size_t)i * PKK_Q6K_COL, gs, &col);
-        const blk_q8_K *y[Q6KY_MAX_TOK];
-        for (int32_t t = 0; t < n_tok; t++) y[t] = (const blk_q8_K *)(x + (size_t)t * xq_stride) + i;
-        int32_t t = 0;
-        for (; t + 4 <= n_tok; t += 4) X86_FN(q6ky_tokens)(&col, y + t, acc + 16 * t, 4);
-        for (; t < n_tok; t++) X86_FN(q6ky_tokens)(&col, y + t, acc + 16 * t, 1);
-    }
-    for (int32_t t = 0; t < n_tok; t++) memcpy(s + (size_t)t * s_stride, acc + 16 * t, 16 * sizeof(float));
+    KY_PACK16_BODY(q6ky_col, PKK_Q6K_COL, Q6KY_MAX_TOK, X86_FN(q6ky_decode), X86_FN(q6ky_tokens));
 }

@@ -8,6 +8,7 @@
 #include "ffn/moe.h"
 #include "ffn/predicted.h"
 #include "ffn/pwri.h"
+#include "forward.h"
 #include "internal.h"
 #include "kernels/pack.h"
 #include "kv_mem.h"
@@ -187,13 +188,13 @@ pi2_status pi2_ctx_init(pi2_model *m, const pi2_ctx_params *params, pi2_ctx **ou
     c->mm.pool = c->pool;
     c->mm.impl = c->p.impl;
     c->embd = pi2_traits(m->token_embd.type, c->p.impl);
-    c->k_ld = pi2_kv_k_ld(c->p.n_ctx);
     if (c->p.type_k != PI2_T_F16) {   /* quantized keys (kv_quant.c) */
         c->k_blocks = (uint8_t *)c->k_cache;
         c->kt = pi2_traits(c->p.type_k, c->p.impl);
         c->k_cell_bytes = pi2_kv_k_cell_bytes(&m->hp, c->p.type_k);
         c->k_rot = pi2_kv_rot_size(m->hp.head_dim, c->p.type_k);
     }
+    kv_rows_reset(c);       /* F16 keys: rows as close as the positions in use allow (kv_rows.c) */
     if (c->p.type_v != PI2_T_F16) {   /* quantized values (flash attention only) */
         c->v_blocks = (uint8_t *)c->v_cache;
         c->vt = pi2_traits(c->p.type_v, c->p.impl);
@@ -237,6 +238,7 @@ pi2_status pi2_ctx_truncate(pi2_ctx *c, int32_t n_keep) {
         return pi2_set_error(PI2_ERR_INVALID, "cannot keep %d of %d cached positions", n_keep, c ? c->n_past : 0);
     if (atomic_exchange(&c->busy, 1)) return pi2_set_error(PI2_ERR_INVALID, "a decode is running on this context");
     c->n_past = n_keep;      /* positions from n_keep on are overwritten by the next decode */
+    kv_rows_reset(c);
     atomic_store(&c->abort, 0);
     atomic_store(&c->busy, 0);
     return PI2_OK;

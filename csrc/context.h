@@ -21,9 +21,10 @@ struct pi2_ctx {
     pi2_trace_fn trace;
     void *trace_user;
     pi2_fp16 *k_cache;           /* F16 keys: [n_layer][n_head_kv * head_dim][k_ld] (transposed) halves, positions
-                                    0..n_ctx-1 of each row used; quantized keys: k_blocks, the same buffer
+                                    0..n_past-1 of each row used; quantized keys: k_blocks, the same buffer
                                     (kv_quant.c) */
-    int32_t k_ld;                /* F16 keys: halves from one row of k_cache to the next (pi2_kv_k_ld(n_ctx)) */
+    int32_t k_ld;                /* F16 keys: halves from one row of k_cache to the next, at most pi2_kv_k_ld(n_ctx);
+                                    grows with the positions in use (kv_rows.c) */
     uint8_t *k_blocks;           /* Q8_0 keys: [n_layer][n_ctx][k_cell_bytes], rotated by k_rot; NULL for F16 */
     const pi2_type_traits *kt;   /* the Q8_0 keys' traits (quantize_act, vec_dot, to_float) */
     size_t k_cell_bytes;         /* bytes of one cell's keys in k_blocks */

@@ -109,7 +109,10 @@ pi2_status pi2_decode_multi(pi2_ctx *const *ctxs, const int32_t *tokens, int32_t
         if (atomic_exchange(&ctxs[held]->busy, 1)) break;
     pi2_status s = held < n ? pi2_set_error(PI2_ERR_INVALID, "a decode is already running on a context") : PI2_OK;
     if (!s) {
-        for (int32_t t = 0; t < n; t++) atomic_store(&ctxs[t]->abort, 0);
+        for (int32_t t = 0; t < n; t++) {
+            atomic_store(&ctxs[t]->abort, 0);
+            kv_rows_fit(ctxs[t], ctxs[t]->n_past + 1);
+        }
         s = step_multi(ctxs, tokens, n, logits);
         int aborted = s == PI2_ERR_ABORTED;
         for (int32_t t = 0; t < n; t++) aborted |= atomic_exchange(&ctxs[t]->abort, 0);

@@ -210,6 +210,7 @@ pi2_status pi2_decode(pi2_ctx *c, const int32_t *tokens, int32_t n_tokens, float
         atomic_store(&c->busy, 0);
         return pi2_set_error(PI2_ERR_INVALID, "logits from token %d of %d", (int)-all_logits, (int)n_tokens);
     }
+    kv_rows_fit(c, c->n_past + n_tokens);
     const int32_t start = c->n_past, n_vocab = c->m->hp.n_vocab;
     const int32_t f = all_logits > 0 ? 0 : all_logits < 0 ? -all_logits : n_tokens - 1;   /* the first output token */
     pi2_status s = PI2_OK;

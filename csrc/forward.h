@@ -57,5 +57,9 @@ pi2_attn attn_over(const pi2_ctx *c, const pi2_ctx *d, const pi2_layer *L, int32
 
 /* kv_shift.c: llama.cpp's context shift, positions n_keep .. n_keep+n_discard-1 dropped. */
 void kv_shift(pi2_ctx *c, int32_t n_keep, int32_t n_discard);
+/* kv_rows.c: the F16 keys' rows spaced for `need` positions (moved apart when they are closer: before a decode); back
+ * to the closest spacing when the context is empty. */
+void kv_rows_fit(pi2_ctx *c, int32_t need);
+void kv_rows_reset(pi2_ctx *c);
 
 #endif

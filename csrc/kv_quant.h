@@ -14,8 +14,8 @@ struct pi2_ctx;
 
 /* Whether pi2 computes attention over a K cache of ggml type `type_k` (F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). */
 int pi2_kv_type_ok(int32_t type_k);
-/* The F16 keys' leading dimension: halves from one row of the transposed cache (one dimension of a KV head, every
- * position) to the next, n_ctx rounded up to whole 64-byte lines, so that in the page-aligned cache (kv_mem.c) each
+/* The F16 keys' largest leading dimension (a context's rows start closer: kv_rows.c): halves from one row of the
+ * transposed cache (one dimension of a KV head, every position) to the next, n_ctx rounded up to whole 64-byte lines, so that in the page-aligned cache (kv_mem.c) each
  * row, and each block of 64 keys the score loops read, starts on a cache line. */
 int32_t pi2_kv_k_ld(int32_t n_ctx);
 /* Bytes of the K cache for these parameters: 2 per value for F16 (IEEE halves, as llama.cpp; pi2_kv_k_ld of them a

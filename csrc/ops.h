@@ -55,7 +55,7 @@ typedef struct {
     float *qf;                 /* scratch [n_threads][head_dim]: a query head rounded to F16 */
     float *acc;                /* scratch [n_threads][pi2_attn_acc_floats()] lane accumulators */
     int32_t n_tok, pos0, n_ctx;
-    int32_t k_ld;              /* halves from one row of k to the next, >= n_ctx (the cache's pi2_kv_k_ld) */
+    int32_t k_ld;              /* halves from one row of k to the next, >= pos0 + n_tok (a context's k_ld: kv_rows.c) */
     int32_t n_head, n_head_kv, head_dim, head_dim_v;
     int32_t window;            /* 0, or: key j is visible from position p only if p - j < window */
     float scale;               /* applied to q.k before the softmax */

@@ -57,8 +57,10 @@ pi2_status pi2_test_attention(pi2_pool *pool, const float *q, const float *k, co
 /* Which attention loops over the F16 cache run from now on (every context, for tests of the loops this CPU would
  * not take): 0 the best this CPU has, 1 none of the AVX-512 ones, 2 the portable C loops only. */
 void pi2_test_attention_isa(int32_t level);
-/* The F16 K cache's leading dimension: halves between rows of a context of n_ctx positions (kv_quant.h). */
+/* The F16 K cache's largest leading dimension: halves between rows of a full context of n_ctx positions (kv_quant.h). */
 int32_t pi2_kv_k_ld(int32_t n_ctx);
+/* A context's F16 keys' row spacing now (at most pi2_kv_k_ld(n_ctx); grows with the positions in use: kv_rows.c). */
+int32_t pi2_test_ctx_k_ld(const pi2_ctx *c);
 /* out [n_tok][n_out] = x [n_tok][n_in] times the n_out rows of w (row_bytes apart, ggml type `type`) by pi2_matmul
  * with `impl`'s kernels; scratch allocated here. PI2_ERR_NOMEM. */
 pi2_status pi2_test_matmul(pi2_pool *pool, const void *w, int32_t type, int64_t n_in, int64_t n_out, size_t row_bytes,

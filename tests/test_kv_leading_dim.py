@@ -1,5 +1,6 @@
-"""test_kv_leading_dim.py — the F16 K cache's rows (one dimension of a KV head over every position) lie
-pi2_kv_k_ld(n_ctx) halves apart, n_ctx rounded up to whole 64-byte lines so that every row starts on a cache line.
+"""test_kv_leading_dim.py — the F16 K cache's rows (one dimension of a KV head over every position) lie k_ld halves
+apart: as close as the positions in use allow (64 · 2^k, kv_rows.c), at most pi2_kv_k_ld(n_ctx), n_ctx rounded up to
+whole 64-byte lines, so that every row starts on a cache line; they move apart as the context fills.
 Everything that indexes the keys must use that stride: prompt batches (attn_batch.c and attn.c's loops, flash
 attention's tiles), single tokens (attn_decode.c), the context shift, multi-context steps. Contexts padded and not
 (n_ctx 4097 and 400; 4096 and 4160; small ones for many shifts) give the reference's logits bit for bit, with flash
@@ -108,3 +109,32 @@ def test_a_shift_at_4097(tmp_path):
     for t in tokens(12, 7):
         assert np.array_equal(c.decode([t]), r.decode([t])), c.n_past
     assert c.n_past == r.n_past < 4097 // 2 + 16
+
+
+def test_rows_grow_with_the_positions_in_use(model):
+    """The rows lie as close as the positions in use allow (64 · 2^k halves, at most pi2_kv_k_ld(n_ctx)): a short
+    sequence in a large context reads a few lines of contiguous rows, not of rows a page or more apart. They move
+    apart before a decode that needs more (keys kept: the logits stay the reference's), and close up again when the
+    context is emptied."""
+    m, cm = model
+    ld = lambda c: cinternal.lib.pi2_test_ctx_k_ld(c._h)          # noqa: E731
+    c, r = CContext(cm, 4096, n_threads=2), ReferenceContext(m, 4096)
+    assert ld(c) == 64
+    seen = []
+    for part in (tokens(40, 1), tokens(30, 2), [5], tokens(300, 3), [7]):
+        assert np.array_equal(c.decode(part), r.decode(part)), c.n_past
+        seen.append((c.n_past, ld(c)))
+    assert seen == [(40, 64), (70, 128), (71, 128), (371, 512), (372, 512)]
+    c.truncate(100)
+    r.truncate(100)
+    assert ld(c) == 512
+    for t in tokens(20, 4):
+        assert np.array_equal(c.decode([t]), r.decode([t]))
+    c.reset()
+    assert ld(c) == 64
+    small = CContext(cm, 400, n_threads=2)
+    small.decode(tokens(300, 5))
+    assert ld(small) == k_ld(400) == 416                    # capped at the context's own spacing
+    quant = CContext(cm, 4096, n_threads=2, type_k=8)
+    quant.decode(tokens(100, 6))
+    assert ld(quant) == k_ld(4096)                          # quantized keys are cells: their spacing is unused

@@ -2,8 +2,8 @@
 runtime's objects (RunConfig, SamplerParams) and calls one function of pi2/cli/commands.py, which does the work and
 the printing. This module imports only Typer and pi2's light modules: commands.py (numpy, the engine) is imported
 when a command runs, so `pi2 --help` stays fast. main() is in pi2/cli/main.py.
-The flags several commands share are defined once in pi2/cli/options.py (pi2/cli/net.py takes them from here too);
-the server and hub commands are in pi2/cli/net.py.
+The flags several commands share are defined once in pi2/cli/options.py; the server and hub commands are in
+pi2/cli/net.py, which takes them from there too.
 """
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ from typing import Optional
 
 import typer
 
-from pi2.cli.app import (RUN, SAMPLE, BudgetOpt, CacheKOpt, CacheVOpt, DenseOpt, EngineOpt, FlashOpt, HfOpt, IoOpt,
-                         KeepOpt, ModelArg, ModelOpt, NnapiLibOpt, NpuGbpsOpt, NpuOpt, PredOpt, ThreadsOpt, VerboseOpt,
-                         _model_path, app)
+from pi2.cli.app import app
 from pi2.cli.load_flags import LoadModeOpt, NoMmapOpt, load_notes
+from pi2.cli.options import (RUN, SAMPLE, BudgetOpt, CacheKOpt, CacheVOpt, DenseOpt, EngineOpt, FlashOpt, HfOpt,
+                             IoOpt, KeepOpt, ModelArg, ModelOpt, NnapiLibOpt, NpuGbpsOpt, NpuOpt, PredOpt, ThreadsOpt,
+                             VerboseOpt, _model_path)
 from pi2.errors import Pi2Error, UsageError
 from pi2.hub import pull as hub_pull
 from pi2.runtime.config import parse_size

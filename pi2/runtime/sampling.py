@@ -4,9 +4,12 @@ typ_p, top_p, min_p, xtc, temperature) in the order given, then a seeded draw (d
 Semantics and float32 arithmetic follow llama.cpp's src/llama-sampler.cpp and the chain common/sampling.cpp builds
 from the same parameters: candidate order, when a stage sorts, "?name" for stages that do nothing, the banner. The
 draws use std::mt19937 and libstdc++'s distributions (pi2/runtime/rng.py), so a seed gives llama.cpp's tokens on
-the same logits (tests/test_samplers_llamacpp.py checks this against libllama's output). DRY is in
-pi2/runtime/sampling_dry.py. No numpy warning reaches the terminal: -inf logits and zero probabilities are expected.
-Just over 400 lines: one class holds the chain so that every stage shares the candidates' order and sorted flag.
+the same logits (tests/test_samplers_llamacpp.py checks this against libllama's output). No numpy warning reaches
+the terminal: -inf logits and zero probabilities are expected.
+Owns: the Sampler (which stages run and in what order, the history, the seeds, the banner), the penalties, the stages
+of llama.cpp's default chain (top-k, top-p, min-p, temperature; one C call for the usual chain) and the draw.
+Does not: the other stages (typical, top-n-sigma, XTC, dynamic temperature, mirostat: pi2/runtime/sampling_extra.py),
+DRY (pi2/runtime/sampling_dry.py), the candidates and their softmax (pi2/runtime/sampling_candidates.py).
 """
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ from pi2.engine import sample as _c
 from pi2.errors import UsageError
 from pi2.runtime.config import SamplerParams
 from pi2.runtime.rng import Mt19937
+from pi2.runtime.sampling_candidates import Candidates, descending, softmax, temp
 from pi2.runtime.sampling_dry import Dry, breaker_sequences
+from pi2.runtime.sampling_extra import dynamic_temp, mirostat, top_n_sigma, typical, xtc
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # a seed of -1 wraps to this; both mean "pick a random seed"
 _TOP_P_GUESS, _TOP_P_GUESS_MIN_SIZE = 256, 1024   # top-p on unsorted candidates: the 256 most likely first
@@ -37,29 +42,6 @@ def resolve_seed(seed: int) -> int:
     return s
 
 
-class _Candidates:
-    """llama_token_data_array: token ids with their float32 logits, probabilities when a stage computed them, and
-    whether they are sorted by logit (largest first)."""
-
-    __slots__ = ("ids", "logits", "p", "sorted")
-
-    def __init__(self, ids: np.ndarray, logits: np.ndarray, is_sorted: bool):
-        self.ids, self.logits, self.p, self.sorted = ids, logits, None, is_sorted
-
-    def head(self, m: int) -> None:
-        """Keep the first m (sorted stays sorted); probabilities are dropped (every reader recomputes them)."""
-        self.ids, self.logits, self.p = self.ids[:m], self.logits[:m], None
-
-    def take(self, order, is_sorted: bool) -> None:
-        self.ids, self.logits, self.sorted = self.ids[order], self.logits[order], is_sorted
-        self.p = None if self.p is None else self.p[order]
-
-
-def _descending(logits: np.ndarray) -> np.ndarray:
-    """Order by logit, largest first; ties keep their current order (lowest token id first on a fresh array)."""
-    return np.argsort(-logits, kind="stable")
-
-
 def _top_k_order(logits: np.ndarray, k: int) -> np.ndarray:
     """Indices of exactly k largest logits, sorted descending; ties at the cut go to the lowest index (llama.cpp's
     std::partial_sort leaves that choice unspecified). A small k takes the C cut, which equals top_k_order_np."""
@@ -74,7 +56,7 @@ def top_k_order_np(logits: np.ndarray, k: int) -> np.ndarray:
     """_top_k_order in numpy: the specification of the C cut (pi2.engine.sample.top_k)."""
     n = logits.shape[0]
     if k >= n:
-        return _descending(logits)
+        return descending(logits)
     w = n // _TOP_K_GROUPS
     if w >= 4 * k:
         # the maxima of _TOP_K_GROUPS-strided columns: k of them are at least their k-th largest, so the k largest
@@ -92,33 +74,7 @@ def top_k_order_np(logits: np.ndarray, k: int) -> np.ndarray:
         part = np.concatenate([above, np.flatnonzero(logits == thr)[: k - above.shape[0]]])
     else:
         part.sort()
-    return part[_descending(logits[part])]
-
-
-def _seq_sum(x: np.ndarray, dtype=np.float32):
-    """A running sum in index order (C's for loop), not numpy's pairwise sum."""
-    return np.cumsum(x, dtype=dtype)[-1] if x.shape[0] else dtype(0)
-
-
-def _softmax(c: _Candidates, do_sort: bool = True) -> None:
-    """llama_sampler_softmax_impl: sort if asked, float32 expf(l - max), float32 running sum, divide."""
-    if do_sort and not c.sorted:
-        c.take(_descending(c.logits), True)
-    e = np.exp(c.logits - (c.logits[0] if c.sorted else c.logits.max()), dtype=np.float32)
-    c.p = e / _seq_sum(e)
-
-
-def _temp(c: _Candidates, temp) -> None:
-    """llama_sampler_temp_impl: divide by temp; temp <= 0 keeps only the first largest logit (others -inf)."""
-    if c.logits.shape[0] == 0:
-        return
-    if temp <= 0:
-        keep = int(np.argmax(c.logits))
-        out = np.full_like(c.logits, -np.inf)
-        out[keep] = c.logits[keep]
-        c.logits = out
-        return
-    c.logits = (c.logits / _F(temp)).astype(np.float32)
+    return part[descending(logits[part])]
 
 
 class Sampler:
@@ -265,7 +221,7 @@ class Sampler:
         lv = np.where(lv <= 0, lv * self._repeat, lv / self._repeat).astype(np.float32)
         x[pos] = lv - (cnt * self._freq + _F(1.0) * self._present)
 
-    def _stage(self, name: str, c: _Candidates) -> None:
+    def _stage(self, name: str, c: Candidates) -> None:
         p = self.params
         if name == "penalties":
             if self.penalties_active:
@@ -284,29 +240,33 @@ class Sampler:
         elif name == "min_p":
             self._min_p(c)
         elif name == "typ_p":
-            self._typical(c)
+            typical(c, p)
         elif name == "top_n_sigma":
-            self._top_n_sigma(c)
+            top_n_sigma(c, p)
         elif name == "xtc":
-            self._xtc(c)
-        elif name == "temperature":
-            self._temp_ext(c)
+            if self._active("xtc"):
+                xtc(c, p, self._rng_xtc)
+        elif name == "temperature":     # llama_sampler_temp_ext_apply
+            if p.dynatemp_range > 0:
+                dynamic_temp(c, p)
+            else:
+                temp(c, p.temp)
 
-    def _top_p(self, c: _Candidates) -> None:
+    def _top_p(self, c: Candidates) -> None:
         p = _F(self.params.top_p)
         if self.params.top_p >= 1.0 or c.logits.shape[0] == 0:
             return
         if c.sorted and NATIVE:
             c.head(_c.top_p_sorted(c.logits, p, self.params.min_keep))
             return
-        _softmax(c, do_sort=False)
+        softmax(c, do_sort=False)
         n = c.logits.shape[0]
         if c.sorted:
             order, cum = None, np.cumsum(c.p, dtype=np.float32)
         else:   # like llama.cpp, try the most likely 256 first; widen if they fall short
             k = _TOP_P_GUESS if n > _TOP_P_GUESS_MIN_SIZE else n
             while True:
-                order = _top_k_order(c.logits, k) if k < n else _descending(c.logits)
+                order = _top_k_order(c.logits, k) if k < n else descending(c.logits)
                 cum = np.cumsum(c.p[order], dtype=np.float32)
                 if k >= n or cum[-1] >= p:
                     break
@@ -315,7 +275,7 @@ class Sampler:
         last = int(hit[0]) + 1 if hit.shape[0] else n
         c.take(np.arange(last) if order is None else order[:last], True)
 
-    def _min_p(self, c: _Candidates) -> None:
+    def _min_p(self, c: Candidates) -> None:
         if self.params.min_p <= 0.0 or c.logits.shape[0] == 0:
             return
         log_p = _F(np.log(_F(self.params.min_p)))
@@ -324,7 +284,7 @@ class Sampler:
             if keep.shape[0] and keep.shape[0] >= self.params.min_keep:
                 c.take(keep, False)
                 return
-            c.take(_descending(c.logits), True)
+            c.take(descending(c.logits), True)
         if NATIVE:
             c.head(_c.min_p_sorted(c.logits, _F(self.params.min_p), self.params.min_keep))
             return
@@ -332,69 +292,7 @@ class Sampler:
         below = below[below >= self.params.min_keep]
         c.take(np.arange(int(below[0]) if below.shape[0] else c.logits.shape[0]), True)
 
-    def _typical(self, c: _Candidates) -> None:
-        """llama_sampler_typical_apply: keep the tokens whose surprise is nearest the entropy, up to mass p."""
-        p = self.params
-        if p.typ_p >= 1.0 or c.logits.shape[0] == 0:
-            return
-        _softmax(c)
-        logp = np.log(c.p)
-        entropy = _seq_sum((-c.p * logp).astype(np.float32))
-        shifted = np.abs(-logp - entropy).astype(np.float32)
-        order = np.argsort(shifted, kind="stable")
-        cum = np.cumsum(c.p[order], dtype=np.float32)
-        idx = np.arange(order.shape[0])
-        ok = (cum > _F(p.typ_p)) & ((p.min_keep == 0) | (idx >= p.min_keep - 1))
-        hit = np.flatnonzero(ok)
-        c.take(order[: int(hit[0]) + 1 if hit.shape[0] else order.shape[0]], False)
-
-    def _top_n_sigma(self, c: _Candidates) -> None:
-        """llama_sampler_top_n_sigma_apply: logits below max - n * std (of the finite ones) become -inf."""
-        n = _F(self.params.top_n_sigma)
-        if n <= 0 or c.logits.shape[0] <= 1:
-            return
-        finite = c.logits[c.logits != -np.inf]
-        mx = max(c.logits[0], finite.max()) if finite.shape[0] else c.logits[0]
-        mean = _F(_seq_sum(finite) / _F(finite.shape[0])) if finite.shape[0] else _F(0)
-        acc = _F(np.sum(np.float64((finite - mean).astype(np.float32)) ** 2))
-        std = _F(np.sqrt(acc / _F(finite.shape[0]))) if finite.shape[0] else _F(0)
-        c.logits = np.where(c.logits < mx - n * std, _F(-np.inf), c.logits).astype(np.float32)
-
-    def _xtc(self, c: _Candidates) -> None:
-        """llama_sample_xtc_apply: with probability p, drop every token above the threshold but the least likely."""
-        p = self.params
-        if not self._active("xtc") or c.logits.shape[0] < 2:
-            return
-        if self._rng_xtc.uniform_float() > _F(p.xtc_probability):
-            return
-        _softmax(c)
-        above = np.flatnonzero(c.p < _F(p.xtc_threshold))
-        pos_last = (int(above[0]) if above.shape[0] else c.p.shape[0]) - 1
-        if pos_last > 0 and c.p.shape[0] - pos_last >= p.min_keep:
-            c.take(np.arange(pos_last, c.p.shape[0]), c.sorted)
-
-    def _temp_ext(self, c: _Candidates) -> None:
-        """llama_sampler_temp_ext_apply: temperature, or with --dynatemp-range one from the normalised entropy."""
-        p = self.params
-        if p.dynatemp_range <= 0:
-            _temp(c, p.temp)
-            return
-        if c.logits.shape[0] <= 1:
-            return
-        t, d = _F(p.temp), _F(p.dynatemp_range)
-        lo, hi = max(_F(0), t - d), t + d
-        max_entropy = -np.log(_F(1) / _F(c.logits.shape[0]))
-        _softmax(c)
-        pp = c.p[c.p > 0]
-        entropy = -_seq_sum((pp * np.log(pp)).astype(np.float32))
-        # llama.cpp's build contracts a + b * c into one fused multiply-add: one rounding, as in float64 here
-        dyn = _F(np.float64(lo) + np.float64(hi - lo) * np.float64(np.power(_F(entropy / max_entropy),
-                                                                             _F(p.dynatemp_exponent))))
-        _temp(c, dyn)
-        e = np.exp(c.logits.astype(np.float64) - np.float64(c.logits[0]))
-        c.p = (e / np.cumsum(e)[-1]).astype(np.float32)
-
-    def _dist(self, c: _Candidates, u=None) -> int:
+    def _dist(self, c: Candidates, u=None) -> int:
         """llama_sampler_dist_apply: float32 expf(l - max), double running sum, the first index reaching
         sum * U[0, 1) (one draw even for a single candidate, as llama.cpp keeps its RNG aligned); u: the draw
         already made."""
@@ -408,30 +306,6 @@ class Sampler:
         i = min(int(np.searchsorted(cum, cum[-1] * u, side="left")), c.ids.shape[0] - 1)
         return int(c.ids[i])
 
-    def _mirostat(self, c: _Candidates) -> int:
-        """Mirostat 1 (m = 100) or 2 after the plain temperature: truncate by surprise, draw, adapt mu."""
-        p = self.params
-        _temp(c, p.temp)
-        _softmax(c)
-        if p.mirostat == 1:
-            m = min(99, c.p.shape[0] - 1)
-            i = np.arange(m, dtype=np.float32)
-            t = np.log((i + _F(2)) / (i + _F(1))).astype(np.float32)
-            b = np.log(c.p[:m] / c.p[1:m + 1]).astype(np.float32)
-            s_hat = _seq_sum((t * b).astype(np.float32)) / _seq_sum((t * t).astype(np.float32)) if m > 0 else _F(np.nan)
-            eps = _F(s_hat - _F(1))
-            k = np.power(_F(eps * np.power(_F(2), self._mu)) / _F(_F(1) - np.power(_F(self.n_vocab), -eps)),
-                         _F(_F(1) / _F(s_hat)))
-            kk = int(k) if np.isfinite(k) and -2**31 <= k < 2**31 else -2**31    # x86's int() of NaN / inf
-            c.take(np.arange(min(max(kk, 1), c.p.shape[0])), True)
-        else:
-            over = np.flatnonzero(-np.log2(c.p) > self._mu)
-            c.take(np.arange(max(int(over[0]) if over.shape[0] else c.p.shape[0], 1)), True)
-        _softmax(c)
-        idx = self._rng_dist.discrete(c.p)
-        self._mu = _F(self._mu - _F(p.mirostat_eta) * _F(-np.log2(c.p[idx]) - _F(p.mirostat_tau)))
-        return int(c.ids[idx])
-
     # -- the chain -----------------------------------------------------------------------------------
 
     def candidates(self, logits: np.ndarray) -> tuple:
@@ -440,7 +314,7 @@ class Sampler:
             c = self._run(logits)
         return c.ids, c.logits
 
-    def _run(self, logits: np.ndarray) -> _Candidates:
+    def _run(self, logits: np.ndarray) -> Candidates:
         chain = () if self.params.mirostat else self._chain
         if chain and chain[0] == "top_k":
             # the usual chain starts by cutting to k candidates: cut the row as given (no copy of the vocabulary's
@@ -453,13 +327,13 @@ class Sampler:
             if got is None:
                 order = _top_k_order(x, k)
                 got = order, x[order]
-            c = _Candidates(got[0], got[1], True)
+            c = Candidates(got[0], got[1], True)
             chain = chain[1:]
         else:
             x = np.array(logits, dtype=np.float32, copy=True)
             if x.shape != (self.n_vocab,):
                 raise ValueError(f"expected logits of shape ({self.n_vocab},), got {x.shape}")
-            c = _Candidates(np.arange(self.n_vocab), x, False)
+            c = Candidates(np.arange(self.n_vocab), x, False)
         for name in chain:
             self._stage(name, c)
         return c
@@ -479,4 +353,7 @@ class Sampler:
                 return self._dist(self._run(x), u)
         with np.errstate(all="ignore"):
             c = self._run(logits)
-            return self._mirostat(c) if self.params.mirostat else self._dist(c)
+            if not self.params.mirostat:
+                return self._dist(c)
+            token, self._mu = mirostat(c, self.params, self.n_vocab, self._mu, self._rng_dist)
+            return token

@@ -15,7 +15,7 @@ trap 'rm -rf "$OUT"' EXIT
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 echo "== C self-test, -fsanitize=$SAN"
-SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/x86.c csrc/kernels/neon.c
+SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/ref_convert.c csrc/kernels/x86.c csrc/kernels/neon.c
       csrc/kernels/axpy.c csrc/kernels/axpy_i8.c csrc/kernels/axpy_qx1.c csrc/kernels/axpy_qx1_pack.c csrc/kernels/lowbit.c csrc/kernels/api.c csrc/kernels/pack.c csrc/threadpool.c csrc/matmul.c
       csrc/ops.c csrc/attn.c csrc/attn_batch.c csrc/attn_batch_avx2.c csrc/attn_decode.c csrc/flash_attn.c csrc/kv_quant.c csrc/kernels/pack_k.c tests/c/kernel_selftest.c)
 gcc -O1 -g -std=c11 -ffp-contract=off -Wall -Icsrc -fsanitize=$SAN -fno-sanitize-recover=all -fno-omit-frame-pointer \

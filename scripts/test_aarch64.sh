@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/x86.c csrc/kernels/neon.c
+SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/ref_convert.c csrc/kernels/x86.c csrc/kernels/neon.c
       csrc/kernels/axpy.c csrc/kernels/axpy_i8.c csrc/kernels/axpy_qx1.c csrc/kernels/axpy_qx1_pack.c csrc/kernels/lowbit.c csrc/kernels/api.c csrc/kernels/pack.c csrc/threadpool.c csrc/matmul.c
       csrc/ops.c csrc/attn.c csrc/attn_batch.c csrc/attn_batch_avx2.c csrc/attn_decode.c csrc/flash_attn.c csrc/kv_quant.c tests/c/kernel_selftest.c
       csrc/kernels/pack_k.c)

@@ -2,7 +2,7 @@
  * (moe_route.c), each selected expert's SwiGLU/ReGLU FFN with the step's rows grouped by expert (moe_mm.c), the
  * weighted sum in slot order, and the shared expert; and qwen3's dense FFN. Also the context's MoE buffers. Every
  * result is computed the same way whichever thread computes it.
- * Does not: gate, pick or weight the experts (moe_route.c), or compute a product itself (moe_mm.c). */
+ * Does not: gate, pick or weight the experts (moe_route.c), or pick a product's kernel (moe_mm.c). */
 #include "ffn/moe.h"
 #include "internal.h"
 #include "kernels/ggml_order.h"

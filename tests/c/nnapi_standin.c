@@ -129,7 +129,6 @@ EXPORT int ANeuralNetworksModel_setOperandValue(ANeuralNetworksModel *m, int32_t
     return NN_NO_ERROR;
 }
 
-
 /* The operand rules of reference/nnapi.md §5 (float types). */
 static int check_op(const ANeuralNetworksModel *m, const operation *op) {
     const operand *o = &m->opd[op->out];

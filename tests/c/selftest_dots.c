@@ -5,7 +5,6 @@
  * Does not: test the grouped row sums (selftest_axpy.c) or the packed layouts (selftest_packed.c). */
 #include "selftest.h"
 
-
 /* fast vs ref NMSE per type: quant types sum exact integers per block in both, so only the float32
  * order of the per-block terms differs; F32/F16 fast kernels sum in float32 lanes, the ref in double. */
 static double tol_fast(int type) { return type == PI2_T_F32 || type == PI2_T_F16 || type == PI2_T_BF16 ? 1e-11 : 1e-10; }
@@ -92,7 +91,6 @@ static void x86_order_batch(const pi2_type_traits *ref, int type, int64_t n, flo
     if (ref->vec_dot_batch) ref->vec_dot_batch(n, s, w, xq);
     else x86_order_dot(ref, type, n, s, w, xq);
 }
-
 
 /* The four-token, two-row and four-row kernels against their one-token twins, bit for bit: four rows of
  * activations (the same quantized row at four places) through vec_dot4 / vec_dot4x2 / vec_dot4x4 / dot8x4 / batch8 /

@@ -10,9 +10,9 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 
 SOURCES = ["pi2.c", "test_api.c", "model.c", "model_check.c", "model_map.c", "context.c", "forward.c", "forward_rows.c", "kv_shift.c", "kv_rows.c", "decode_multi.c", "kv_quant.c", "kv_mem.c", "ops.c", "attn.c", "attn_batch.c", "attn_batch_avx2.c", "attn_decode.c", "flash_attn.c", "threadpool.c", "matmul.c",
-           "kernels/traits.c", "kernels/ref.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c", "kernels/axpy_qx1.c", "kernels/axpy_qx1_pack.c",
+           "kernels/traits.c", "kernels/ref.c", "kernels/ref_convert.c", "kernels/x86.c", "kernels/neon.c", "kernels/axpy.c", "kernels/axpy_i8.c", "kernels/axpy_qx1.c", "kernels/axpy_qx1_pack.c",
            "kernels/lowbit.c", "kernels/api.c", "kernels/pack.c", "model_pack.c", "kernels/ggml_order.c", "kernels/ggml_x8.c",
-           "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c",
+           "ffn/sparse.c", "ffn/gate_rows.c", "ffn/predicted.c", "ffn/pwri.c", "ffn/select.c", "ffn/moe.c", "ffn/moe_route.c",
            "ffn/moe_mm.c", "ffn/moe_stream.c", "ffn/moe_pack.c", "ffn/moe_relu.c", "ffn/down_pack.c", "ffn/moe_neurons.c",
            "ffn/moe_down_rows.c",
            "kernels/pack_k.c", "sample.c",

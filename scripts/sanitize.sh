@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sanitize.sh — pi2's C under AddressSanitizer + UndefinedBehaviorSanitizer (gcc; every report aborts):
-#   1. the C self-test (tests/c/kernel_selftest.c with the kernels, matmul and ops) built with -fsanitize;
+#   1. the C self-test (tests/c/kernel_selftest.c and selftest_*.c with the kernels, matmul and ops) built with -fsanitize;
 #   2. the extension built with PI2_SANITIZE=address,undefined into a scratch copy of the pi2 package, then a
 #      representative part of the suite against it (python is not instrumented: the runtime comes by LD_PRELOAD,
 #      leak checks off because the interpreter keeps its memory at exit): golden forward passes, C forward and
@@ -15,9 +15,10 @@ trap 'rm -rf "$OUT"' EXIT
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 echo "== C self-test, -fsanitize=$SAN"
-SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/x86.c csrc/kernels/neon.c
+SRCS=(csrc/pi2.c csrc/kernels/traits.c csrc/kernels/ref.c csrc/kernels/ref_convert.c csrc/kernels/x86.c csrc/kernels/neon.c
       csrc/kernels/axpy.c csrc/kernels/axpy_i8.c csrc/kernels/axpy_qx1.c csrc/kernels/axpy_qx1_pack.c csrc/kernels/lowbit.c csrc/kernels/api.c csrc/kernels/pack.c csrc/threadpool.c csrc/matmul.c
-      csrc/ops.c csrc/attn.c csrc/attn_batch.c csrc/attn_batch_avx2.c csrc/attn_decode.c csrc/flash_attn.c csrc/kv_quant.c csrc/kernels/pack_k.c tests/c/kernel_selftest.c)
+      csrc/ops.c csrc/attn.c csrc/attn_batch.c csrc/attn_batch_avx2.c csrc/attn_decode.c csrc/flash_attn.c csrc/kv_quant.c csrc/kernels/pack_k.c
+      tests/c/kernel_selftest.c tests/c/selftest_dots.c tests/c/selftest_axpy.c tests/c/selftest_ops.c tests/c/selftest_packed.c)
 gcc -O1 -g -std=c11 -ffp-contract=off -Wall -Icsrc -fsanitize=$SAN -fno-sanitize-recover=all -fno-omit-frame-pointer \
     -o "$OUT/selftest" "${SRCS[@]}" -lm -lpthread
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 "$OUT/selftest"

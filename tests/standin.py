@@ -1,4 +1,4 @@
-"""standin.py — builds the stand-in libneuralnetworks.so (tests/c/nnapi_standin.c) with the C compiler, and
+"""standin.py — builds the stand-in libneuralnetworks.so (tests/c/nnapi_standin*.c) with the C compiler, and
 the fixtures the NNAPI tests share: `libs` (the library and a build without ANeuralNetworksEvent_wait),
 `standin` (its control functions, reset around each test) and `nmse`."""
 from __future__ import annotations
@@ -23,7 +23,8 @@ def build_standin(dest: Path, *flags: str) -> str:
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / "libneuralnetworks.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *flags, f"-I{ROOT / 'csrc'}", "-o", str(path),
-                    str(ROOT / "tests/c/nnapi_standin.c"), "-lpthread", "-lm"], check=True)
+                    str(ROOT / "tests/c/nnapi_standin.c"), str(ROOT / "tests/c/nnapi_standin_exec.c"), "-lpthread", "-lm"],
+                   check=True)
     return str(path)
 
 

@@ -1,6 +1,6 @@
 /* moe.h — the FFN of the Mixture-of-Experts family (PI2_ARCH_MOE) and its products (internal).
- * moe.c: routing (router, gating, top-k with libstdc++'s tie order, weights), the experts grouped by expert, the
- * shared expert, and the dense SwiGLU FFN of qwen3; moe_mm.c: every product of such a model in the kernel ggml
+ * moe.c: the router's logits, the experts grouped by expert, the shared expert, and the dense SwiGLU FFN of qwen3;
+ * moe_route.c: routing (gating, top-k with libstdc++'s tie order, weights, rows grouped by expert); moe_mm.c: every product of such a model in the kernel ggml
  * picks for its type and batch (pi2/reference/moe_matmul.py). docs/moe.md is the specification. */
 #ifndef PI2_FFN_MOE_H
 #define PI2_FFN_MOE_H
@@ -71,8 +71,14 @@ void pi2_moe_keep_rows(pi2_ctx *c, int32_t first, int32_t n);
  * when the experts stream (PI2_ERR_IO, PI2_ERR_NOMEM, PI2_ERR_INVALID). */
 pi2_status pi2_moe_ffn(pi2_ctx *c, const pi2_layer *L, int32_t il, int32_t n);
 
-/* The experts route() would select from one row of router logits (its gating, then the same stable descending order,
- * ties included), into sel[0..k); probs, idx: scratch of n_expert. */
+/* moe_route.c: moe->probs, sel and wts of tokens 0..n from moe->logits (moe_routing.route): the gating, the top
+ * n_expert_used experts in std::sort's descending order, their weights (normalised, scaled). */
+void pi2_moe_route(const pi2_model_params *hp, struct pi2_moe *moe, int32_t n);
+/* moe->count, start, list and active from sel of n tokens: mul_mat_id's grouping, experts ascending, rows in scan
+ * order. */
+void pi2_moe_group_rows(struct pi2_moe *moe, int32_t n);
+/* The experts pi2_moe_route would select from one row of router logits (its gating, then the same stable descending
+ * order, ties included), into sel[0..k); probs, idx: scratch of n_expert. */
 void pi2_moe_select(const pi2_model_params *hp, const float *logits, float *probs, int32_t *idx, int32_t *sel);
 
 /* moe_stream.c: the expert products of layer il (gate and up, the activation, down into moe->gate/up/down) with the

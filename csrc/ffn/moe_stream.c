@@ -225,7 +225,7 @@ pi2_status pi2_moe_stream_ahead(pi2_ctx *c, const pi2_layer *L, int32_t il, cons
         for (int64_t i = 0; i < E; i++) moe->sh[i] = x[i] * (L->ffn_norm ? L->ffn_norm[i] : 1.0f);
         pi2_moe_matmul(c, moe->sh, 1, &(pi2_mm){&L->router, moe->logits}, 1);
     }
-    /* the experts route() selects from these logits (sigmoid gating saturates: its ties are broken as route's) */
+    /* the experts pi2_moe_route selects from these logits (sigmoid gating saturates: its ties are broken as route's) */
     pi2_moe_select(&c->m->hp, moe->logits, moe->probs, moe->stream->got, moe->stream->sub);
     return pi2_pipeline_experts_ahead(c->pipeline, il, moe->stream->sub, moe->k);
 }

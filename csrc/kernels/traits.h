@@ -157,6 +157,8 @@ void pi2_kernels_fill_axpy_qx1(pi2_type_traits *tab);
 void pi2_kernels_install_axpy_qx1(pi2_type_traits *tab, uint32_t isa);
 /* Fill `tab` (PI2_T_COUNT entries) with the reference kernels (ref.c). */
 void pi2_kernels_fill_ref(pi2_type_traits *tab);
+/* Put the reference to_float and quantize_act of every type into `tab` (ref_convert.c; pi2_kernels_fill_ref calls it). */
+void pi2_kernels_fill_ref_convert(pi2_type_traits *tab);
 
 /* ---- scalar conversions, exact (the fp16 ones follow the FP16 library's bit tricks) ---- */
 static inline float pi2_f32_from_bits(uint32_t w) { float f; memcpy(&f, &w, 4); return f; }

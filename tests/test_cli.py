@@ -16,7 +16,7 @@ import time
 import pytest
 
 from clirun import cli, cli_process, kv_value_pos, patched, sha256, timing_counts
-from conftest import model_file
+from conftest import DATA, model_file
 from fixtures import TEXT, write_model
 from pi2.model.loader import load_model
 from pi2.cli.prompt import process_escapes
@@ -335,11 +335,7 @@ def test_model_file_is_never_modified(d, bpe):
 # --- SmolLM2-135M ---
 
 def _golden(name):
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "shared" / "goldens" / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    return json.loads(path.read_text())
+    return json.loads((DATA / name).read_text())      # llama.cpp's goldens, provenance in tests/data/README.md
 
 
 @pytest.mark.model
